@@ -1,0 +1,204 @@
+"""Frozen catalog specs: models, accelerators, engine memory defaults; every number has a source."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GIB = 1 << 30
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+class Spec(BaseModel):
+    """Strict, immutable base for catalog entries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(Spec):
+    """A spec whose numeric fields must each name a source."""
+
+    sources: dict[str, str] = Field(description="field name -> where the number comes from")
+
+    @model_validator(mode="after")
+    def _every_number_sourced(self) -> "Sourced":
+        missing = [
+            name
+            for name, value in self
+            if name != "sources" and _is_number(value) and name not in self.sources
+        ]
+        if missing:
+            raise ValueError(f"no source for: {', '.join(missing)}")
+        return self
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    return isinstance(value, (list, tuple)) and bool(value) and all(_is_number(v) for v in value)
+
+
+class Architecture(Sourced):
+    """The config.json facts the planner and renderer need."""
+
+    model_type: str
+    text_model_type: str
+    num_hidden_layers: int
+    first_k_dense_replace: int
+    kda_layers: tuple[int, ...] = Field(description="1-based KDA layer numbers")
+    full_attn_layers: tuple[int, ...] = Field(description="1-based Gated MLA layer numbers")
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    kda_num_heads: int
+    kda_head_dim: int
+    short_conv_kernel_size: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    num_experts: int
+    num_experts_per_token: int
+    num_shared_experts: int
+    moe_intermediate_size: int
+    routed_expert_hidden_size: int
+    max_position_embeddings: int
+
+    @model_validator(mode="after")
+    def _layout_consistent(self) -> "Architecture":
+        layers = sorted(self.kda_layers + self.full_attn_layers)
+        if layers != list(range(1, self.num_hidden_layers + 1)):
+            raise ValueError("kda_layers and full_attn_layers must partition 1..num_hidden_layers")
+        return self
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (all but the first dense ones)."""
+        return self.num_hidden_layers - self.first_k_dense_replace
+
+    @property
+    def routed_expert_elems(self) -> int:
+        """Weights in all routed experts (gate, up, down per expert per MoE layer)."""
+        per_expert = 3 * self.moe_intermediate_size * self.routed_expert_hidden_size
+        return self.moe_layers * self.num_experts * per_expert
+
+
+class Weights(Sourced):
+    """Checkpoint payload sizes."""
+
+    expert_format: Literal["mxfp4", "w4a8", "bf16"]
+    expert_bits_per_weight: float
+    total_bytes: int
+    routed_expert_bytes: int
+    shard_count: int
+
+    @property
+    def non_expert_bytes(self) -> int:
+        """Everything that is not a routed expert (BF16 attention, shared experts, embeddings)."""
+        return self.total_bytes - self.routed_expert_bytes
+
+
+class CacheDtypes(Sourced):
+    """Default dtypes of the MLA KV cache and the KDA recurrent state."""
+
+    kv_cache_dtype: Literal["bf16", "fp8"]
+    ssm_state_dtype: Literal["fp32", "bf16"]
+    conv_state_dtype: Literal["bf16", "fp32"]
+
+
+class ModelSpec(Sourced):
+    """A model checkpoint the planner can size."""
+
+    id: str
+    name: str
+    hub_repo: str
+    architecture: Architecture
+    weights: Weights
+    cache: CacheDtypes
+    quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+
+
+class HardwareSpec(Sourced):
+    """One accelerator model."""
+
+    id: str
+    name: str
+    vendor: Literal["nvidia", "amd", "huawei", "sim"]
+    arch: str
+    memory_gib: float
+    usable_gib: float
+    bandwidth_tbps: float
+    native_mxfp4: bool
+    typical_gpus_per_node: int
+    runtime_reserve_gib: float | None = None
+
+    @property
+    def usable_bytes(self) -> int:
+        """Usable memory per accelerator in bytes."""
+        return round(self.usable_gib * GIB)
+
+    @property
+    def is_hopper(self) -> bool:
+        """SM90: no FP4 tensor cores, K3 experts need Marlin."""
+        return self.arch == "sm90"
+
+    @property
+    def is_blackwell(self) -> bool:
+        """SM100/SM103: native MXFP4 kernels."""
+        return self.arch.startswith("sm10")
+
+
+class VendorSpec(Spec):
+    """Collective library and the env names that pick its interface."""
+
+    collective: str
+    socket_ifname_env: tuple[str, ...]
+    visible_devices_env: str | None
+    alloc_conf_env: str | None
+    host_ip_env: str | None = None
+
+
+class EngineDefaults(Sourced):
+    """Memory-model defaults of one engine."""
+
+    version: str
+    default_mem_fraction: float
+    slots_per_request: dict[str, int]
+    mamba_full_memory_ratio_default: float | None = None
+    avg_request_tokens: int | None = None
+    draft_kv_bytes_per_token: int | None = None
+    speculative_extra_slots: int | None = None
+    block_multiple_tokens: int | None = None
+
+
+class PlannerDefaults(Sourced):
+    """Planner-wide defaults."""
+
+    runtime_reserve_gib: float
+
+
+class Catalog(Spec):
+    """Everything the catalog knows, by id."""
+
+    models: dict[str, ModelSpec]
+    hardware: dict[str, HardwareSpec]
+    vendors: dict[str, VendorSpec]
+    engines: dict[str, EngineDefaults]
+    planner: PlannerDefaults
+
+    def model(self, model_id: str) -> ModelSpec:
+        """Look up a model by id."""
+        return self.models[model_id]
+
+    def gpu(self, hardware_id: str) -> HardwareSpec:
+        """Look up an accelerator by id."""
+        return self.hardware[hardware_id]
+
+    def vendor(self, hardware_id: str) -> VendorSpec:
+        """Collective facts for an accelerator."""
+        return self.vendors[self.hardware[hardware_id].vendor]

@@ -1,0 +1,60 @@
+"""Shared CLI plumbing: the one place errors become messages and exit codes."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from k3deploy.errors import K3Error
+
+CatalogOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--catalog", help="folder of extra catalog YAML files (adds or overrides entries by id)"),
+]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
+
+
+def debug_enabled() -> bool:
+    """--debug anywhere on the command line, or K3DEPLOY_DEBUG=1."""
+    return "--debug" in sys.argv or os.environ.get("K3DEPLOY_DEBUG") == "1"
+
+
+def run_app(app: Any) -> int:
+    """Run typer; map K3Error to its exit code with a one-paragraph message, never a traceback."""
+    argv = [a for a in sys.argv[1:] if a != "--debug"]
+    try:
+        app(args=argv, prog_name="k3deploy", standalone_mode=False)
+        return 0
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except K3Error as exc:
+        if debug_enabled():
+            traceback.print_exc()
+        msg = f"error: {exc}"
+        if exc.hint:
+            msg += f"\nhint: {exc.hint}"
+        print(msg, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            return exc.exit_code
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return 2
+        if isinstance(exc, click.exceptions.Abort):
+            print("aborted", file=sys.stderr)
+            return 130
+        if debug_enabled():
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc}\n(rerun with --debug for a traceback and report it)",
+              file=sys.stderr)
+        return 70

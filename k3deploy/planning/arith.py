@@ -1,0 +1,47 @@
+"""Small integer helpers whose output appears in user-facing reasons."""
+from __future__ import annotations
+
+GIB = 1 << 30
+
+
+def factorize(n: int) -> str:
+    """7168 -> '2^10 x 7'."""
+    parts: list[str] = []
+    rest, p = n, 2
+    while p * p <= rest:
+        count = 0
+        while rest % p == 0:
+            rest //= p
+            count += 1
+        if count:
+            parts.append(f"{p}^{count}" if count > 1 else str(p))
+        p += 1
+    if rest > 1:
+        parts.append(str(rest))
+    return " x ".join(parts) or "1"
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes -> GiB."""
+    return n_bytes / GIB
+
+
+def fmt_gib(n_bytes: float) -> str:
+    """Bytes -> '45.43 GiB'."""
+    return f"{n_bytes / GIB:.2f} GiB"
+
+
+def stage_layers(num_layers: int, pp: int) -> list[range]:
+    """Contiguous 1-based layer ranges per pipeline stage (earlier stages take the remainder)."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 1
+    for s in range(pp):
+        size = base + (1 if s < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out

@@ -1,0 +1,178 @@
+"""Per-GPU memory arithmetic: weights, MLA KV, KDA state, the engine's pool split, capacity."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from k3deploy.catalog.specs import DTYPE_BYTES, GIB, Architecture, EngineDefaults, ModelSpec
+from k3deploy.planning.arith import stage_layers
+from k3deploy.planning.shape import EngineFamily, Shape
+
+BF16_BYTES = 2
+
+
+def packed_mxfp4_bytes(elems: int) -> float:
+    """MXFP4 payload: 4 bits per weight plus one E8M0 byte per 32 weights."""
+    return elems * 4 / 8 + elems / 32
+
+
+def bf16_bytes(elems: int) -> int:
+    """BF16 payload."""
+    return elems * BF16_BYTES
+
+
+def mla_kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, mla_layers: int | None = None, dcp: int = 1) -> float:
+    """MLA KV bytes per token per GPU: layers x (kv_lora_rank + rope dim) x dtype, sharded only by DCP."""
+    layers = len(arch.full_attn_layers) if mla_layers is None else mla_layers
+    return layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * DTYPE_BYTES[kv_dtype] / dcp
+
+
+def kda_state_bytes_per_slot(
+    arch: Architecture, attn_tp: int, ssm_dtype: str, conv_dtype: str = "bf16", *, kda_layers: int | None = None
+) -> int:
+    """KDA recurrent state per request slot per GPU: SSM state plus the q/k/v short-conv state."""
+    layers = len(arch.kda_layers) if kda_layers is None else kda_layers
+    heads = arch.kda_num_heads // attn_tp
+    d = arch.kda_head_dim
+    ssm = heads * d * d * DTYPE_BYTES[ssm_dtype]
+    conv = (arch.short_conv_kernel_size - 1) * 3 * heads * d * DTYPE_BYTES[conv_dtype]
+    return layers * (ssm + conv)
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """What the heaviest pipeline stage holds."""
+
+    layer_fraction: float
+    mla_layers: int
+    kda_layers: int
+
+
+def heaviest_stage(arch: Architecture, pp: int) -> StageLoad:
+    """Layer counts of the pipeline stage that holds the most of each kind."""
+    stages = stage_layers(arch.num_hidden_layers, pp)
+    mla, kda = set(arch.full_attn_layers), set(arch.kda_layers)
+    return StageLoad(
+        layer_fraction=max(len(s) for s in stages) / arch.num_hidden_layers,
+        mla_layers=max(sum(1 for x in s if x in mla) for s in stages),
+        kda_layers=max(sum(1 for x in s if x in kda) for s in stages),
+    )
+
+
+def weights_bytes_per_gpu(model: ModelSpec, shape: Shape, *, experts_bf16: bool = False) -> tuple[int, int]:
+    """(routed-expert bytes, non-expert bytes) per GPU: routed / expert shards + rest / attention TP."""
+    routed = model.weights.routed_expert_bytes
+    if experts_bf16:  # an engine that dequantizes experts in memory (SGLang `auto` on Hopper)
+        routed = bf16_bytes(model.architecture.routed_expert_elems)
+    frac = heaviest_stage(model.architecture, shape.pp).layer_fraction
+    return (math.ceil(routed / shape.expert_shards * frac),
+            math.ceil(model.weights.non_expert_bytes / shape.attn_tp * frac))
+
+
+def sglang_pool_ratio(slots: int, state_bytes: int, kv_bytes_per_token: float, avg_tokens: int,
+                      draft_slots: int = 0, draft_kv_bytes: float = 0.0) -> float:
+    """SGLang --mamba-full-memory-ratio = (S + D) x state / (L x (kv/dcp + draft kv))."""
+    return (slots + draft_slots) * state_bytes / (avg_tokens * (kv_bytes_per_token + draft_kv_bytes))
+
+
+def vllm_block_tokens(kda_page_bytes: float, attn_bytes_per_token: float, multiple: int) -> int:
+    """vLLM hybrid block: the attention block grows until its page covers one KDA state page."""
+    return multiple * math.ceil(kda_page_bytes / (multiple * attn_bytes_per_token))
+
+
+class MemoryBudget(BaseModel):
+    """Every per-GPU line item in bytes; the lines sum to usable memory exactly."""
+
+    model_config = ConfigDict(frozen=True)
+
+    usable_bytes: int
+    weights_bytes: int
+    routed_weights_bytes: int
+    non_expert_weights_bytes: int
+    reserve_bytes: int
+    kv_pool_bytes: int
+    state_pool_bytes: int
+    headroom_bytes: int
+    mem_fraction: float
+    mla_kv_bytes_per_token: float
+    kda_state_bytes_per_slot: int
+    slots_per_request: int
+    pool_ratio: float | None = None
+    block_tokens: int | None = None
+    kv_tokens: int = 0
+    state_requests: int = 0
+
+    def lines_gib(self) -> dict[str, float]:
+        """The budget lines in GiB."""
+        names = ("weights_bytes", "reserve_bytes", "kv_pool_bytes", "state_pool_bytes", "headroom_bytes")
+        return {n.removesuffix("_bytes"): getattr(self, n) / GIB for n in names}
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """The serving choices that size the caches."""
+
+    family: EngineFamily
+    engine: EngineDefaults
+    reserve_bytes: int
+    mem_fraction: float
+    kv_dtype: str
+    ssm_dtype: str
+    prefix_cache: bool
+    prefix_cache_strategy: str
+    max_running_requests: int
+    avg_request_tokens: int | None = None
+    pool_ratio: float | None = None
+    experts_bf16: bool = False
+
+
+def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: MemoryInputs) -> MemoryBudget:
+    """Split one GPU's usable memory the way the engine will."""
+    arch = model.architecture
+    stage = heaviest_stage(arch, shape.pp)
+    routed, rest = weights_bytes_per_gpu(model, shape, experts_bf16=inp.experts_bf16)
+    weights = routed + rest
+    kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp)
+    state = kda_state_bytes_per_slot(arch, shape.attn_tp, inp.ssm_dtype, model.cache.conv_state_dtype,
+                                     kda_layers=stage.kda_layers)
+    slots_key = inp.prefix_cache_strategy if inp.prefix_cache else "disabled"
+    if inp.family == "vllm":
+        slots_key = "enabled" if inp.prefix_cache else "disabled"
+    slots = inp.engine.slots_per_request[slots_key]
+    ratio: float | None = None
+    block: int | None = None
+    if inp.family == "sglang":
+        static = usable_bytes * inp.mem_fraction
+        cache = max(0.0, static - weights)
+        ratio = inp.pool_ratio or sglang_pool_ratio(
+            slots, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1)
+        kv_pool = int(cache / (1 + ratio))
+        state_pool = int(cache) - kv_pool
+        state_per_request = slots * state
+    else:
+        budget = usable_bytes * inp.mem_fraction
+        cache = max(0.0, budget - weights - inp.reserve_bytes)
+        per_layer_tok = kv_tok / max(stage.mla_layers, 1)
+        per_layer_state = state / max(stage.kda_layers, 1)
+        block = vllm_block_tokens(per_layer_state, per_layer_tok, inp.engine.block_multiple_tokens or 128)
+        # Each KDA state page is padded up to the attention page size of one block.
+        state_per_request = slots * stage.kda_layers * math.ceil(block * per_layer_tok)
+        state_pool = min(int(cache), inp.max_running_requests * state_per_request)
+        kv_pool = int(cache) - state_pool
+    headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool
+    return MemoryBudget(
+        usable_bytes=usable_bytes, weights_bytes=weights, routed_weights_bytes=routed,
+        non_expert_weights_bytes=rest, reserve_bytes=inp.reserve_bytes, kv_pool_bytes=kv_pool,
+        state_pool_bytes=state_pool, headroom_bytes=headroom, mem_fraction=inp.mem_fraction,
+        mla_kv_bytes_per_token=kv_tok, kda_state_bytes_per_slot=state, slots_per_request=slots,
+        pool_ratio=ratio, block_tokens=block,
+        kv_tokens=int(kv_pool // kv_tok) if kv_tok else 0,
+        state_requests=int(state_pool // state_per_request) if state_per_request else 0,
+    )
+
+
+def unaccounted_bytes(usable_bytes: int, reported_lines: dict[str, float]) -> float:
+    """What a reported per-GPU split (in bytes) leaves unexplained of usable memory."""
+    return usable_bytes - sum(reported_lines.values())

@@ -1,0 +1,166 @@
+"""make_plan: a validated topology in, a frozen Plan (legality, memory, capacity) out. Pure."""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict
+
+from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
+from k3deploy.diagnostics import Issue
+from k3deploy.planning import rules
+from k3deploy.planning.arith import fmt_gib
+from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
+from k3deploy.planning.shape import EngineFamily, Shape, engine_family, make_shape
+from k3deploy.topology.loader import LoadedTopology
+from k3deploy.topology.schema import Topology
+
+
+class Capacity(BaseModel):
+    """What the caches hold."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kv_tokens: int
+    max_running_requests: int
+    max_context_tokens: int
+
+
+class Plan(BaseModel):
+    """Everything later stages need: the topology, catalog entries, shape, budget and verdict."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    topology: Topology
+    model: ModelSpec | None
+    hardware: HardwareSpec | None
+    family: EngineFamily
+    shape: Shape | None
+    memory: MemoryBudget | None
+    capacity: Capacity | None
+    issues: tuple[Issue, ...]
+
+    @property
+    def valid(self) -> bool:
+        """The input resolved against the catalog (unknown ids make a plan invalid, exit 2)."""
+        return self.model is not None and self.hardware is not None
+
+    @property
+    def feasible(self) -> bool:
+        """No error-severity issue."""
+        return self.valid and not any(i.severity == "error" for i in self.issues)
+
+    def digest(self) -> str:
+        """A stable hash of the topology (what a deployment record pins)."""
+        blob = json.dumps(self.topology.model_dump(mode="json", by_alias=True), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _unknown(code: str, what: str, value: str, options: list[str], path: str) -> Issue:
+    match = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+    hint = f"did you mean '{match[0]}'?" if match else f"known: {', '.join(sorted(options))}"
+    return Issue(code=code, severity="error", message=f"unknown {what} '{value}'", path=path, hint=hint)
+
+
+def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec,
+                  family: EngineFamily) -> MemoryInputs:
+    """Serving settings merged with catalog defaults."""
+    eng = catalog.engines["sglang" if family == "sglang" else ("vllm-ascend" if t.engine.kind == "vllm-ascend" else "vllm")]
+    s = t.serving
+    reserve_gib = s.reserve_gib if s.reserve_gib is not None else (
+        hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib)
+    return MemoryInputs(
+        family=family, engine=eng, reserve_bytes=round(reserve_gib * GIB),
+        mem_fraction=s.mem_fraction or eng.default_mem_fraction,
+        kv_dtype=s.kv_cache_dtype or model.cache.kv_cache_dtype,
+        ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
+        prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
+        max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
+        pool_ratio=s.mamba_full_memory_ratio,
+    )
+
+
+def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
+                  max_running_requests: int) -> tuple[list[Issue], Capacity]:
+    """Feasibility verdicts on a budget, each saying by how much."""
+    out: list[Issue] = []
+    need = m.weights_bytes + m.reserve_bytes
+    ctx = context_length
+    if need > m.usable_bytes:
+        out.append(Issue(code="MEM_WEIGHTS", severity="error", path="parallel",
+                         message=f"weights {fmt_gib(m.weights_bytes)} + reserve {fmt_gib(m.reserve_bytes)} = "
+                         f"{fmt_gib(need)} exceed usable {fmt_gib(m.usable_bytes)} per GPU by "
+                         f"{fmt_gib(need - m.usable_bytes)}",
+                         hint="shard wider (more GPUs, higher tp/ep) or use a larger accelerator; "
+                         "`k3deploy plan --search` lists shapes that fit"))
+    elif m.kv_pool_bytes <= 0 or m.state_pool_bytes <= 0:
+        out.append(Issue(code="MEM_NO_CACHE", severity="error", path="serving.mem_fraction",
+                         message=f"mem_fraction {m.mem_fraction} x usable {fmt_gib(m.usable_bytes)} leaves no cache "
+                         f"memory after weights {fmt_gib(m.weights_bytes)}"
+                         + (f" and reserve {fmt_gib(m.reserve_bytes)}" if family == "vllm" else ""),
+                         hint="raise serving.mem_fraction or shard wider"))
+    else:
+        if m.kv_tokens < ctx:
+            short = (ctx - m.kv_tokens) * m.mla_kv_bytes_per_token
+            out.append(Issue(code="MEM_KV_CONTEXT", severity="error", path="serving.context_length",
+                             message=f"the KV pool holds {m.kv_tokens} tokens; one request at context_length "
+                             f"{ctx} needs {ctx} (short by {ctx - m.kv_tokens} tokens = {fmt_gib(short)})"))
+        if m.state_requests < 1:
+            out.append(Issue(code="MEM_STATE", severity="error", path="serving",
+                             message=f"the KDA state pool ({fmt_gib(m.state_pool_bytes)}) cannot hold one request's "
+                             f"{m.slots_per_request} slots x {m.kda_state_bytes_per_slot} B"))
+    if family == "sglang" and m.headroom_bytes < 0 and need <= m.usable_bytes:
+        out.append(Issue(code="MEM_RUNTIME", severity="warning", path="serving.mem_fraction",
+                         message=f"mem_fraction {m.mem_fraction} leaves {fmt_gib(m.usable_bytes * (1 - m.mem_fraction))}"
+                         f" outside the static pools, below the {fmt_gib(m.reserve_bytes)} runtime reserve: "
+                         "CUDA-graph capture may run out of memory",
+                         hint=f"lower mem_fraction to {1 - m.reserve_bytes / m.usable_bytes:.3f} or less"))
+    running = min(max_running_requests, m.state_requests)
+    if m.state_requests and m.state_requests < max_running_requests:
+        out.append(Issue(code="CONCURRENCY_CAPPED", severity="warning", path="serving.max_running_requests",
+                         message=f"the KDA state pool holds {m.state_requests} requests, fewer than "
+                         f"max_running_requests {max_running_requests}"))
+    per_request = m.kv_tokens // max(max_running_requests, 1)
+    cap = Capacity(kv_tokens=m.kv_tokens, max_running_requests=running, max_context_tokens=min(per_request, ctx))
+    return out, cap
+
+
+def make_plan(loaded: LoadedTopology, catalog: Catalog) -> Plan:
+    """Check legality, size memory and decide feasibility; never raises on a bad shape."""
+    t = loaded.topology
+    family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
+    issues: list[Issue] = []
+    model = catalog.models.get(t.model.id)
+    hw = catalog.hardware.get(t.hardware.gpu)
+    if model is None:
+        issues.append(_unknown("UNKNOWN_MODEL", "model", t.model.id, list(catalog.models), "model.id"))
+    if hw is None:
+        issues.append(_unknown("UNKNOWN_HARDWARE", "accelerator", t.hardware.gpu, list(catalog.hardware), "hardware.gpu"))
+    shape = memory = capacity = None
+    issues += list(rules.node_rules(t))
+    if model is not None and hw is not None:
+        p = t.parallel
+        shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
+                           nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
+                           num_experts=model.architecture.num_experts)
+        legality = list(rules.parallel_rules(model.architecture, family, shape))
+        issues += legality + list(rules.pairing_rules(t, model, hw))
+        if not any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
+            memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
+            mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
+                                                  t.serving.max_running_requests)
+            issues += mem_issues
+    located = tuple(_locate(i, loaded) for i in issues)
+    return Plan(file=loaded.file, topology=t, model=model, hardware=hw, family=family, shape=shape,
+                memory=memory, capacity=capacity, issues=located)
+
+
+def _locate(issue: Issue, loaded: LoadedTopology) -> Issue:
+    path: list[str | int] = []
+    for part in issue.path.replace("]", "").replace("[", ".").split("."):
+        if part:
+            path.append(int(part) if part.isdigit() else part)
+    pos = loaded.source.locate(tuple(path))
+    return issue.model_copy(update={"line": pos.line, "column": pos.column})

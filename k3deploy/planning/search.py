@@ -1,0 +1,83 @@
+"""Shape search: every legal shape for a pool of accelerators, with its verdict."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.errors import InputError
+from k3deploy.planning import rules
+from k3deploy.planning.arith import divisors, fmt_gib
+from k3deploy.planning.memory import MemoryInputs, memory_budget
+from k3deploy.planning.plan import memory_issues
+from k3deploy.planning.shape import EngineFamily, make_shape
+from k3deploy.topology.schema import Serving
+
+
+class ShapeRow(BaseModel):
+    """One candidate shape (JSON field names are a stable contract)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tp: int
+    ep: int
+    dp: int
+    pp: int
+    dcp: int
+    attn_tp: int
+    feasible: bool
+    reason: str
+    weights_bytes: int
+    headroom_bytes: int
+
+
+def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int, int, int, int, bool]]:
+    """(tp, ep, dp, pp, attention_dp) tuples whose world size is `gpus`."""
+    out = []
+    for pp in (d for d in divisors(gpus) if d <= layers):
+        if family == "sglang":
+            tp = gpus // pp
+            for ep in sorted({1, tp}):
+                out += [(tp, ep, dp, pp, dp > 1) for dp in divisors(tp)]
+        else:
+            for dp in divisors(gpus // pp):
+                tp = gpus // pp // dp
+                out += [(tp, ep, dp, pp, False) for ep in sorted({1, tp * dp})]
+    return out
+
+
+def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
+                  gpus_per_node: int | None = None, engine_id: str | None = None) -> list[ShapeRow]:
+    """Legal shapes for `gpus` accelerators: feasible first, most free memory first."""
+    if model_id not in catalog.models:
+        raise InputError(f"unknown model '{model_id}'", hint=f"known: {', '.join(catalog.models)}")
+    if hardware_id not in catalog.hardware:
+        raise InputError(f"unknown accelerator '{hardware_id}'", hint=f"known: {', '.join(catalog.hardware)}")
+    model, hw = catalog.models[model_id], catalog.hardware[hardware_id]
+    per_node = gpus_per_node or hw.typical_gpus_per_node
+    if gpus < 1 or gpus % per_node and gpus > per_node:
+        raise InputError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes",
+                         hint="pass --gpus-per-node, or a multiple of it")
+    nnodes = max(1, gpus // per_node)
+    per_node = min(per_node, gpus)
+    eng = catalog.engines[engine_id or family]
+    reserve = round((hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None
+                     else catalog.planner.runtime_reserve_gib) * (1 << 30))
+    serving = Serving()
+    rows = []
+    for tp, ep, dp, pp, adp in _candidates(family, gpus, model.architecture.num_hidden_layers):
+        shape = make_shape(family, tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attention_dp=adp, nnodes=nnodes,
+                           gpus_per_node=per_node, num_experts=model.architecture.num_experts)
+        if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
+            continue
+        inp = MemoryInputs(family=family, engine=eng, reserve_bytes=reserve, mem_fraction=eng.default_mem_fraction,
+                           kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype,
+                           prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
+                           max_running_requests=serving.max_running_requests)
+        m = memory_budget(model, hw.usable_bytes, shape, inp)
+        free = m.usable_bytes - m.weights_bytes - m.reserve_bytes
+        errors = [i for i in memory_issues(m, family, serving.context_length, serving.max_running_requests)[0]
+                  if i.severity == "error"]
+        reason = errors[0].message if errors else f"{fmt_gib(free)} free per GPU after weights and reserve"
+        rows.append(ShapeRow(tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attn_tp=shape.attn_tp, feasible=not errors,
+                             reason=reason, weights_bytes=m.weights_bytes, headroom_bytes=free))
+    return sorted(rows, key=lambda r: (not r.feasible, -r.headroom_bytes, r.pp, -r.ep))

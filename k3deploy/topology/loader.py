@@ -1,0 +1,164 @@
+"""Load a topology file: every problem reported at once as file:line:col with a did-you-mean."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from k3deploy.diagnostics import Issue, dotted
+from k3deploy.topology.schema import Topology
+from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
+
+
+@dataclass(frozen=True)
+class LoadedTopology:
+    """A validated topology with the positions of its values."""
+
+    topology: Topology
+    source: SourceMap
+
+    @property
+    def file(self) -> str:
+        """The file it came from."""
+        return self.source.file
+
+
+class TopologyError(Exception):
+    """A topology file with problems; `issues` holds every one of them."""
+
+    def __init__(self, file: str, issues: list[Issue]) -> None:
+        self.file = file
+        self.issues = issues
+        super().__init__("\n".join(i.render(file) for i in issues))
+
+
+def _suggest(word: str, options: list[str]) -> str | None:
+    match = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"did you mean '{match[0]}'?" if match else None
+
+
+def _model_at(path: PathKey, data: Any) -> type[BaseModel] | None:
+    """The pydantic model class that validates the mapping at `path` (None where there is none)."""
+    model: Any = Topology
+    node = data
+    for part in path:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = _field(model, part)
+        if field is None:
+            return None
+        node = node.get(part) if isinstance(node, dict) else None
+        model = _resolve(field.annotation, node, isinstance(part, int))
+        if isinstance(part, int):
+            continue
+        if get_origin(model) is list and isinstance(node, list):
+            model = get_args(model)[0]
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _field(model: type[BaseModel], part: str | int) -> Any:
+    for name, f in model.model_fields.items():
+        if part in (name, f.alias):
+            return f
+    return None
+
+
+def _resolve(annotation: Any, node: Any, _indexed: bool) -> Any:
+    """Strip Optional/Annotated; pick the discriminated-union member by `kind`."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    origin = get_origin(annotation)
+    if origin is list:
+        return annotation
+    if args and origin is not dict:
+        members = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(members) > 1 and isinstance(node, dict):
+            for m in members:
+                kind = m.model_fields.get("kind")
+                if kind is not None and node.get("kind") in get_args(kind.annotation):
+                    return m
+            return None
+        if members:
+            return members[0]
+        for a in args:
+            inner = _resolve(a, node, _indexed)
+            if inner is not None:
+                return inner
+    return annotation
+
+
+def _issue_from_error(err: Any, data: Any, smap: SourceMap) -> Issue:
+    loc: list[str | int] = []
+    # Drop the discriminator tags pydantic puts in locations (engine.sglang.port -> engine.port).
+    for part in err["loc"]:
+        model = _model_at(tuple(loc), data)
+        if isinstance(part, int) or smap.has(tuple(loc) + (part,)) or (model and _field(model, part)):
+            loc.append(part)
+    path = tuple(loc)
+    kind = err["type"]
+    hint = None
+    if kind == "extra_forbidden":
+        model = _model_at(path[:-1], data)
+        options = [f.alias or n for n, f in model.model_fields.items()] if model else []
+        hint = _suggest(str(path[-1]), options)
+        pos = smap.locate_key(path)
+        message = f"unknown key '{path[-1]}'" + (f"; allowed: {', '.join(sorted(options))}" if not hint else "")
+    elif kind == "missing":
+        pos = smap.locate(path[:-1])
+        message = f"missing required key '{path[-1]}'"
+    elif kind == "union_tag_invalid":
+        tags = err.get("ctx", {}).get("expected_tags", "")
+        got = err.get("ctx", {}).get("tag", "")
+        options = [t.strip(" '") for t in str(tags).split(",")]
+        hint = _suggest(str(got), options)
+        pos = smap.locate(path + ("kind",))
+        path = path + ("kind",)
+        message = f"unknown engine kind '{got}'; expected one of {tags}"
+    else:
+        pos = smap.locate(path)
+        message = err["msg"].removeprefix("Value error, ")
+        if "input" in err and not isinstance(err["input"], (dict, list)) and kind != "value_error":
+            message += f" (got {err['input']!r})"
+    return Issue(code="SCHEMA", severity="error", message=message, path=dotted(path),
+                 line=pos.line, column=pos.column, hint=hint)
+
+
+def parse_topology(text: str, file: str) -> LoadedTopology:
+    """Validate YAML text as a topology; raise TopologyError with every problem."""
+    try:
+        data, smap, dups = load_yaml(text, file)
+    except YamlSyntaxError as exc:
+        issue = Issue(code="YAML", severity="error", message=f"invalid YAML: {exc}",
+                      line=exc.position.line, column=exc.position.column)
+        raise TopologyError(file, [issue]) from None
+    issues = [
+        Issue(code="DUPLICATE_KEY", severity="error", message=f"duplicate key '{p[-1]}'",
+              path=dotted(p), line=pos.line, column=pos.column)
+        for p, pos in dups
+    ]
+    if not isinstance(data, dict):
+        issues.append(Issue(code="YAML", severity="error", message="a topology is a YAML mapping",
+                            line=1, column=1))
+        raise TopologyError(file, issues)
+    try:
+        topology = Topology.model_validate(data)
+    except ValidationError as exc:
+        issues += [_issue_from_error(e, data, smap) for e in exc.errors()]
+        issues.sort(key=lambda i: (i.line or 0, i.column or 0))
+        raise TopologyError(file, issues) from None
+    if issues:
+        raise TopologyError(file, issues)
+    return LoadedTopology(topology, smap)
+
+
+def load_topology(path: Path | str) -> LoadedTopology:
+    """Read and validate a topology file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise TopologyError(str(path), [Issue(code="FILE", severity="error", message=f"cannot read: {reason}")]) from None
+    return parse_topology(text, str(path))

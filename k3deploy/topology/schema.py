@@ -1,0 +1,272 @@
+"""The topology file schema: one strict, frozen pydantic model per section."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Host names, ssh aliases and interface names go into shell commands and env: accept only what a real
+# one can contain, so a hostile value is rejected at load time rather than quoted later.
+HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:-]{0,252})$")
+IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_REF_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\x00\n]*)$")
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors; values are immutable after load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(Strict):
+    """Which checkpoint, where it lives on every node, and which revision."""
+
+    id: str = Field(description="model catalog id, e.g. kimi-k3, kimi-k3-w4a8, kimi-k3-tiny")
+    path: str = Field(description="absolute path of the checkpoint on every node (identical everywhere)")
+    revision: str | None = Field(None, description="pinned hub revision (commit sha) of the checkpoint")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/") or "\x00" in v or "\n" in v:
+            raise ValueError("must be an absolute path without NUL or newline")
+        return v
+
+
+class HardwareRef(Strict):
+    """Which accelerator, and how many per node."""
+
+    gpu: str = Field(description="hardware catalog id, e.g. h100-80gb, b200, mi355x, ascend-a3, sim")
+    gpus_per_node: int = Field(ge=1, le=64, description="accelerators per node used by the engine")
+
+
+class SshOptions(Strict):
+    """Per-node SSH settings; unset values fall back to launch.ssh, then ~/.ssh/config."""
+
+    user: str | None = Field(None, description="login user")
+    port: int | None = Field(None, ge=1, le=65535, description="sshd port")
+    key: str | None = Field(None, description="private key file (~ expands on the machine running k3deploy)")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", v):
+            raise ValueError("not a valid login name (lowercase letters, digits, _ . -)")
+        return v
+
+
+class Node(Strict):
+    """One node: how to reach it, and which private IP and interface carry the collectives."""
+
+    host: str = Field(description="SSH address: hostname, ~/.ssh/config alias, or IP")
+    ip: str = Field(description="private IP used for rendezvous and collectives (on `iface`)")
+    iface: str = Field(description="private interface name (NCCL/GLOO_SOCKET_IFNAME), e.g. ens-priv")
+    ssh: SshOptions | None = Field(None, description="per-node SSH overrides")
+    rank: int | None = Field(None, ge=0, description="explicit node rank; default is list order")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not HOST_RE.fullmatch(v):
+            raise ValueError("not a valid host name, alias or IP (letters, digits, . - _ : only)")
+        return v
+
+    @field_validator("ip")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError("must be an IP address (rendezvous never goes through DNS)") from None
+
+    @field_validator("iface")
+    @classmethod
+    def _iface(cls, v: str) -> str:
+        if not IFACE_RE.fullmatch(v):
+            raise ValueError("not a valid interface name (at most 15 of letters, digits, _ . - : @)")
+        return v
+
+
+ArgValue = Union[str, int, float, bool, None, list[Union[str, int, float]]]
+
+
+class EngineBase(Strict):
+    """Settings shared by every engine kind."""
+
+    version: str | None = Field(None, description="engine version the flags are rendered for")
+    image: str | None = Field(None, description="container image; when set the command runs in docker")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the head node's API server")
+    args: dict[str, ArgValue] = Field(
+        default_factory=dict,
+        description="extra engine flags, e.g. {'--enable-symm-mem': true}; true renders a bare flag, "
+        "null or false omits it",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every node")
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="secret env vars passed by reference: 'env:NAME' (from the node's environment) or "
+        "'file:/path' (read on the node); values never appear in rendered output",
+    )
+    launcher: list[str] | None = Field(
+        None,
+        description="argv prefix replacing the engine executable, e.g. ['/opt/venv/bin/sglang', 'serve']",
+    )
+
+    @field_validator("env", "secrets")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not ENV_NAME_RE.fullmatch(k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {bad}")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_refs(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k, ref in v.items() if not SECRET_REF_RE.fullmatch(ref)]
+        if bad:
+            raise ValueError(f"secrets {bad}: a secret is a reference, 'env:NAME' or 'file:/abs/path'")
+        return v
+
+    @field_validator("args")
+    @classmethod
+    def _flag_names(cls, v: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        bad = [k for k in v if not re.fullmatch(r"--?[A-Za-z0-9][A-Za-z0-9-]*", k)]
+        if bad:
+            raise ValueError(f"engine args must be flags like '--name': {bad}")
+        return v
+
+
+class SglangEngine(EngineBase):
+    """SGLang (`sglang serve`)."""
+
+    kind: Literal["sglang"] = Field(description="engine kind")
+
+
+class VllmEngine(EngineBase):
+    """vLLM (`vllm serve`)."""
+
+    kind: Literal["vllm"] = Field(description="engine kind")
+
+
+class VllmAscendEngine(EngineBase):
+    """vLLM with the vLLM-Ascend plugin on Huawei NPUs."""
+
+    kind: Literal["vllm-ascend"] = Field(description="engine kind")
+
+
+class SimEngine(EngineBase):
+    """The stand-in engine (k3deploy.sim) mimicking SGLang or vLLM, for tests and demos."""
+
+    kind: Literal["sim"] = Field(description="engine kind")
+    mimic: Literal["sglang", "vllm"] = Field("sglang", description="whose flags and behaviour to mimic")
+
+
+Engine = Annotated[
+    Union[SglangEngine, VllmEngine, VllmAscendEngine, SimEngine], Field(discriminator="kind")
+]
+
+
+class Parallel(Strict):
+    """Parallelism; world size follows the engine's own rules (see `k3deploy plan`)."""
+
+    tp: int = Field(1, ge=1, description="tensor parallel size")
+    ep: int = Field(1, ge=1, description="expert parallel size (1 = experts tensor-sharded)")
+    dp: int = Field(1, ge=1, description="data parallel size (SGLang: attention DP groups inside TP)")
+    pp: int = Field(1, ge=1, description="pipeline parallel size")
+    dcp: int = Field(1, ge=1, description="decode-context parallel size (shards the MLA KV cache)")
+    attention_dp: bool = Field(False, description="SGLang DP attention: attn_tp = tp / dp")
+
+
+class Serving(Strict):
+    """What the engine serves and how its memory is split."""
+
+    context_length: int = Field(131072, ge=1, description="maximum tokens per request")
+    max_running_requests: int = Field(32, ge=1, description="maximum concurrent requests")
+    mem_fraction: float | None = Field(
+        None, gt=0, lt=1, description="SGLang --mem-fraction-static / vLLM --gpu-memory-utilization"
+    )
+    kv_cache_dtype: Literal["bf16", "fp8"] | None = Field(None, description="MLA KV cache dtype")
+    state_dtype: Literal["fp32", "bf16"] | None = Field(None, description="KDA SSM state dtype")
+    prefix_cache: bool = Field(True, description="prefix caching (SGLang radix cache / vLLM prefix caching)")
+    prefix_cache_strategy: Literal["extra_buffer", "extra_buffer_lazy", "no_buffer"] = Field(
+        "extra_buffer", description="SGLang --mamba-radix-cache-strategy (KDA slots per request)"
+    )
+    reasoning_effort: Literal["low", "high", "max"] = Field("max", description="default reasoning effort")
+    reserve_gib: float | None = Field(
+        None, ge=0, description="runtime reserve per GPU (activations, graphs, buffers); default 8 GiB"
+    )
+    avg_request_tokens: int | None = Field(
+        None, ge=1, description="average request length for SGLang's pool-split formula (default 11264)"
+    )
+    mamba_full_memory_ratio: float | None = Field(
+        None, gt=0, description="SGLang state/KV pool ratio; default: computed by the planner"
+    )
+
+
+class SshDefaults(Strict):
+    """SSH defaults for every node."""
+
+    user: str | None = Field(None, description="login user")
+    key: str | None = Field(None, description="private key file")
+    known_hosts: str = Field("~/.ssh/known_hosts", description="known_hosts file checked for host keys")
+    connect_timeout_s: float = Field(10.0, gt=0, description="TCP + SSH handshake timeout per attempt")
+
+
+class RestartPolicy(Strict):
+    """Whole-group restarts after a failure."""
+
+    max: int = Field(0, ge=0, description="restarts before giving up (0 = never restart)")
+    backoff_s: float = Field(30.0, ge=0, description="wait before the first restart; doubles each time")
+
+
+class Launch(Strict):
+    """How k3deploy starts and watches the engine."""
+
+    executor: Literal["ssh", "ray", "local"] = Field("ssh", description="how commands reach the nodes")
+    port: int = Field(20000, ge=1, le=65535, description="rendezvous port on rank 0")
+    dist_timeout_s: int = Field(3600, ge=1, description="engine distributed-init timeout")
+    ready_timeout_s: int = Field(5400, ge=1, description="deadline for rank 0 to serve /v1/models")
+    stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL grace when stopping")
+    ssh: SshDefaults = Field(default_factory=SshDefaults, description="SSH defaults")
+    ray_address: str | None = Field(None, description="Ray cluster: auto, ray://host:10001 or host:6379")
+    state_dir: str | None = Field(None, description="where deployment records live (default: user state dir)")
+    log_dir: str = Field("/tmp/k3deploy", description="directory on each node for engine logs")
+    restart: RestartPolicy = Field(default_factory=RestartPolicy, description="restart policy")
+
+
+class ValidateSettings(Strict):
+    """Thresholds for `k3deploy validate`."""
+
+    long_request_tokens: int = Field(65536, ge=1, description="prompt length of the long-request stage")
+    min_cache_hit_ratio: float = Field(0.5, ge=0, le=1, description="minimum cached/prompt on turn 2")
+    min_throughput_tok_s: float = Field(0.0, ge=0, description="minimum aggregate output tokens/s")
+    concurrency: int = Field(8, ge=1, description="concurrent requests in the throughput stage")
+    request_timeout_s: float = Field(600.0, gt=0, description="per-request timeout")
+
+
+class Topology(Strict):
+    """A Kimi K3 deployment: model, hardware, nodes, engine, parallelism, serving, launch."""
+
+    name: str = Field(description="deployment name (letters, digits, - _ .)", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    model: ModelRef = Field(description="the checkpoint")
+    hardware: HardwareRef = Field(description="accelerator type and count per node")
+    nodes: list[Node] = Field(min_length=1, description="nodes; rank = list order unless `rank` is set")
+    engine: Engine = Field(description="serving engine")
+    parallel: Parallel = Field(default_factory=Parallel, description="parallelism")
+    serving: Serving = Field(default_factory=Serving, description="serving and memory settings")
+    launch: Launch = Field(default_factory=Launch, description="launch settings")
+    validate_: ValidateSettings = Field(
+        default_factory=ValidateSettings, alias="validate", description="validation thresholds"
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def ordered_nodes(self) -> list[tuple[int, Node]]:
+        """Nodes with their rank, rank 0 first."""
+        ranked = [(n.rank if n.rank is not None else i, n) for i, n in enumerate(self.nodes)]
+        return sorted(ranked, key=lambda rn: rn[0])

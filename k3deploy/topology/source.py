@@ -1,0 +1,104 @@
+"""YAML with positions: every value's file:line:col, so errors point at the offending text."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+try:
+    _Loader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - libyaml missing
+    _Loader = yaml.SafeLoader
+
+PathKey = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Position:
+    """1-based line and column in a file."""
+
+    line: int
+    column: int
+
+
+@dataclass
+class SourceMap:
+    """Positions of every key and value of one YAML document, by path."""
+
+    file: str
+    positions: dict[PathKey, Position] = field(default_factory=dict)
+    key_positions: dict[PathKey, Position] = field(default_factory=dict)
+
+    def locate(self, path: PathKey) -> Position:
+        """The position of `path`, or of its closest existing ancestor."""
+        p = tuple(path)
+        while p:
+            if p in self.positions:
+                return self.positions[p]
+            p = p[:-1]
+        return self.positions.get((), Position(1, 1))
+
+    def locate_key(self, path: PathKey) -> Position:
+        """The position of the key that introduces `path` (for unknown-key errors)."""
+        return self.key_positions.get(tuple(path)) or self.locate(path)
+
+    def has(self, path: PathKey) -> bool:
+        """True when `path` exists in the document."""
+        return tuple(path) in self.positions
+
+
+class YamlSyntaxError(Exception):
+    """A YAML document that does not parse, with its position."""
+
+    def __init__(self, message: str, position: Position) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+def _pos(mark: Any) -> Position:
+    return Position(mark.line + 1, mark.column + 1)
+
+
+def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: list[tuple[PathKey, Position]]) -> Any:
+    smap.positions[path] = _pos(node.start_mark)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            child = path + (key if isinstance(key, (str, int)) else str(key),)
+            if key in out:
+                dups.append((child, _pos(key_node.start_mark)))
+            smap.key_positions[child] = _pos(key_node.start_mark)
+            out[key] = _walk(value_node, loader, child, smap, dups)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(item, loader, path + (i,), smap, dups) for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def load_yaml(text: str, file: str) -> tuple[Any, SourceMap, list[tuple[PathKey, Position]]]:
+    """Parse one YAML document; return data, positions and duplicate keys."""
+    smap = SourceMap(file)
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, smap, []
+        dups: list[tuple[PathKey, Position]] = []
+        data = _walk(node, loader, (), smap, dups)
+        return data, smap, dups
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        pos = _pos(mark) if mark is not None else Position(1, 1)
+        raise YamlSyntaxError(f"{exc.problem or exc}", pos) from exc
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(str(exc), Position(1, 1)) from exc
+    finally:
+        loader.dispose()
+
+
+def read_text(path: Path) -> str:
+    """Read a topology file as UTF-8."""
+    return path.read_text(encoding="utf-8")
