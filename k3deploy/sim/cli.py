@@ -1,0 +1,76 @@
+"""Argument parsing for `python -m k3deploy.sim`: one registrar per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# argparse exposes no public name for the object add_subparsers() returns.
+Subparsers = Any
+Registrar = Callable[[Subparsers], None]
+
+DESCRIPTION = (
+    "k3deploy stand-in engine, for tests and demos only: it imitates a Kimi K3 engine's interfaces "
+    "on CPU with tiny K3-shaped checkpoints. It is not a model server."
+)
+
+
+def _add_make_checkpoint(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "make-checkpoint",
+        help="write a tiny K3-shaped checkpoint (kimi-k3-tiny) with a sha256 manifest",
+        description="Write safetensors shards, the index, config.json and k3-manifest.json into DIR.",
+    )
+    parser.add_argument("directory", metavar="DIR", type=Path, help="output directory (created if missing)")
+    parser.add_argument("--revision", default="tiny-r1", help="revision label; changes contents, not sizes")
+    parser.add_argument("--shards", type=int, default=4, help="number of safetensors shards")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the deterministic tensor contents")
+    parser.add_argument(
+        "--corrupt",
+        choices=("truncate", "flip"),
+        default=None,
+        help="damage one shard after writing the manifest (for integrity-check tests)",
+    )
+    parser.set_defaults(handler=_run_make_checkpoint)
+
+
+def _run_make_checkpoint(args: argparse.Namespace) -> int:
+    # Imported here so `--help` never pays for numpy.
+    from k3deploy.sim.checkpoint import write_checkpoint
+
+    manifest = write_checkpoint(
+        args.directory, revision=args.revision, shards=args.shards, seed=args.seed, corrupt=args.corrupt
+    )
+    size_b = sum(d.size for d in manifest.files.values())
+    note = f", then corrupted one shard ({args.corrupt})" if args.corrupt else ""
+    print(
+        f"wrote {args.directory}: revision {manifest.revision}, {len(manifest.files)} files, {size_b} B{note}"
+    )
+    return 0
+
+
+# Append a registrar here to add a subcommand (e.g. `serve`); each one sets `handler` on its parser.
+SUBCOMMANDS: tuple[Registrar, ...] = (_add_make_checkpoint,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the `python -m k3deploy.sim` parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m k3deploy.sim", description=DESCRIPTION)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in SUBCOMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse argv, run the chosen subcommand and return its exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return code
