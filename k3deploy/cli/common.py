@@ -27,8 +27,9 @@ def run_app(app: Any) -> int:
     """Run typer; map K3Error to its exit code with a one-paragraph message, never a traceback."""
     argv = [a for a in sys.argv[1:] if a != "--debug"]
     try:
-        app(args=argv, prog_name="k3deploy", standalone_mode=False)
-        return 0
+        # Without standalone mode click returns the code of a typer.Exit instead of raising it.
+        rc = app(args=argv, prog_name="k3deploy", standalone_mode=False)
+        return rc if isinstance(rc, int) else 0
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except K3Error as exc:

@@ -59,7 +59,8 @@ class Plan(BaseModel):
 
 
 def _unknown(code: str, what: str, value: str, options: list[str], path: str) -> Issue:
-    match = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+    prefixed = sorted(o for o in options if o.startswith(value.lower()))
+    match = prefixed[:1] or difflib.get_close_matches(value, options, n=1, cutoff=0.5)
     hint = f"did you mean '{match[0]}'?" if match else f"known: {', '.join(sorted(options))}"
     return Issue(code=code, severity="error", message=f"unknown {what} '{value}'", path=path, hint=hint)
 

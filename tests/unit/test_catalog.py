@@ -1,0 +1,82 @@
+"""The catalog: every number sourced, formulas agree with the stored sizes, user overrides work."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.errors import InputError
+from k3deploy.planning.memory import bf16_bytes, packed_mxfp4_bytes
+
+pytestmark = pytest.mark.timeout(30)
+GIB = 1 << 30
+
+
+def test_required_hardware_present() -> None:
+    cat = load_catalog()
+    for hw in ("h100-80gb", "h200", "b200", "b300", "gb200", "gb300", "mi300x", "mi325x", "mi355x",
+               "ascend-a2", "ascend-a3", "sim"):
+        assert hw in cat.hardware
+    assert cat.gpu("h100-80gb").usable_gib == 79.19
+    assert cat.gpu("h100-80gb").arch == "sm90" and not cat.gpu("h100-80gb").native_mxfp4
+    assert cat.gpu("b200").native_mxfp4 and cat.vendor("ascend-a3").collective == "hccl"
+
+
+def test_k3_weights_match_formula() -> None:
+    m = load_catalog().model("kimi-k3")
+    a = m.architecture
+    assert (a.num_hidden_layers, len(a.kda_layers), len(a.full_attn_layers)) == (93, 69, 24)
+    assert a.full_attn_layers[-3:] == (88, 92, 93) and a.full_attn_layers[0] == 4
+    assert m.weights.total_bytes == 1_560_860_324_864
+    assert round(m.weights.total_bytes / GIB, 1) == 1453.7
+    assert a.routed_expert_elems * 0.53125 == m.weights.routed_expert_bytes
+    assert round(m.weights.routed_expert_bytes / GIB, 2) == 1347.12
+    assert round(m.weights.non_expert_bytes / GIB, 1) == 106.5
+    assert a.moe_layers * a.num_experts * 3 == 247_296
+
+
+def test_mxfp4_vs_bf16_blowup() -> None:
+    elems = load_catalog().model("kimi-k3").architecture.routed_expert_elems
+    packed = packed_mxfp4_bytes(elems)
+    assert packed == elems * 4 / 8 + elems / 32
+    assert bf16_bytes(elems) / packed > 3.5
+
+
+def test_tiny_catalog_matches_checkpoint_writer() -> None:
+    from k3deploy.sim.tiny_config import payload_bytes, tiny_config
+
+    cfg = tiny_config()
+    tiny = load_catalog().model("kimi-k3-tiny")
+    sizes = payload_bytes(cfg)
+    assert sizes["total"] == tiny.weights.total_bytes
+    assert sizes["routed_experts"] == tiny.weights.routed_expert_bytes
+    tc = cfg["text_config"]
+    a = tiny.architecture
+    assert tuple(tc["linear_attn_config"]["kda_layers"]) == a.kda_layers
+    assert tuple(tc["linear_attn_config"]["full_attn_layers"]) == a.full_attn_layers
+    for field in ("hidden_size", "num_attention_heads", "vocab_size", "num_experts", "kv_lora_rank",
+                  "qk_rope_head_dim", "moe_intermediate_size", "routed_expert_hidden_size"):
+        assert tc[field] == getattr(a, field), field
+
+
+def test_user_catalog_adds_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text(
+        "hardware:\n"
+        "  - {id: h100-80gb, name: H100 tuned, vendor: nvidia, arch: sm90, memory_gib: 79.65, usable_gib: 78.0,\n"
+        "     bandwidth_tbps: 3.35, native_mxfp4: false, typical_gpus_per_node: 8,\n"
+        "     sources: {memory_gib: a, usable_gib: b, bandwidth_tbps: c, native_mxfp4: d, typical_gpus_per_node: e}}\n"
+        "  - {id: x200, name: X200, vendor: nvidia, arch: sm100, memory_gib: 300, usable_gib: 299,\n"
+        "     bandwidth_tbps: 9, native_mxfp4: true, typical_gpus_per_node: 8,\n"
+        "     sources: {memory_gib: a, usable_gib: b, bandwidth_tbps: c, native_mxfp4: d, typical_gpus_per_node: e}}\n")
+    cat = load_catalog((tmp_path,))
+    assert cat.gpu("h100-80gb").usable_gib == 78.0 and cat.gpu("x200").usable_gib == 299
+    assert load_catalog().gpu("h100-80gb").usable_gib == 79.19
+
+
+def test_user_catalog_missing_source_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "hardware:\n  - {id: y1, name: Y, vendor: nvidia, arch: sm90, memory_gib: 1, usable_gib: 1,\n"
+        "     bandwidth_tbps: 1, native_mxfp4: false, typical_gpus_per_node: 8, sources: {}}\n")
+    with pytest.raises(InputError, match="no source for"):
+        load_catalog((tmp_path,))

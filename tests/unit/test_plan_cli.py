@@ -1,0 +1,142 @@
+"""`k3deploy plan` as users run it: exit codes, --json contract, --check annotations, --search."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.plan_helpers import codes, plan_of, topology_dict
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
+INVALID = ROOT / "tests" / "assets" / "invalid"
+
+
+def k3(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "k3deploy", *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, env=env)
+
+
+def test_every_shipped_topology_is_feasible() -> None:
+    assert len(TOPOLOGIES) >= 10
+    r = k3("plan", "--check", *TOPOLOGIES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("\nok ") + r.stdout.startswith("ok ") == len(TOPOLOGIES)
+
+
+def test_plan_json_reproduces_reference_numbers() -> None:
+    r = k3("plan", "--json", ROOT / "topologies" / "h100-4x8-sglang.yaml")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["feasible"] is True and doc["issues"] == []
+    assert doc["shape"] | {} == doc["shape"] and {k: doc["shape"][k] for k in
+                                                   ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "world_size",
+                                                    "nnodes", "experts_per_rank")} == {
+        "tp": 32, "ep": 32, "dp": 1, "pp": 1, "dcp": 1, "attn_tp": 32, "world_size": 32, "nnodes": 4,
+        "experts_per_rank": 28}
+    mem = doc["memory_per_gpu"]
+    assert round(mem["usable_bytes"] / 2**30, 2) == 79.19
+    assert round(mem["weights_bytes"] / 2**30, 2) == 45.43
+    assert mem["reserve_bytes"] == 8 * 2**30
+    assert sum(mem[k] for k in ("weights_bytes", "reserve_bytes", "kv_pool_bytes", "state_pool_bytes",
+                                "headroom_bytes")) == mem["usable_bytes"]
+    assert doc["per_token"]["mla_kv_bytes"] == 27648
+    assert doc["per_request"]["kda_state_bytes"] == 14_042_880
+    assert set(doc["capacity"]) >= {"kv_tokens", "max_running_requests", "max_context_tokens"}
+
+
+@pytest.mark.parametrize(("gpu", "per_node", "nodes", "tp"), [
+    ("h200", 8, 1, 8), ("b200", 8, 1, 8), ("gb200", 4, 2, 8), ("h100-80gb", 8, 2, 16)])
+def test_too_small_pools_are_infeasible_with_memory_reason(gpu: str, per_node: int, nodes: int, tp: int,
+                                                           tmp_path: Path) -> None:
+    doc = topology_dict(gpu=gpu, per_node=per_node, nodes=nodes, tp=tp, ep=tp)
+    assert "MEM_WEIGHTS" in codes(plan_of(doc))
+    f = tmp_path / "small.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = k3("plan", "--json", f)
+    assert r.returncode == 1
+    issue = json.loads(r.stdout)["issues"][0]
+    assert issue["code"] == "MEM_WEIGHTS" and "exceed usable" in issue["message"] and issue["line"]
+
+
+def test_check_with_one_broken_file_exits_2_with_position(tmp_path: Path) -> None:
+    r = k3("plan", "--check", *TOPOLOGIES, INVALID / "broken-port.yaml")
+    assert r.returncode == 2
+    assert f"::error file={INVALID / 'broken-port.yaml'},line=13,col=9,title=SCHEMA::" in r.stdout
+    assert "invalid    " in r.stdout
+
+
+def test_check_reports_all_five_mistakes() -> None:
+    r = k3("plan", "--check", INVALID / "five-mistakes.yaml")
+    assert r.returncode == 2
+    assert r.stdout.count("::error ") == 5
+
+
+def test_infeasible_exit_1_and_invalid_wins(tmp_path: Path) -> None:
+    f = tmp_path / "tp48.yaml"
+    f.write_text(yaml.safe_dump(topology_dict(tp=48, ep=48, nodes=6)))
+    r = k3("plan", f)
+    assert r.returncode == 1 and "does not divide hidden 7168 = 2^10 x 7" in r.stdout.replace("\n", " ")
+    assert k3("plan", f, INVALID / "broken-port.yaml").returncode == 2
+
+
+def test_unknown_catalog_id_is_invalid_input(tmp_path: Path) -> None:
+    f = tmp_path / "x.yaml"
+    f.write_text(yaml.safe_dump(topology_dict(gpu="h100")))
+    r = k3("plan", "--json", f)
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["issues"][0]["hint"].startswith("did you mean 'h100-80gb'")
+
+
+def test_search_lists_legal_shapes_best_first() -> None:
+    r = k3("plan", "--search", "--hardware", "h100-80gb", "--gpus", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["hardware"] == "h100-80gb" and doc["gpus"] == 32 and doc["engine"] == "sglang"
+    first = doc["shapes"][0]
+    assert (first["tp"], first["pp"], first["feasible"]) == (32, 1, True)
+    assert all(s["tp"] in (1, 2, 4, 8, 16, 32) for s in doc["shapes"])
+    feas = [s["feasible"] for s in doc["shapes"]]
+    assert feas == sorted(feas, reverse=True)
+    r16 = json.loads(k3("plan", "--search", "--hardware", "h100-80gb", "--gpus", "16", "--json").stdout)
+    assert not any(s["feasible"] for s in r16["shapes"])
+    assert "exceed usable" in r16["shapes"][0]["reason"]
+
+
+def test_bad_options_exit_2_without_traceback() -> None:
+    r = k3("plan", "--search", "--gpus", "32")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--hardware" in r.stderr
+    r = k3("plan", "/nonexistent.yaml")
+    assert r.returncode == 2 and "cannot read" in r.stdout
+
+
+def test_schema_is_json_schema() -> None:
+    r = k3("schema")
+    doc = json.loads(r.stdout)
+    assert doc["title"] == "k3deploy topology" and "nodes" in doc["properties"]
+    assert doc["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("argv", [["plan", "topologies/h100-4x8-sglang.yaml"], ["--help"], ["plan", "--help"]])
+def test_plan_and_help_import_no_heavy_modules(argv: list[str]) -> None:
+    code = ("import sys, io, contextlib\n"
+            f"sys.argv = ['k3deploy'] + {argv!r}\n"
+            "from k3deploy.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main()\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'ray', 'paramiko', 'httpx') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+
+
+def test_console_script_installed() -> None:
+    exe = shutil.which("k3deploy")
+    assert exe, "pip install -e . installs the k3deploy console script"

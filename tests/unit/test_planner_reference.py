@@ -1,0 +1,122 @@
+"""The planner reproduces every number the reference arithmetic asserts."""
+from __future__ import annotations
+
+import pytest
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.planning import rules
+from k3deploy.planning.memory import (
+    kda_state_bytes_per_slot, mla_kv_bytes_per_token, sglang_pool_ratio, unaccounted_bytes, vllm_block_tokens,
+    weights_bytes_per_gpu,
+)
+from k3deploy.planning.shape import make_shape
+from tests.unit.plan_helpers import codes, plan_of, topology_dict
+
+pytestmark = pytest.mark.timeout(60)
+GIB = 1 << 30
+ARCH = load_catalog().model("kimi-k3").architecture
+
+
+def test_legal_tp_set() -> None:
+    legal = [tp for tp in range(1, 97) if not list(rules.tp_divisibility(ARCH, tp))]
+    assert legal == [1, 2, 4, 8, 16, 32]
+
+
+@pytest.mark.parametrize("tp", [3, 6, 12, 24, 48])
+def test_tp_with_factor_three_fails_on_hidden(tp: int) -> None:
+    msgs = [i.message for i in rules.tp_divisibility(ARCH, tp)]
+    assert f"tp={tp} does not divide hidden 7168 = 2^10 x 7" in msgs
+
+
+def test_tp64_fails_on_heads_and_tp96_on_hidden() -> None:
+    assert "tp=64 does not divide attention heads 96 = 2^5 x 3" in [i.message for i in rules.tp_divisibility(ARCH, 64)]
+    msgs96 = [i.message for i in rules.tp_divisibility(ARCH, 96)]
+    assert any("hidden 7168" in m for m in msgs96) and not any("attention heads" in m for m in msgs96)
+
+
+def test_only_tp32_fits_h100_with_reserve() -> None:
+    fits = []
+    for tp in (1, 2, 4, 8, 16, 32):
+        per_node = min(tp, 8)
+        plan = plan_of(topology_dict(tp=tp, ep=tp, nodes=tp // per_node, per_node=per_node))
+        if "MEM_WEIGHTS" not in codes(plan):
+            fits.append(tp)
+    assert fits == [32]
+
+
+@pytest.mark.parametrize(("tp", "gib"), [(16, 90.86), (32, 45.43)])
+def test_weights_per_gpu(tp: int, gib: float) -> None:
+    plan = plan_of(topology_dict(tp=tp, ep=tp, nodes=tp // 8))
+    assert plan.memory is not None
+    # The reference rounds the payload to 1453.7 GiB before dividing; exact bytes agree to 0.01 GiB.
+    assert abs(plan.memory.weights_bytes / GIB - gib) < 0.01
+    assert abs(plan.memory.weights_bytes - load_catalog().model("kimi-k3").weights.total_bytes / tp) < 2
+
+
+def test_tp16_message_names_the_shortfall() -> None:
+    plan = plan_of(topology_dict(tp=16, ep=16, nodes=2))
+    msg = next(i for i in plan.issues if i.code == "MEM_WEIGHTS").message
+    assert "weights 90.85 GiB + reserve 8.00 GiB" in msg and "exceed usable 79.19 GiB" in msg and "by 19.66 GiB" in msg
+
+
+def test_experts_per_rank_and_ep48() -> None:
+    plan = plan_of(topology_dict())
+    assert plan.shape is not None and plan.shape.experts_per_rank == 28
+    bad = plan_of(topology_dict(tp=48, ep=48, nodes=6))
+    assert "EP_EXPERTS" in codes(bad)
+    assert any("ep=48 does not divide routed experts 896 = 2^7 x 7" in i.message for i in bad.issues)
+
+
+def test_reported_budget_leaves_16_4_gib_unaccounted() -> None:
+    usable = load_catalog().gpu("h100-80gb").usable_bytes
+    reported = {"weights": 45.43, "mla_kv": 3.62, "kda_state": 3.40, "headroom": 10.34}
+    assert round(sum(reported.values()), 2) == 62.79
+    left = unaccounted_bytes(usable, {k: v * GIB for k, v in reported.items()})
+    assert round(left / GIB, 1) == 16.4
+
+
+def test_kda_state_and_mla_kv_bytes() -> None:
+    assert kda_state_bytes_per_slot(ARCH, 8, "fp32") == 56_171_520
+    assert kda_state_bytes_per_slot(ARCH, 16, "fp32") == 28_085_760
+    assert kda_state_bytes_per_slot(ARCH, 32, "fp32") == 14_042_880
+    assert mla_kv_bytes_per_token(ARCH, "bf16") == 27_648
+    assert mla_kv_bytes_per_token(ARCH, "fp8") == 13_824
+    assert mla_kv_bytes_per_token(ARCH, "bf16", dcp=16) == 27_648 / 16
+
+
+def test_vllm_block_size_tp8_fp8() -> None:
+    per_layer_state = kda_state_bytes_per_slot(ARCH, 8, "fp32") / 69
+    per_layer_kv = mla_kv_bytes_per_token(ARCH, "fp8") / 24
+    assert vllm_block_tokens(per_layer_state, per_layer_kv, 128) == 1536
+
+
+def test_sglang_pool_ratio_formula() -> None:
+    r = sglang_pool_ratio(5, 14_042_880, 27_648, 11264)
+    assert r == pytest.approx(5 * 14_042_880 / (11264 * 27_648))
+    plan = plan_of(topology_dict())
+    assert plan.memory is not None and plan.memory.pool_ratio == pytest.approx(r)
+    m = plan.memory
+    assert m.state_pool_bytes / m.kv_pool_bytes == pytest.approx(r, rel=1e-6)
+
+
+def test_budget_lines_sum_to_usable() -> None:
+    for kind, gpu, per_node, nodes, tp, ep, dp, model in [
+        ("sglang", "h100-80gb", 8, 4, 32, 32, 1, "kimi-k3"),
+        ("vllm", "b200", 8, 2, 8, 16, 2, "kimi-k3"),
+        ("vllm-ascend", "ascend-a3", 16, 4, 16, 64, 4, "kimi-k3-w4a8"),
+    ]:
+        m = plan_of(topology_dict(kind=kind, gpu=gpu, per_node=per_node, nodes=nodes, tp=tp, ep=ep, dp=dp,
+                                  model=model)).memory
+        assert m is not None
+        total = m.weights_bytes + m.reserve_bytes + m.kv_pool_bytes + m.state_pool_bytes + m.headroom_bytes
+        assert total == m.usable_bytes
+
+
+def test_hopper_bf16_upcast_is_over_3_5x() -> None:
+    model = load_catalog().model("kimi-k3")
+    shape = make_shape("sglang", tp=32, ep=32, dp=1, pp=1, dcp=1, attention_dp=False, nnodes=4, gpus_per_node=8,
+                       num_experts=896)
+    packed, _ = weights_bytes_per_gpu(model, shape)
+    upcast, _ = weights_bytes_per_gpu(model, shape, experts_bf16=True)
+    assert upcast / packed > 3.5
+    assert upcast + 8 * GIB > load_catalog().gpu("h100-80gb").usable_bytes
