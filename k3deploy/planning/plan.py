@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
-from k3deploy.planning import rules
+from k3deploy.planning import engine_rules, rules
 from k3deploy.planning.arith import fmt_gib
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
 from k3deploy.planning.shape import EngineFamily, Shape, engine_family, make_shape
@@ -148,6 +148,7 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog) -> Plan:
                            num_experts=model.architecture.num_experts)
         legality = list(rules.parallel_rules(model.architecture, family, shape))
         issues += legality + list(rules.pairing_rules(t, model, hw))
+        issues += list(engine_rules.engine_rules(t, model, hw, shape))
         if not any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
             memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
             mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,

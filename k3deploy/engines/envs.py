@@ -1,0 +1,40 @@
+"""One node's environment: interfaces, host IP, allocator, timeouts, then the user's engine.env."""
+from __future__ import annotations
+
+from k3deploy.catalog.specs import VendorSpec
+from k3deploy.engines.context import Inputs, Place
+
+# Both PyTorch allocators read the same setting; large K3 pools fragment without it.
+ALLOC_CONF = "expandable_segments:True"
+# vLLM-Ascend's multi-node examples raise HCCL's 200 MB default buffer for EP all-to-all.
+HCCL_BUFFSIZE_MB = 1024
+# HCCL accepts a connect timeout between these bounds (seconds).
+HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
+
+
+def node_env(inp: Inputs, place: Place, vendor: VendorSpec | None) -> dict[str, str]:
+    """Plain (non-secret) env for one node; engine.env entries win over rendered ones."""
+    t = inp.topology
+    env: dict[str, str] = {}
+    if vendor is not None:
+        for name in vendor.socket_ifname_env:
+            env[name] = place.iface  # unset is the classic rendezvous hang
+        if vendor.host_ip_env:
+            env[vendor.host_ip_env] = place.ip
+        if vendor.alloc_conf_env:
+            env[vendor.alloc_conf_env] = ALLOC_CONF
+    if inp.flavour == "sglang":
+        env["SGLANG_HOST_IP"] = place.ip
+    else:
+        env["VLLM_HOST_IP"] = place.ip  # vLLM ignores HOST_IP and MASTER_ADDR
+        env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(t.launch.ready_timeout_s)
+    if inp.flavour == "vllm-ascend":
+        lo, hi = HCCL_CONNECT_TIMEOUT_RANGE_S
+        env["HCCL_BUFFSIZE"] = str(HCCL_BUFFSIZE_MB)
+        env["HCCL_CONNECT_TIMEOUT"] = str(min(max(t.launch.dist_timeout_s, lo), hi))
+        if vendor is not None and vendor.visible_devices_env:
+            env[vendor.visible_devices_env] = ",".join(str(i) for i in range(t.hardware.gpus_per_node))
+    if t.engine.kind == "sim":
+        env["K3SIM_GPU"] = t.hardware.gpu  # which accelerator the stand-in pretends to be
+    env.update(t.engine.env)
+    return env

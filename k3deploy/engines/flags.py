@@ -1,0 +1,93 @@
+"""The pinned engines' flag tables (engines/data/*.json): which flags exist, their values and choices."""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DATA_DIR = Path(__file__).parent / "data"
+TableName = Literal["sglang", "vllm"]
+_FILES: dict[TableName, str] = {"sglang": "sglang-0.5.23.json", "vllm": "vllm-0.33.0.json"}
+# vLLM validates these names at start-up against its registries, not in argparse.
+_REGISTRY_DESTS = ("reasoning_parser", "tool_call_parser")
+_INT_TYPES = ("int", "human_readable_int")
+_FLOAT_TYPES = ("float",)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One argparse argument: every spelling, where it lands, whether it takes a value."""
+
+    flags: tuple[str, ...]
+    dest: str
+    takes_value: bool
+    type: str | None
+    nargs: str | None
+    choices: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    """One engine version's argument parser, by spelling and by dest."""
+
+    engine: str
+    by_flag: dict[str, Flag]
+    by_dest: dict[str, Flag]
+    registries: dict[str, tuple[str, ...]]
+
+    def get(self, flag: str) -> Flag | None:
+        """The argument a spelling belongs to (None: the engine has no such flag)."""
+        return self.by_flag.get(flag)
+
+    def allowed(self, flag: Flag) -> tuple[str, ...] | None:
+        """Choices argparse enforces, or the start-up registry for parser names."""
+        if flag.choices is not None:
+            return flag.choices
+        return self.registries.get(flag.dest)
+
+    def value_problem(self, flag: Flag, value: str) -> str | None:
+        """Why `value` is not accepted for `flag` (None when it is)."""
+        allowed = self.allowed(flag)
+        if allowed is not None and value not in allowed:
+            return f"'{value}' is not one of {flag.flags[0]}'s choices"
+        if flag.type in _INT_TYPES and not _parses(int, value):
+            return f"{flag.flags[0]} takes an integer, not '{value}'"
+        if flag.type in _FLOAT_TYPES and not _parses(float, value):
+            return f"{flag.flags[0]} takes a number, not '{value}'"
+        return None
+
+
+def _parses(kind: type, value: str) -> bool:
+    try:
+        kind(value)
+    except ValueError:
+        return False
+    return True
+
+
+def table_name(kind: str, mimic: str | None = None) -> TableName:
+    """Which flag table an engine kind renders for (vLLM-Ascend keeps vLLM's CLI; sim mimics one)."""
+    if kind == "sim":
+        return "vllm" if mimic == "vllm" else "sglang"
+    return "sglang" if kind == "sglang" else "vllm"
+
+
+@functools.lru_cache(maxsize=4)
+def flag_table(name: TableName) -> FlagTable:
+    """Load one packaged flag table."""
+    raw = json.loads((DATA_DIR / _FILES[name]).read_text(encoding="utf-8"))
+    by_flag: dict[str, Flag] = {}
+    by_dest: dict[str, Flag] = {}
+    for a in raw["arguments"]:
+        choices = a.get("choices")
+        f = Flag(flags=tuple(a["flags"]), dest=a["dest"], takes_value=bool(a["takes_value"]),
+                 type=a.get("type"), nargs=a.get("nargs"),
+                 choices=tuple(str(c) for c in choices) if choices is not None else None)
+        by_dest.setdefault(f.dest, f)
+        for spelling in f.flags:
+            by_flag[spelling] = f
+    regs = raw.get("registries", {})
+    registries = {d: tuple(regs[d]) for d in _REGISTRY_DESTS if isinstance(regs.get(d), list)}
+    return FlagTable(engine=raw["engine"], by_flag=by_flag, by_dest=by_dest, registries=registries)

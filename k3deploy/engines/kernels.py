@@ -1,0 +1,55 @@
+"""Which MoE and attention kernels K3 needs per accelerator; shared by the renderers and plan rules."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from k3deploy.catalog.specs import HardwareSpec
+from k3deploy.engines.args import Opt, effective
+from k3deploy.engines.flags import FlagTable
+
+# SGLang: K3 with --dcp-size > 1 runs only on these decode backends (Blackwell, AMD).
+SGLANG_DCP_DECODE_BACKENDS = ("cutedsl_mla", "aiter")
+SGLANG_MOE_DEFAULT = "auto"
+
+
+def sglang_kernel_opts(hw: HardwareSpec, dcp: int) -> tuple[Opt, ...]:
+    """SGLang kernels: Hopper needs Marlin + FlashMLA; DCP needs cutedsl_mla/aiter; else defaults."""
+    out: list[Opt] = []
+    if hw.is_hopper:
+        # `auto` on SM90 silently upcasts the MXFP4 experts to BF16 (no log line), then runs out of memory.
+        out.append(Opt("--moe-runner-backend", ("marlin",)))
+    decode: str | None = None
+    if dcp > 1 and hw.is_blackwell:
+        decode = "cutedsl_mla"
+    elif dcp > 1 and hw.vendor == "amd":
+        decode = "aiter"
+    elif hw.is_hopper:
+        decode = "flashmla"
+    if decode is not None:
+        out.append(Opt("--decode-attention-backend", (decode,)))
+    return tuple(out)
+
+
+def vllm_kernel_opts(hw: HardwareSpec) -> tuple[Opt, ...]:
+    """vLLM kernels: Marlin MoE and FlashMLA attention on Hopper, engine defaults elsewhere."""
+    if hw.is_hopper:
+        return (Opt("--moe-backend", ("marlin",)), Opt("--attention-backend", ("FLASHMLA",)))
+    return ()
+
+
+@dataclass(frozen=True)
+class SglangKernels:
+    """The kernels SGLang will run with, after the user's engine.args (None: the engine picks)."""
+
+    moe: str
+    decode_attention: str | None
+
+
+def sglang_effective_kernels(opts: Iterable[Opt], table: FlagTable) -> SglangKernels:
+    """Resolve the merged options the way SGLang does: the decode backend falls back to --attention-backend."""
+    opts = tuple(opts)
+    moe = effective(opts, table, "moe_runner_backend")
+    decode = effective(opts, table, "decode_attention_backend") or effective(opts, table, "attention_backend")
+    return SglangKernels(moe=moe.values[0] if moe and moe.values else SGLANG_MOE_DEFAULT,
+                         decode_attention=decode.values[0] if decode and decode.values else None)

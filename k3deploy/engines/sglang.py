@@ -1,0 +1,45 @@
+"""SGLang 0.5.23 (`sglang serve MODEL ...`): the flags one node gets, before the user's engine.args."""
+from __future__ import annotations
+
+from k3deploy.engines.args import Opt, decimal
+from k3deploy.engines.args import opt as _o
+from k3deploy.engines.context import Inputs, Place, host_port
+from k3deploy.engines.kernels import sglang_kernel_opts
+
+KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
+SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+K3_PARSER = "kimi_k3"
+
+
+def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
+    """Parallelism, rendezvous, memory, cache, kernels, parsers and reporting for one node."""
+    t, s, shape = inp.topology, inp.topology.serving, inp.shape
+    o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port), _o("--tp-size", shape.tp)]
+    if shape.ep > 1:
+        o.append(_o("--ep-size", shape.ep))
+    if shape.pp > 1:
+        o.append(_o("--pp-size", shape.pp))
+    if shape.attention_dp and shape.dp > 1:
+        o.append(_o("--attn-dp-size", shape.dp))
+    if shape.dcp > 1:
+        o.append(_o("--dcp-size", shape.dcp))
+    if place.nnodes > 1:
+        # Without --dist-init-addr SGLang falls back to loopback: every node would rendezvous with itself.
+        o += [_o("--nnodes", place.nnodes), _o("--node-rank", place.rank),
+              _o("--dist-init-addr", host_port(place.head_ip, t.launch.port))]
+    o.append(_o("--dist-timeout", t.launch.dist_timeout_s))
+    if inp.mem_fraction is not None:
+        o.append(_o("--mem-fraction-static", decimal(inp.mem_fraction)))
+    o += [_o("--context-length", s.context_length), _o("--max-running-requests", s.max_running_requests),
+          _o("--kv-cache-dtype", KV_DTYPES[s.kv_cache_dtype or inp.model.cache.kv_cache_dtype]),
+          _o("--mamba-ssm-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype])]
+    if s.prefix_cache:
+        o.append(_o("--mamba-radix-cache-strategy", s.prefix_cache_strategy))
+    else:
+        o.append(_o("--disable-radix-cache"))
+    if inp.pool_ratio is not None:
+        o.append(_o("--mamba-full-memory-ratio", decimal(inp.pool_ratio)))
+    o += sglang_kernel_opts(inp.hardware, shape.dcp)
+    o += [_o("--reasoning-parser", K3_PARSER), _o("--tool-call-parser", K3_PARSER),
+          _o("--enable-cache-report"), _o("--enable-metrics")]
+    return tuple(o)

@@ -1,0 +1,68 @@
+"""vLLM 0.33.0 and vLLM-Ascend (`vllm serve MODEL ...`): the flags one node gets, before engine.args."""
+from __future__ import annotations
+
+from k3deploy.engines.args import Opt, decimal
+from k3deploy.engines.args import opt as _o
+from k3deploy.engines.context import Inputs, Place
+from k3deploy.engines.kernels import vllm_kernel_opts
+from k3deploy.engines.sglang import K3_PARSER
+
+SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# The two multi-node forms; vLLM rejects a command that mixes them ("must be divisible").
+NNODES_DESTS = frozenset({"nnodes", "node_rank", "master_addr", "master_port"})
+DP_RANK_DESTS = frozenset({"data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
+                           "data_parallel_rpc_port"})
+
+
+def dp_size_local(inp: Inputs) -> int:
+    """DP ranks per node in the per-node DP form (the planner makes tp x pp divide gpus_per_node)."""
+    s = inp.shape
+    return max(1, s.gpus_per_node // (s.tp * s.pp))
+
+
+def multinode_opts(inp: Inputs, place: Place) -> list[Opt]:
+    """Per-node DP ranks when dp > 1, else one TP/PP group spread with --nnodes; never both."""
+    t, s = inp.topology, inp.shape
+    o: list[Opt] = []
+    if s.dp > 1:
+        o.append(_o("--data-parallel-size", s.dp))
+        if place.nnodes > 1:
+            local = dp_size_local(inp)
+            o += [_o("--data-parallel-size-local", local),
+                  _o("--data-parallel-start-rank", place.rank * local),
+                  _o("--data-parallel-address", place.head_ip),
+                  _o("--data-parallel-rpc-port", t.launch.port)]
+    elif place.nnodes > 1:
+        o += [_o("--nnodes", place.nnodes), _o("--node-rank", place.rank),
+              _o("--master-addr", place.head_ip), _o("--master-port", t.launch.port)]
+    if place.nnodes > 1 and not place.head:
+        o.append(_o("--headless"))  # workers serve no HTTP; rank 0 runs the API server
+    return o
+
+
+def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
+    """Parallelism, multi-node form, memory, prefix caching, parsers and kernels for one node."""
+    t, s, shape = inp.topology, inp.topology.serving, inp.shape
+    o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port), _o("--tensor-parallel-size", shape.tp)]
+    if shape.pp > 1:
+        o.append(_o("--pipeline-parallel-size", shape.pp))
+    if shape.dcp > 1:
+        o.append(_o("--decode-context-parallel-size", shape.dcp))
+    if shape.ep > 1:
+        o.append(_o("--enable-expert-parallel"))  # EP = TP x DP
+    o += multinode_opts(inp, place)
+    if inp.mem_fraction is not None:
+        o.append(_o("--gpu-memory-utilization", decimal(inp.mem_fraction)))
+    o += [_o("--max-model-len", s.context_length), _o("--max-num-seqs", s.max_running_requests)]
+    if (s.kv_cache_dtype or inp.model.cache.kv_cache_dtype) == "fp8":
+        o.append(_o("--kv-cache-dtype", "fp8"))
+    o.append(_o("--mamba-ssm-cache-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype]))
+    if s.prefix_cache:
+        o.append(_o("--enable-prefix-caching"))  # off by default for K3
+    o += [_o("--enable-prompt-tokens-details"), _o("--tokenizer-mode", K3_PARSER),
+          _o("--reasoning-parser", K3_PARSER), _o("--tool-call-parser", K3_PARSER),
+          _o("--enable-auto-tool-choice")]  # the tool parser is used only with auto tool choice
+    o += vllm_kernel_opts(inp.hardware)
+    if inp.flavour == "vllm-ascend" and inp.model.quantization == "ascend":
+        o.append(_o("--quantization", "ascend"))  # the W4A8 checkpoint; vanilla vLLM has no such method
+    return tuple(o)

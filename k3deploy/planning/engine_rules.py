@@ -1,0 +1,205 @@
+"""Engine command lines that are known to fail: plan-time errors with the reason, never rendered."""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+from collections.abc import Iterator
+
+from k3deploy.catalog.specs import HardwareSpec, ModelSpec
+from k3deploy.diagnostics import Issue
+from k3deploy.engines.args import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.context import Inputs, places
+from k3deploy.engines.flags import FlagTable
+from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effective_kernels
+from k3deploy.engines.options import base_opts
+from k3deploy.engines.redact import secret_arg, secret_env
+from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
+from k3deploy.planning.arith import fmt_gib
+from k3deploy.planning.memory import weights_bytes_per_gpu
+from k3deploy.planning.shape import Shape
+from k3deploy.topology.schema import Topology
+
+# Set by k3deploy from `parallel` and `nodes`, per node: an engine.args override would desync them.
+MANAGED_DESTS = frozenset({
+    "tp_size", "ep_size", "pp_size", "dp_size", "attn_dp_size", "dcp_size", "enable_dp_attention",
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "decode_context_parallel_size",
+    "enable_expert_parallel", "nnodes", "node_rank", "headless", "data_parallel_start_rank",
+    "data_parallel_size_local",
+})
+RENDEZVOUS_DESTS = ("dist_init_addr", "master_addr", "data_parallel_address")
+
+
+def _err(code: str, message: str, path: str, hint: str | None = None) -> Issue:
+    return Issue(code=code, severity="error", message=message, path=path, hint=hint)
+
+
+def _warn(code: str, message: str, path: str, hint: str | None = None) -> Issue:
+    return Issue(code=code, severity="warning", message=message, path=path, hint=hint)
+
+
+def _arg_path(flag: str) -> str:
+    return f"engine.args.{flag}"
+
+
+def _user_flag(t: Topology, table: FlagTable, dest: str) -> str | None:
+    """The engine.args spelling that sets `dest`, if the user set it."""
+    return next((f for f in t.engine.args if (g := table.get(f)) is not None and g.dest == dest), None)
+
+
+def arg_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
+    """engine.args the pinned engine would reject, that k3deploy owns, or that carry a credential."""
+    table = inp.table
+    for flag, reason in arg_problems(t.engine.args, table):
+        if table.get(flag) is None:
+            match = difflib.get_close_matches(flag, list(table.by_flag), n=1, cutoff=0.7)
+            yield _err("ENGINE_ARG_UNKNOWN", reason, _arg_path(flag),
+                       f"did you mean '{match[0]}'?" if match else "see the engine's --help for this version")
+        elif not (table.by_flag[flag].dest == "quantization" and t.engine.args[flag] == "ascend"):
+            yield _err("ENGINE_ARG_VALUE", reason, _arg_path(flag))
+    for flag, value in t.engine.args.items():
+        f = table.get(flag)
+        if f is None:
+            continue
+        if f.dest in MANAGED_DESTS and f.dest not in _other_form(t, inp):
+            yield _err("ENGINE_ARG_MANAGED", f"{flag} is rendered by k3deploy from parallel/nodes "
+                       "(per node where it differs)", _arg_path(flag), "change `parallel` or `nodes` instead")
+        o = user_opt(f, flag, value)
+        if o is not None and secret_arg(flag, o.values):
+            yield _err("ENGINE_ARG_SECRET", f"{flag} carries a credential: command lines are readable by every "
+                       "user of the node (/proc/PID/cmdline) and end up in logs", _arg_path(flag),
+                       "pass it through engine.secrets (env:NAME or file:/path), e.g. vLLM reads VLLM_API_KEY")
+
+
+def _other_form(t: Topology, inp: Inputs) -> frozenset[str]:
+    """The vLLM multi-node flags of the form this deployment does not use (reported as mixing)."""
+    if inp.flavour == "sglang" or len(t.nodes) < 2:
+        return frozenset()
+    return NNODES_DESTS if inp.shape.dp > 1 else DP_RANK_DESTS
+
+
+def _dests(opts: tuple[Opt, ...], table: FlagTable) -> set[str]:
+    return {g.dest for o in opts if (g := table.get(o.flag)) is not None}
+
+
+def form_rules(t: Topology, inp: Inputs, merged: list[tuple[Opt, ...]]) -> Iterator[Issue]:
+    """vLLM: one TP/PP group over --nnodes, or per-node DP ranks; a command with both fails."""
+    if inp.flavour == "sglang" or len(t.nodes) < 2:
+        return
+    for opts in merged:
+        dests = _dests(opts, inp.table)
+        if dests & NNODES_DESTS and dests & DP_RANK_DESTS:
+            form = "per-node DP ranks (dp > 1)" if inp.shape.dp > 1 else "--nnodes/--node-rank (dp = 1)"
+            flag = next((f for d in sorted(_other_form(t, inp)) if (f := _user_flag(t, inp.table, d))), None)
+            yield _err("VLLM_MIXED_MULTINODE", f"this deployment uses vLLM's {form} form; mixing --nnodes with "
+                       "per-node DP flags fails on headless nodes ('must be divisible')",
+                       _arg_path(flag) if flag else "engine.args", "remove the other form's flags from engine.args")
+            return
+
+
+def _addr_problem(value: str, dest: str, local: bool) -> str | None:
+    host = value
+    if not value.strip():
+        return "the address is empty"
+    if dest == "dist_init_addr":
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"'{value}' is not IP:PORT"
+        host = host.strip("[]")
+    if not host:
+        return "the address is empty"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"'{host}' is not an IP address (rendezvous never goes through DNS)"
+    if ip.is_unspecified:
+        return f"{host} is not an address other nodes can dial"
+    if ip.is_loopback and not local:
+        return f"{host} is loopback: every other node would dial itself"
+    return None
+
+
+def rendezvous_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
+    """A rendezvous address overridden in engine.args must be rank 0's reachable IP (nodes[].ip are
+    checked by node_rules)."""
+    for dest in RENDEZVOUS_DESTS:
+        flag = _user_flag(t, inp.table, dest)
+        if flag is None or t.engine.args[flag] in (None, False):
+            continue
+        problem = _addr_problem(str(t.engine.args[flag]), dest, t.launch.executor == "local")
+        if problem:
+            yield _err("RENDEZVOUS_ADDR", f"rendezvous address: {problem}", _arg_path(flag),
+                       "drop the override: k3deploy renders rank 0's nodes[].ip")
+
+
+def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Issue]:
+    """SGLang kernels that cannot serve K3 on this accelerator or shape."""
+    if inp.flavour != "sglang":
+        return
+    k = sglang_effective_kernels(opts, inp.table)
+    hw, shape = inp.hardware, inp.shape
+    if hw.is_hopper and k.moe == "auto":
+        routed, rest = weights_bytes_per_gpu(inp.model, shape, experts_bf16=True)
+        flag = _user_flag(t, inp.table, "moe_runner_backend")
+        yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend auto on {hw.name} (SM90) silently upcasts the "
+                   f"MXFP4 experts to BF16: {fmt_gib(routed + rest)} of weights per GPU against "
+                   f"{fmt_gib(hw.usable_bytes)} usable, out of memory at load",
+                   _arg_path(flag) if flag else "engine.args", "use marlin (the W4A16 kernel), k3deploy's default")
+    if shape.dcp > 1 and k.decode_attention not in SGLANG_DCP_DECODE_BACKENDS:
+        flag = (_user_flag(t, inp.table, "decode_attention_backend")
+                or _user_flag(t, inp.table, "attention_backend"))
+        yield _err("SGLANG_DCP_BACKEND", f"dcp={shape.dcp}: SGLang runs K3 with --dcp-size > 1 only on decode "
+                   f"backend cutedsl_mla (Blackwell) or aiter (AMD), not {k.decode_attention or 'its default'} "
+                   f"on {hw.name}", _arg_path(flag) if flag else "parallel.dcp",
+                   "set parallel.dcp: 1" if not (hw.is_blackwell or hw.vendor == "amd") else
+                   "drop the decode backend override")
+    if shape.dcp > 1 and "enable_symm_mem" in _dests(opts, inp.table):
+        yield _warn("SGLANG_DCP_SYMM_MEM", "SGLang disables --enable-symm-mem when --dcp-size > 1",
+                    _arg_path(_user_flag(t, inp.table, "enable_symm_mem") or "--enable-symm-mem"))
+
+
+def quant_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Issue]:
+    """`--quantization ascend` exists only with the vLLM-Ascend plugin."""
+    flag = _user_flag(t, inp.table, "quantization")
+    if flag and t.engine.args[flag] == "ascend" and inp.flavour != "vllm-ascend":
+        yield _err("QUANT_ASCEND_VANILLA", f"--quantization ascend on {t.engine.kind}: only the vLLM-Ascend plugin has "
+                   "it (vanilla vLLM fails at start-up: 'Unknown quantization method: ascend'; SGLang has no "
+                   "such choice)", _arg_path(flag),
+                   "use engine kind vllm-ascend on Ascend NPUs, or drop the flag")
+
+
+def container_rules(t: Topology) -> Iterator[Issue]:
+    """Image pinning, the model mount, secret-looking env, the launcher."""
+    image = t.engine.image
+    if image and "@sha256:" not in image:
+        yield _warn("IMAGE_NOT_PINNED", f"image {image} is not pinned by digest: nodes may pull different builds",
+                    "engine.image", "use NAME@sha256:<digest> (docker buildx imagetools inspect NAME)")
+    if image and (":" in t.model.path or "," in t.model.path):
+        yield _err("DOCKER_MODEL_PATH", f"docker cannot mount {t.model.path!r}: ':' and ',' split -v specs",
+                   "model.path")
+    for name, value in t.engine.env.items():
+        if secret_env(name, value):
+            yield _warn("ENV_LOOKS_SECRET", f"engine.env {name} looks like a secret: it is redacted in every "
+                        "rendered output and exported scripts read it from the node's environment",
+                        f"engine.env.{name}", f"use engine.secrets: {{{name}: 'env:{name}'}} or 'file:/path'")
+    if t.engine.launcher is not None and not t.engine.launcher:
+        yield _err("LAUNCHER_EMPTY", "engine.launcher is an empty argv prefix", "engine.launcher",
+                   "omit it to use the engine's own executable")
+
+
+def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) -> Iterator[Issue]:
+    """Every engine-command check, on the options exactly as they would be rendered."""
+    inp = Inputs(topology=t, model=model, hardware=hw, shape=shape)
+    version = inp.table.engine.split()[-1]
+    if t.engine.version and t.engine.version != version:
+        yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks flags for "
+                    f"{inp.table.engine}", "engine.version")
+    yield from container_rules(t)
+    arg_issues = list(arg_rules(t, inp))
+    yield from arg_issues
+    if any(i.code == "ENGINE_ARG_UNKNOWN" for i in arg_issues):
+        return
+    merged = [merge(base_opts(inp, p), t.engine.args, inp.table) for p in places(t)]
+    yield from form_rules(t, inp, merged)
+    yield from rendezvous_rules(t, inp)
+    yield from kernel_rules(t, inp, merged[0])
+    yield from quant_rules(t, inp, merged[0])
