@@ -1,0 +1,19 @@
+"""Executors: the only code that touches hosts (local subprocesses, SSH via paramiko, Ray next).
+
+`open_executor(target)` picks the implementation; paramiko is imported only for SSH targets.
+"""
+from k3deploy.executors.base import CommandResult, Executor, ProcessHandle
+from k3deploy.executors.fanout import FanOut, Outcome
+from k3deploy.executors.target import ExecOverrides, ExecTarget, open_executor, targets_for
+
+__all__ = [
+    "CommandResult",
+    "ExecOverrides",
+    "ExecTarget",
+    "Executor",
+    "FanOut",
+    "Outcome",
+    "ProcessHandle",
+    "open_executor",
+    "targets_for",
+]

@@ -1,0 +1,149 @@
+"""Process control on a POSIX host through small `sh -c` scripts; shared by the local and SSH executors.
+
+Every value that reaches a script is `shlex.quote`d (or an int), and each script is passed as one quoted
+argument to `sh -c`, so the host's login shell never interprets anything from a topology.
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+
+from k3deploy.errors import ExecError
+from k3deploy.executors.base import TAG_VAR, CommandResult, ProcessHandle
+
+# How long a process-control script may take; they are tiny, so this only bounds a wedged host.
+CONTROL_TIMEOUT_S = 20.0
+_TAG_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+# Fields after the command name in /proc/PID/stat: 1 state, 3 pgrp, 20 starttime.
+_STAT = "sed 's/^.*) //' /proc/{pid}/stat 2>/dev/null"
+
+
+def sh(script: str) -> str:
+    """A script wrapped for any login shell (bash, zsh, fish all pass one quoted word to sh)."""
+    return "sh -c " + shlex.quote(script)
+
+
+def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
+    """Detach `command` in its own session (setsid, no pty, full redirection: the channel closes at once);
+    print `PID STARTTICKS`. A previous log is kept as LOG.1."""
+    q = shlex.quote
+    log = q(log_path)
+    return (
+        f"mkdir -p {q(posixpath.dirname(log_path) or '/')} || exit 96\n"
+        f"if [ -e {log} ]; then mv -f {log} {log}.1; fi\n"
+        f"cd {q(workdir)} || exit 97\n"
+        f"{TAG_VAR}={q(tag)} setsid nohup sh -c {q(command)} > {log} 2>&1 < /dev/null &\n"
+        "p=$!\n"
+        f'echo "$p $({_STAT.format(pid="$p")} | cut -d" " -f20)"\n'
+    )
+
+
+def alive_script(pid: int, start_ticks: int | None) -> str:
+    """Exit 0 while the process runs (not a zombie) and is the one started at `start_ticks`."""
+    check = f' && [ "${{20}}" = {int(start_ticks)} ]' if start_ticks is not None else ""
+    return f'set -- $({_STAT.format(pid=int(pid))})\n[ "$#" -ge 20 ] && [ "$1" != Z ]{check}\n'
+
+
+def signal_script(pgid: int, tag: str, sig: int) -> str:
+    """Signal group `pgid` only if a live member still carries our tag; exit 1 when there is none."""
+    return (
+        "hit=\n"
+        f"for p in $(ps -e -o pid= -o pgid= | awk -v g={int(pgid)} '$2 == g {{print $1}}'); do\n"
+        f"  if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qxF {shlex.quote(f'{TAG_VAR}={tag}')}; then\n"
+        "    hit=1; break\n"
+        "  fi\n"
+        "done\n"
+        f'[ -n "$hit" ] || exit 1\n'
+        # no `--`: dash's kill builtin rejects it; a negative number after the signal is the group.
+        f"kill -{int(sig)} -{int(pgid)} 2>/dev/null; exit 0\n"
+    )
+
+
+def tail_script(log_path: str, lines: int) -> str:
+    """The last `lines` lines of a log, nothing if it does not exist."""
+    return f"tail -n {int(lines)} -- {shlex.quote(log_path)} 2>/dev/null; exit 0\n"
+
+
+def follow_script(log_path: str, lines: int, pid: int | None) -> str:
+    """Follow a log until the process `pid` ends (GNU tail --pid)."""
+    until = f" --pid={int(pid)}" if pid else ""
+    return f"exec tail -n {int(lines)} -F{until} -- {shlex.quote(log_path)} 2>/dev/null\n"
+
+
+def check_tag(tag: str) -> str:
+    """Tags are names we generate; refuse anything else rather than quote it into environ matching."""
+    if not _TAG_RE.fullmatch(tag):
+        raise ValueError(f"invalid process tag {tag!r}")
+    return tag
+
+
+class ShellExecutor(ABC):
+    """Implements start/alive/signal/logs on top of two primitives: run a shell string, stream one."""
+
+    host: str
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection."""
+
+    @abstractmethod
+    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
+        """Run a shell string or argv."""
+
+    @abstractmethod
+    def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
+        """Lines of a long-running command's stdout until it ends or `stop` is set."""
+
+    @abstractmethod
+    def put_file(self, local_path: str, remote_path: str) -> None:
+        """Copy a file to the host."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources."""
+
+    def start(self, command: str, log_path: str, workdir: str = "/", tag: str = "") -> ProcessHandle:
+        """Start `command` detached; the handle names its PID (= process group) and start time."""
+        tag = check_tag(tag or "k3deploy")
+        res = self.run(sh(start_script(command, log_path, workdir, tag)), timeout_s=CONTROL_TIMEOUT_S)
+        parts = res.stdout.split()
+        if res.exit_code != 0 or not parts or not parts[0].isdigit():
+            why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
+            raise ExecError(why.get(res.exit_code, "detached start failed")
+                            + f" (exit {res.exit_code}): {res.stderr.strip()[-500:]}", host=self.host)
+        ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+        return ProcessHandle(host=self.host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
+                             container=None)
+
+    def alive(self, handle: ProcessHandle) -> bool:
+        """The group leader runs and is the process we started."""
+        if handle.pid is None:
+            return False
+        return self.run(sh(alive_script(handle.pid, handle.start_ticks)), CONTROL_TIMEOUT_S).exit_code == 0
+
+    def signal(self, handle: ProcessHandle, sig: int) -> bool:
+        """Signal the whole process group (guarded by the tag); False when nothing of it is left."""
+        if handle.pid is None:
+            return False
+        script = signal_script(handle.pid, check_tag(handle.tag), sig)
+        return self.run(sh(script), CONTROL_TIMEOUT_S).exit_code == 0
+
+    def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
+        """The last lines of the log."""
+        return self.run(sh(tail_script(handle.log_path, tail_lines)), CONTROL_TIMEOUT_S).stdout
+
+    def follow(
+        self, handle: ProcessHandle, tail_lines: int = 10, stop: threading.Event | None = None
+    ) -> Iterator[str]:
+        """Stream the log until the process ends or `stop` is set."""
+        return self._stream(sh(follow_script(handle.log_path, tail_lines, handle.pid)), stop)
+
+
+def as_shell(command: str | Sequence[str]) -> str:
+    """A shell string as is; an argv quoted piece by piece."""
+    return command if isinstance(command, str) else shlex.join(command)
