@@ -6,6 +6,7 @@ import sys
 import typer
 
 from k3deploy.cli import plan as _plan
+from k3deploy.cli import render as _render
 from k3deploy.cli import schema as _schema
 from k3deploy.cli.common import run_app
 
@@ -21,6 +22,7 @@ app = typer.Typer(
 )
 app.command("plan")(_plan.plan)
 app.command("schema")(_schema.schema)
+app.command("render")(_render.render)
 
 
 def main() -> None:

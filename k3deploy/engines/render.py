@@ -38,14 +38,14 @@ def ready_spec(inp: Inputs, place: Place) -> ReadySpec:
     return ReadySpec("none")
 
 
-def launch_spec(inp: Inputs, place: Place, vendor: VendorSpec | None) -> LaunchSpec:
+def launch_spec(inp: Inputs, place: Place, vendor: VendorSpec | None, *, docker: bool = True) -> LaunchSpec:
     """One node's process: the engine argv (docker-wrapped when an image is set), env and readiness."""
     t = inp.topology
     node = dict(t.ordered_nodes())[place.rank]
     argv = engine_argv(inp, place)
     env = node_env(inp, place, vendor)
     container = None
-    if t.engine.image:
+    if t.engine.image and docker:
         container = container_name(t.name, place.rank)
         argv = docker_argv(image=t.engine.image, name=container, model_path=t.model.path,
                            vendor=inp.hardware.vendor, gpus_per_node=t.hardware.gpus_per_node,

@@ -41,8 +41,7 @@ def quote(word: str, *, template: bool = False) -> str:
 
 
 def command_text(argv: Iterable[str], *, template: bool = False, indent: str = "  ") -> str:
-    """argv quoted word by word; after the first absolute path (the model, or docker's volume) each
-    flag starts a continuation line, for people to read."""
+    """argv quoted word by word; after the first absolute path each flag starts a continuation line."""
     lines: list[str] = []
     seen_path = False
     for raw in argv:
@@ -69,19 +68,25 @@ def secret_lines(secret_env_refs: dict[str, str]) -> list[str]:
     return out
 
 
+def node_lines(spec: LaunchSpec, *, redact: bool = False, template: bool = False,
+               secrets: bool = True) -> list[str]:
+    """Exports, secrets (unless the platform injects them) and `exec argv`, one shell line each."""
+    lines: list[str] = []
+    for k, v in spec.env.items():
+        if redact and secret_env(k, v):
+            lines += [f'{k}="${{{k}:?is secret-looking and not written here: set it on the node}}"', f"export {k}"]
+        else:
+            lines.append(f"export {k}={quote(v, template=template)}")
+    if secrets:
+        lines += secret_lines(spec.secret_env)
+    lines.append("exec " + command_text(spec.argv, template=template, indent="    "))
+    return lines
+
+
 def node_shell(spec: LaunchSpec, *, redact: bool = False, template: bool = False) -> str:
     """`set -eu`, exports, secrets, `exec argv`: what a remote shell (or a script) runs on one node.
 
     With redact, a secret-looking plain env value is not written: the node's own environment must
     provide it (the plan warned to move it to engine.secrets).
     """
-    lines = ["set -eu"]
-    for k, v in spec.env.items():
-        if redact and secret_env(k, v):
-            lines += [f'{k}="${{{k}:?is secret-looking and not written here: set it on the node}}"', f"export {k}"]
-        else:
-            lines.append(f"export {k}={quote(v, template=template)}")
-    lines += secret_lines(spec.secret_env)
-    argv = spec.argv
-    lines.append("exec " + command_text(argv, template=template, indent="    "))
-    return "\n".join(lines)
+    return "\n".join(["set -eu", *node_lines(spec, redact=redact, template=template)])

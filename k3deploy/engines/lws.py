@@ -1,0 +1,135 @@
+"""A Kubernetes LeaderWorkerSet manifest: leader = rank 0, workers pick their rank from LWS."""
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from k3deploy import __version__
+from k3deploy.catalog.specs import VendorSpec
+from k3deploy.engines.batch import case_branches
+from k3deploy.engines.context import Inputs, Place, places
+from k3deploy.engines.redact import secret_env
+from k3deploy.engines.render import inputs_for, launch_spec, packaged_vendor
+from k3deploy.engines.shell import expansion, has_marker, node_lines
+from k3deploy.engines.spec import LaunchSpec
+from k3deploy.errors import InputError
+
+if TYPE_CHECKING:
+    from k3deploy.planning.plan import Plan
+
+POD_IP_VAR = "K3_POD_IP"
+# Image used when the topology names none (engine's official image for the pinned version).
+DEFAULT_IMAGES = {"sglang": "lmsysorg/sglang:v{v}", "vllm": "vllm/vllm-openai:v{v}",
+                  "vllm-ascend": "quay.io/ascend/vllm-ascend:v{v}", "sim": "k3deploy:" + __version__}
+DEVICE_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "huawei": "huawei.com/Ascend910"}
+SHM_SIZE = "32Gi"
+
+
+def k8s_name(name: str) -> str:
+    """A DNS-1123 label from the deployment name."""
+    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63] or "k3deploy"
+
+
+def _image(inp: Inputs) -> tuple[str, str | None]:
+    """(image, note): the topology's image, else the engine's official one with a note to pin it."""
+    e = inp.topology.engine
+    if e.image:
+        return e.image, None if "@sha256:" in e.image else "image not pinned by digest"
+    image = DEFAULT_IMAGES[e.kind].format(v=inp.table.engine.split()[-1])
+    return image, f"engine.image not set: defaulted to {image} (set and pin it by digest)"
+
+
+def _env(t_secrets: dict[str, str], spec: LaunchSpec, secret_name: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    hidden = [k for k, v in spec.env.items() if secret_env(k, v)] + list(t_secrets)
+    for name in hidden:  # secrets come from a Kubernetes Secret, never from the manifest
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": name,
+                                                                   "optional": True}}})
+    return env
+
+
+def _container(inp: Inputs, spec: LaunchSpec, script: str, image: str, secret_name: str,
+               leader: bool) -> dict[str, Any]:
+    t = inp.topology
+    c: dict[str, Any] = {"name": "engine", "image": image, "command": ["/bin/sh", "-c", script],
+                         "env": _env(dict(t.engine.secrets), spec, secret_name)}
+    resource = DEVICE_RESOURCES.get(inp.hardware.vendor)
+    if resource:
+        c["resources"] = {"limits": {resource: t.hardware.gpus_per_node}}
+    c["volumeMounts"] = [{"name": "model", "mountPath": t.model.path, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}]
+    if leader:
+        c["ports"] = [{"containerPort": t.engine.port, "name": "http"}]
+        c["readinessProbe"] = {"httpGet": {"path": "/health", "port": t.engine.port},
+                               "periodSeconds": 10, "failureThreshold": 3}
+    return c
+
+
+def _pod(inp: Inputs, container: dict[str, Any], role: str) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app.kubernetes.io/name": k8s_name(inp.topology.name), "role": role}},
+            "spec": {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet", "containers": [container],
+                     "volumes": [{"name": "model", "hostPath": {"path": inp.topology.model.path,
+                                                                "type": "Directory"}},
+                                 {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]}}
+
+
+def lws_specs(inp: Inputs, vendor: VendorSpec | None) -> tuple[LaunchSpec, ...]:
+    """Every rank's spec with the pod's own IP and the leader address as shell expansions."""
+    out = []
+    for p in places(inp.topology):
+        templ = Place(rank=p.rank, nnodes=p.nnodes, ip=expansion(POD_IP_VAR),
+                      head_ip=expansion("LWS_LEADER_ADDRESS"), iface=p.iface)
+        out.append(launch_spec(inp, templ, vendor, docker=False))
+    return tuple(out)
+
+
+def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
+    """LeaderWorkerSet YAML: group size = nodes, readiness probe on the leader, secrets from a Secret."""
+    inp = inputs_for(plan)
+    t = inp.topology
+    if has_marker(json.dumps(t.model_dump(mode="json"), ensure_ascii=False)):
+        raise InputError("the topology contains private-use characters k3deploy reserves for templates")
+    specs = lws_specs(inp, vendor if vendor is not None else packaged_vendor(inp.hardware.vendor))
+    image, note = _image(inp)
+    name = k8s_name(t.name)
+    secret_name = f"{name}-secrets"
+    leader_script = "\n".join(["set -eu", *node_lines(specs[0], redact=True, template=True, secrets=False)])
+    worker_script = "\n".join(["set -eu", 'case "${LWS_WORKER_INDEX:?set by LeaderWorkerSet}" in',
+                               *case_branches(specs[1:], template=True, secrets=False),
+                               "*)", '  echo "k3deploy: unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2',
+                               "  exit 1", "  ;;", "esac"])
+    template: dict[str, Any] = {
+        "size": len(specs), "restartPolicy": "RecreateGroupOnPodRestart",
+        "leaderTemplate": _pod(inp, _container(inp, specs[0], leader_script, image, secret_name, True), "leader"),
+    }
+    if len(specs) > 1:
+        template["workerTemplate"] = _pod(inp, _container(inp, specs[1], worker_script, image, secret_name,
+                                                          False), "worker")
+    else:
+        template["workerTemplate"] = template.pop("leaderTemplate")
+    doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": name}, "spec": {"replicas": 1, "startupPolicy": "LeaderCreated",
+                                                "leaderWorkerTemplate": template}}
+    notes = [f"# k3deploy: LeaderWorkerSet for deployment {t.name} ({len(specs)} pod(s), host network).",
+             "# Rank = LWS_WORKER_INDEX, rendezvous = LWS_LEADER_ADDRESS, own IP = the pod IP; the",
+             "# topology's node IPs are not used. LeaderCreated: the leader turns ready only once every",
+             "# worker has joined, so LeaderReady would never start the workers.",
+             f"# Secrets: kubectl create secret generic {secret_name} --from-literal=NAME=... (optional keys)."]
+    if note:
+        notes.append(f"# warning: {note}")
+    return "\n".join(notes) + "\n" + _dump(doc)
+
+
+def _dump(doc: dict[str, Any]) -> str:
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    _Dumper.add_representer(str, _str)
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
