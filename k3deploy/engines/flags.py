@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -12,8 +13,11 @@ TableName = Literal["sglang", "vllm"]
 _FILES: dict[TableName, str] = {"sglang": "sglang-0.5.23.json", "vllm": "vllm-0.33.0.json"}
 # vLLM validates these names at start-up against its registries, not in argparse.
 _REGISTRY_DESTS = ("reasoning_parser", "tool_call_parser")
-_INT_TYPES = ("int", "human_readable_int")
+_INT_TYPES = ("int",)
 _FLOAT_TYPES = ("float",)
+# Both engines accept 128k / 1M style integers for these.
+_HUMAN_INT = re.compile(r"\d+(\.\d+)?[kKmMgGtT]?")
+_HUMAN_TYPES = {"human_readable_int": _HUMAN_INT, "human_readable_int_or_auto": re.compile(r"auto|" + _HUMAN_INT.pattern)}
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class FlagTable:
             return f"{flag.flags[0]} takes an integer, not '{value}'"
         if flag.type in _FLOAT_TYPES and not _parses(float, value):
             return f"{flag.flags[0]} takes a number, not '{value}'"
+        human = _HUMAN_TYPES.get(flag.type or "")
+        if human is not None and not human.fullmatch(value):
+            return f"{flag.flags[0]} takes an integer like 131072 or 128k, not '{value}'"
         return None
 
 
