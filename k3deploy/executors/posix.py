@@ -19,6 +19,16 @@ from k3deploy.executors.base import TAG_VAR, CommandResult, ProcessHandle
 CONTROL_TIMEOUT_S = 20.0
 _TAG_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
+# The session leader is this wrapper: it outlives a graceful engine shutdown (a trap, not an ignored
+# signal, so the engine still gets default TERM handling) and then writes the exit status and time into
+# the log, which is how a gang failure is traced to the node that died first.
+EXIT_MARK = "[k3deploy] exited with status"
+_WRAPPER = (
+    'trap : TERM INT HUP; sh -c "$1"; rc=$?; '
+    f'printf "\\n{EXIT_MARK} %s at %s\\n" "$rc" "$(date +%s.%N)"; exit "$rc"'
+)
+_EXIT_RE = re.compile(re.escape(EXIT_MARK) + r" (\d+) at ([0-9.]+)")
+
 # Fields after the command name in /proc/PID/stat: 1 state, 3 pgrp, 20 starttime.
 _STAT = "sed 's/^.*) //' /proc/{pid}/stat 2>/dev/null"
 
@@ -37,7 +47,7 @@ def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
         f"mkdir -p {q(posixpath.dirname(log_path) or '/')} || exit 96\n"
         f"if [ -e {log} ]; then mv -f {log} {log}.1; fi\n"
         f"cd {q(workdir)} || exit 97\n"
-        f"{TAG_VAR}={q(tag)} setsid nohup sh -c {q(command)} > {log} 2>&1 < /dev/null &\n"
+        f"{TAG_VAR}={q(tag)} setsid nohup sh -c {q(_WRAPPER)} k3deploy {q(command)} > {log} 2>&1 < /dev/null &\n"
         "p=$!\n"
         f'echo "$p $({_STAT.format(pid="$p")} | cut -d" " -f20)"\n'
     )
@@ -73,6 +83,15 @@ def follow_script(log_path: str, lines: int, pid: int | None) -> str:
     """Follow a log until the process `pid` ends (GNU tail --pid)."""
     until = f" --pid={int(pid)}" if pid else ""
     return f"exec tail -n {int(lines)} -F{until} -- {shlex.quote(log_path)} 2>/dev/null\n"
+
+
+def exit_record(log_text: str) -> tuple[int, float] | None:
+    """(exit status, epoch seconds) from the wrapper's last line, if the process ended through it."""
+    found = _EXIT_RE.findall(log_text)
+    if not found:
+        return None
+    status, when = found[-1]
+    return int(status), float(when)
 
 
 def check_tag(tag: str) -> str:

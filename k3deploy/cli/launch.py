@@ -1,0 +1,157 @@
+"""`k3deploy launch`: bring a topology up on its nodes, gang-supervised."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from k3deploy.cli.common import CatalogOpt
+
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh (default: launch.executor)")]
+StateDirOpt = Annotated[Path | None, typer.Option(
+    "--state-dir", help="deployment records (default: launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
+SshConfigOpt = Annotated[str, typer.Option("--ssh-config", help="ssh client config for host aliases")]
+
+
+def launch(
+    file: Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)],
+    executor: ExecutorOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would run where; touch nothing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    attach: Annotated[bool, typer.Option("--attach", help="stay in the foreground streaming node logs; "
+                                         "Ctrl-C stops the deployment")] = False,
+    accept_new_host_keys: Annotated[bool, typer.Option(
+        "--accept-new-host-keys", help="trust and save host keys never seen before (changed keys are refused)")] = False,
+    ssh_config: SshConfigOpt = "~/.ssh/config",
+    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="login user (over launch.ssh.user)")] = None,
+    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="private key (over launch.ssh.key)")] = None,
+    known_hosts: Annotated[str | None, typer.Option(
+        "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")] = None,
+    connect_timeout_s: Annotated[float | None, typer.Option(
+        "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")] = None,
+    state_dir: StateDirOpt = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Start rank 0, then every worker; wait until rank 0 serves; leave a supervisor watching all nodes.
+
+    Any node exiting, the readiness deadline or Ctrl-C stops every node and names the one that failed
+    first (exit 4; 3 when a host cannot be reached; 5 when the deployment already runs)."""
+    from k3deploy.errors import InputError
+    from k3deploy.executors.target import ExecOverrides
+    from k3deploy.launch.jobs import jobs_for
+    from k3deploy.planning.files import catalog_for, require_feasible
+
+    if executor not in (None, "local", "ssh", "ray"):
+        raise InputError(f"--executor {executor}: expected local or ssh")
+    cat = catalog_for(catalog)
+    plan = require_feasible(file, cat)
+    overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,  # type: ignore[arg-type]
+                              ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
+                              connect_timeout_s=connect_timeout_s)
+    jobs = jobs_for(plan, overrides, cat)
+    if dry_run:
+        _print_dry_run(jobs, as_json)
+        return
+    _launch(plan, jobs, state_dir, as_json, attach)
+
+
+def _print_dry_run(jobs: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
+        return
+    from rich.console import Console
+
+    from k3deploy.launch.views import dry_run
+
+    Console(highlight=False, soft_wrap=True).print(dry_run(jobs))
+
+
+def _launch(plan: Any, jobs: Any, state_dir: Path | None, as_json: bool, attach: bool) -> None:
+    from rich.console import Console
+    from rich.live import Live
+
+    from k3deploy.launch import deploy
+    from k3deploy.launch.state import StateStore, default_state_dir
+    from k3deploy.launch.views import Progress, deployment_summary, event_line
+
+    store = StateStore(state_dir or plan.topology.launch.state_dir or default_state_dir())
+    err = Console(stderr=True, highlight=False)
+    progress = Progress(jobs)
+    live = Live(progress.table(), console=err, refresh_per_second=4, get_renderable=progress.table) \
+        if err.is_terminal and not as_json else None
+
+    def on_event(event: Any) -> None:
+        progress.update(event)
+        if live is None and not as_json:
+            err.print(event_line(event), markup=False)
+
+    _sigterm_interrupts()
+    try:
+        if live is not None:
+            live.start()
+        dep = deploy.launch(plan, jobs, store, on_event=on_event, background=not attach)
+    except BaseException:
+        if as_json:
+            rec = store.load(plan.topology.name)
+            print(rec.model_dump_json(indent=2) if rec is not None else "{}")
+        raise
+    finally:
+        if live is not None:
+            live.stop()
+    if as_json and not attach:
+        print(dep.model_dump_json(indent=2))
+    else:
+        err.print(deployment_summary(dep), markup=False)
+    if attach:
+        _attach(store, plan.topology.name, err)
+
+
+def _attach(store: Any, name: str, err: Any) -> None:
+    """Supervise in the foreground while streaming node-prefixed logs; Ctrl-C stops the deployment."""
+    from k3deploy.executors.target import open_executor
+    from k3deploy.launch import deploy
+    from k3deploy.launch.streaming import LogStreamer
+    from k3deploy.launch.supervisor import Supervisor
+    from k3deploy.launch.views import event_line
+
+    sup = Supervisor(store, name, on_event=lambda e: err.print(event_line(e), markup=False))
+    streamer: LogStreamer | None = None
+    dep = store.require(name)
+    executors = {j.rank: open_executor(j.target) for j in dep.jobs}
+
+    def handles() -> dict[int, Any]:
+        return dict(sup.gang.handles) if sup.gang is not None else {}
+
+    def sink(rank: int, host: str, line: str) -> None:
+        sys.stdout.write(f"[{rank} {host}] {line}\n")
+        sys.stdout.flush()
+
+    streamer = LogStreamer(executors, {j.rank: j.host for j in dep.jobs}, handles, sink).start()
+    try:
+        final = sup.run()
+    except KeyboardInterrupt:
+        err.print("stopping every node ...")
+        streamer.stop()
+        deploy.stop(store, name)
+        raise
+    finally:
+        streamer.stop()
+        for ex in executors.values():
+            ex.close()
+    if final.status == "failed":
+        from k3deploy.launch.gang import GroupFailed
+
+        if final.failure is not None:
+            raise GroupFailed(final.failure)
+
+
+def _sigterm_interrupts() -> None:
+    """`k3deploy stop` from another shell sends SIGTERM: unwind like Ctrl-C, stopping started nodes."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

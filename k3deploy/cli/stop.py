@@ -1,0 +1,32 @@
+"""`k3deploy stop`: stop the supervisor, then every node of a deployment; idempotent."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from k3deploy.cli.status import StateDirOpt
+
+
+def stop(
+    deployment: Annotated[str, typer.Argument(help="deployment name or its topology file", show_default=False)],
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Stop a deployment from any shell: supervisor first (no restarts), then each node's process group
+    (SIGTERM, then SIGKILL after launch.stop_grace_s). Exit 3 if a node could not be reached."""
+    from k3deploy.errors import ExecError
+    from k3deploy.executors.target import open_executor
+    from k3deploy.launch import deploy
+    from k3deploy.launch.inspect import locate
+
+    store, name = locate(deployment, str(state_dir) if state_dir else None)
+    dep, outcome = deploy.stop(store, name, factory=open_executor)
+    hosts = {j.rank: j.host for j in dep.jobs}
+    for rank, what in sorted(outcome.items()):
+        print(f"rank {rank} {hosts[rank]}: {what}")
+    print(f"{name}: {dep.status}")
+    bad = {rank: what for rank, what in outcome.items() if what != "stopped"}
+    if bad:
+        rank, what = min(bad.items())
+        raise ExecError(f"could not stop rank {rank}: {what}", host=hosts[rank],
+                        hint="run `k3deploy stop` again once the host is reachable")

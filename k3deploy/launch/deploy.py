@@ -1,0 +1,194 @@
+"""Launch and stop a deployment: the library calls behind `k3deploy launch` and `k3deploy stop`."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from k3deploy.errors import ExecError, StateError
+from k3deploy.executors.base import Executor, ProcessHandle
+from k3deploy.executors.fanout import FanOut
+from k3deploy.executors.target import ExecTarget, open_executor
+from k3deploy.launch.events import EventSink, ignore
+from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
+from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.procs import Identity
+from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore
+from k3deploy.planning.plan import Plan
+
+ExecutorFactory = Callable[[ExecTarget], Executor]
+LOCAL_LOG_LINES = 5000
+OWNER_EXIT_EXTRA_S = 15.0
+
+
+def open_gang(dep: Deployment, pool: FanOut, factory: ExecutorFactory, on_event: EventSink = ignore) -> Gang:
+    """A Gang over the record's jobs, with the handles it holds."""
+    gang = Gang(dep.name, dep.jobs, {j.rank: factory(j.target) for j in dep.jobs}, pool, on_event)
+    gang.handles.update({n.rank: n.handle for n in dep.nodes if n.handle is not None})
+    return gang
+
+
+def close_gang(gang: Gang) -> None:
+    """Close every executor (errors while closing are irrelevant)."""
+    for ex in gang.executors.values():
+        try:
+            ex.close()
+        except ExecError:
+            pass
+
+
+def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity) -> Deployment:
+    """A fresh record in status `starting`."""
+    t = plan.topology
+    head = min(jobs, key=lambda j: j.rank)
+    now = time.time()
+    return Deployment(
+        name=t.name, file=str(Path(plan.file).resolve()), plan_digest=plan.digest(), executor=head.target.kind,
+        status="starting", created_at=now, url=head.ready.url, ready_paths=head.ready.paths,
+        stop_grace_s=t.launch.stop_grace_s, ready_timeout_s=t.launch.ready_timeout_s, restart_max=t.launch.restart.max,
+        restart_backoff_s=t.launch.restart.backoff_s, jobs=tuple(jobs),
+        nodes=tuple(NodeState(rank=j.rank, host=j.host) for j in jobs), owner=owner,
+        attempts=(Attempt(number=1, started_at=now),),
+    )  # fmt: skip
+
+
+def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHandle], None]:
+    """Write each handle into the record the moment its process exists (a crash never orphans it)."""
+    def write(job: NodeJob, handle: ProcessHandle) -> None:
+        store.update(name, lambda d: d.with_node(job.rank, handle=handle, phase="started"))
+
+    return write
+
+
+def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float,
+             interrupt: threading.Event | None = None) -> Deployment:
+    """Connect, start (head first), wait for readiness; on any failure or interrupt stop every node that
+    was started, record the cause and re-raise."""
+    name = gang.name
+    try:
+        gang.connect()
+        gang.start(new_run_id(), on_started=record_started(store, name))
+        gang.wait_ready(ready_timeout_s, interrupt=interrupt)
+    except BaseException as exc:
+        failure = _failure_of(exc)
+        teardown(gang, store, failure, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed")
+        raise
+    now = time.time()
+
+    def ready(d: Deployment) -> Deployment:
+        nodes = tuple(n.model_copy(update={"phase": "ready"}) for n in d.nodes)
+        last = d.attempts[-1].model_copy(update={"ready_at": now})
+        return d.model_copy(update={"status": "ready", "ready_at": now, "nodes": nodes,
+                                    "attempts": (*d.attempts[:-1], last)})
+
+    return store.update(name, ready)
+
+
+def _failure_of(exc: BaseException) -> Failure:
+    if isinstance(exc, GroupFailed):
+        return exc.failure
+    if isinstance(exc, KeyboardInterrupt):
+        return Failure(rank=None, host=None, cause="interrupted; every started node was stopped")
+    host = getattr(exc, "host", None)
+    return Failure(rank=None, host=host, cause=str(exc))
+
+
+def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: str) -> dict[int, str]:
+    """Stop every node of the gang, keep local copies of their logs, record the outcome."""
+    dep = store.require(gang.name)
+    outcome = gang.stop(dep.stop_grace_s)
+    save_local_logs(gang, store)
+
+    def record(d: Deployment) -> Deployment:
+        d = d.end_attempt(failure.cause if failure else "stopped")
+        for rank, what in outcome.items():
+            d = d.with_node(rank, phase="stopped" if what == "stopped" else "unknown")
+        update: dict[str, object] = {"status": status}
+        if failure is not None:
+            update["failure"] = failure
+        return d.model_copy(update=update)
+
+    store.update(gang.name, record)
+    return outcome
+
+
+def save_local_logs(gang: Gang, store: StateStore) -> None:
+    """Copy the end of every node's log into the state directory (for `logs` after the nodes are gone)."""
+    dest = store.logs_dir(gang.name)
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for rank, text in gang.logs(LOCAL_LOG_LINES).items():
+        if text:  # a node whose log is gone keeps its earlier copy
+            (dest / f"rank{rank}.log").write_text(text)
+
+
+def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: ExecutorFactory = open_executor,
+           on_event: EventSink = ignore, background: bool = True) -> Deployment:
+    """Bring the deployment up and hand it to a supervisor (background), or return with this process as
+    its owner (the caller supervises in the foreground)."""
+    name = plan.topology.name
+    with store.lock(name):
+        old = store.load(name)
+        if old is not None and old.status in ACTIVE:
+            raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
+                             hint=f"stop it first: k3deploy stop {name}")
+        store.save(new_record(plan, jobs, Identity.me("launch")))
+    with FanOut(len(jobs)) as pool:
+        dep = store.require(name)
+        gang = open_gang(dep, pool, factory, on_event)
+        try:
+            bring_up(gang, store, dep.ready_timeout_s)
+        except BaseException:
+            store.update(name, lambda d: d.model_copy(update={"owner": None}))
+            raise
+        finally:
+            close_gang(gang)
+    if not background:
+        return store.update(name, lambda d: d.model_copy(update={"owner": Identity.me("attach")}))
+    with store.lock(name):
+        proc = spawn_supervisor(store, name)
+        dep = store.require(name).model_copy(update={"owner": Identity(
+            pid=proc.pid, start_ticks=_ticks(proc.pid), role="supervisor")})
+        store.save(dep)
+    return dep
+
+
+def _ticks(pid: int) -> int | None:
+    from k3deploy.launch.procs import start_ticks
+
+    return start_ticks(pid)
+
+
+def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
+    """`python -m k3deploy.launch.supervisor STATE_FILE` in its own session, output to a local log."""
+    log = store.directory / f"{name}.supervisor.log"
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "k3deploy.launch.supervisor", str(store.path(name))],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, cwd="/",
+        )  # fmt: skip
+
+
+def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
+         on_event: EventSink = ignore) -> tuple[Deployment, dict[int, str]]:
+    """Stop the owner (so it cannot restart anything), then every recorded node; idempotent."""
+    with store.lock(name):
+        dep = store.require(name)
+        final_status = "stopped" if dep.status in ACTIVE else dep.status
+        if dep.status in ACTIVE:
+            dep = dep.model_copy(update={"status": "stopping"})
+            store.save(dep)
+    owner = dep.owner
+    if owner is not None and owner.alive() and not owner.terminate(dep.stop_grace_s + OWNER_EXIT_EXTRA_S):
+        raise StateError(f"the {owner.role} process {owner.pid} of {name} did not exit")
+    dep = store.require(name)  # the owner may have recorded new handles before it went
+    with FanOut(len(dep.jobs)) as pool:
+        gang = open_gang(dep, pool, factory, on_event)
+        try:
+            outcome = teardown(gang, store, None, status=final_status)
+        finally:
+            close_gang(gang)
+    final = store.update(name, lambda d: d.model_copy(update={"owner": None}))
+    return final, outcome

@@ -1,0 +1,142 @@
+"""Look at a deployment: find its record, per-node status, and logs (live from the nodes or local copies)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from k3deploy.executors.fanout import FanOut
+from k3deploy.launch.deploy import ExecutorFactory, close_gang, open_gang
+from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.readiness import serving
+from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
+
+
+def locate(name_or_file: str, state_dir: str | None) -> tuple[StateStore, str]:
+    """A topology file (its name and launch.state_dir) or a deployment name, and where its record is."""
+    path = Path(name_or_file)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        from k3deploy.errors import InputError
+        from k3deploy.topology.loader import TopologyError, load_topology
+
+        try:
+            t = load_topology(path).topology
+        except TopologyError as exc:
+            raise InputError(f"{path} is not a valid topology:\n{exc}") from exc
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc}") from exc
+        return StateStore(state_dir or t.launch.state_dir or default_state_dir()), t.name
+    return StateStore(state_dir or default_state_dir()), name_or_file
+
+
+class NodeStatus(BaseModel):
+    """One node as `status` sees it now."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    host: str
+    pid: int | None
+    log_path: str
+    alive: bool | None  # None: not started, or the host could not be asked
+    error: str = ""
+
+
+class StatusReport(BaseModel):
+    """`k3deploy status` (also its --json)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    status: str
+    file: str
+    plan_digest: str
+    executor: str
+    url: str | None
+    ready: bool | None  # rank 0 answers every readiness path
+    supervised: bool
+    supervisor_pid: int | None
+    uptime_s: float | None
+    nodes: tuple[NodeStatus, ...]
+    failure: Failure | None
+    attempts: tuple[Attempt, ...]
+
+
+def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusReport:
+    """The record plus a live look at every started node (one fan-out round) and rank 0's HTTP."""
+    dep = store.require(name)
+    started = {n.rank: n for n in dep.nodes if n.handle is not None}
+    live: dict[int, tuple[bool | None, str]] = {}
+    if started and dep.status in ACTIVE:
+        with FanOut(len(started)) as pool:
+            gang = open_gang(dep, pool, factory)
+            try:
+                for p in gang.probe(with_logs=False):
+                    live[p.job.rank] = (p.alive, p.error)
+            finally:
+                close_gang(gang)
+    ready = None
+    if dep.url and dep.status in ("ready", "restarting", "starting"):
+        ready = serving(dep.url, dep.ready_paths)[0]
+    jobs = {j.rank: j for j in dep.jobs}
+    nodes = []
+    for n in dep.nodes:
+        # An inactive deployment was stopped by k3deploy: its nodes are not asked again.
+        alive, error = live.get(n.rank, (None if dep.status in ACTIVE else False, ""))
+        nodes.append(NodeStatus(rank=n.rank, host=n.host, pid=n.handle.pid if n.handle else None,
+                                log_path=jobs[n.rank].log_path, alive=alive, error=error))
+    owner = dep.owner
+    supervised = owner is not None and owner.role in ("supervisor", "attach") and owner.alive()
+    uptime = time.time() - dep.attempts[-1].ready_at if dep.attempts and dep.attempts[-1].ready_at \
+        and dep.status == "ready" else None
+    return StatusReport(
+        name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
+        url=dep.url, ready=ready, supervised=supervised, supervisor_pid=owner.pid if owner else None,
+        uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
+    )  # fmt: skip
+
+
+class NodeLog(BaseModel):
+    """The end of one node's log and where it came from."""
+
+    rank: int
+    host: str
+    source: str  # "node:PATH" or "local copy:PATH"
+    text: str
+
+
+def logs(store: StateStore, name: str, factory: ExecutorFactory, ranks: list[int] | None,
+         lines: int) -> list[NodeLog]:
+    """Each selected node's log from the node, falling back to the local copy kept at stop."""
+    dep = store.require(name)
+    chosen = [j for j in dep.jobs if ranks is None or j.rank in ranks]
+    if ranks is not None and len(chosen) != len(set(ranks)):
+        from k3deploy.errors import InputError
+
+        raise InputError(f"no node rank {sorted(set(ranks) - {j.rank for j in chosen})} in {name} "
+                         f"(ranks: {[j.rank for j in dep.jobs]})")
+    # A deployment k3deploy stopped is not asked again: its logs are the local copies taken at stop.
+    remote = _remote_logs(dep, chosen, factory, lines) if dep.status in ACTIVE else {}
+    out = []
+    for job in chosen:
+        copy = store.logs_dir(name) / f"rank{job.rank}.log"
+        if remote.get(job.rank):
+            out.append(NodeLog(rank=job.rank, host=job.host, source=f"node:{job.log_path}", text=remote[job.rank]))
+        elif copy.is_file():
+            text = "\n".join(copy.read_text(errors="replace").splitlines()[-lines:])
+            out.append(NodeLog(rank=job.rank, host=job.host, source=f"local copy:{copy}", text=text))
+        else:
+            out.append(NodeLog(rank=job.rank, host=job.host, source="none", text=""))
+    return out
+
+
+def _remote_logs(dep: Deployment, chosen: list[NodeJob], factory: ExecutorFactory, lines: int) -> dict[int, str]:
+    ranks = {j.rank for j in chosen}
+    with FanOut(len(chosen)) as pool:
+        gang = open_gang(dep, pool, factory)
+        gang.handles = {r: h for r, h in gang.handles.items() if r in ranks}
+        try:
+            return gang.logs(lines)
+        finally:
+            close_gang(gang)

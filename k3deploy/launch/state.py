@@ -1,0 +1,184 @@
+"""The deployment record: one JSON file per deployment (atomic writes, 0600) and a lock beside it."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from k3deploy.errors import StateError
+from k3deploy.executors.base import ProcessHandle
+from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.procs import Identity
+
+Status = Literal["starting", "ready", "restarting", "failed", "stopping", "stopped"]
+ACTIVE: tuple[Status, ...] = ("starting", "ready", "restarting", "stopping")
+NodePhase = Literal["pending", "started", "ready", "exited", "stopped", "unreachable", "unknown"]
+
+
+class Record(BaseModel):
+    """Base of the state models: tolerant of nothing, mutable through model_copy only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeState(Record):
+    """One node of the running group."""
+
+    rank: int
+    host: str
+    phase: NodePhase = "pending"
+    handle: ProcessHandle | None = None
+
+
+class Failure(Record):
+    """Why the group was torn down: the node that failed first (None for deadline or interrupt)."""
+
+    rank: int | None
+    host: str | None
+    cause: str
+    log_tail: str = ""
+    at: float = Field(default_factory=time.time)
+
+
+class Attempt(Record):
+    """One start of the whole group."""
+
+    number: int
+    started_at: float
+    ready_at: float | None = None
+    ended_at: float | None = None
+    cause: str | None = None
+
+
+class Deployment(Record):
+    """Everything `status`, `logs`, `stop` and the supervisor need, without the topology file."""
+
+    name: str
+    file: str
+    plan_digest: str
+    executor: str
+    status: Status
+    created_at: float
+    ready_at: float | None = None
+    url: str | None = None
+    ready_paths: tuple[str, ...] = ()
+    stop_grace_s: float
+    ready_timeout_s: float
+    restart_max: int = 0
+    restart_backoff_s: float = 30.0
+    jobs: tuple[NodeJob, ...]
+    nodes: tuple[NodeState, ...]
+    owner: Identity | None = None
+    failure: Failure | None = None
+    attempts: tuple[Attempt, ...] = ()
+
+    def with_node(self, rank: int, **changes: object) -> Deployment:
+        """A copy with one node's fields changed."""
+        nodes = tuple(n.model_copy(update=changes) if n.rank == rank else n for n in self.nodes)
+        return self.model_copy(update={"nodes": nodes})
+
+    def end_attempt(self, cause: str | None) -> Deployment:
+        """A copy whose last attempt is closed with `cause`."""
+        if not self.attempts or self.attempts[-1].ended_at is not None:
+            return self
+        last = self.attempts[-1].model_copy(update={"ended_at": time.time(), "cause": cause})
+        return self.model_copy(update={"attempts": (*self.attempts[:-1], last)})
+
+
+def default_state_dir() -> Path:
+    """$XDG_STATE_HOME/k3deploy, else ~/.local/state/k3deploy."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "k3deploy"
+
+
+class StateStore:
+    """Deployment records in one directory; every read-modify-write happens under the record's lock."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory).expanduser()
+
+    def path(self, name: str) -> Path:
+        """The record file of a deployment."""
+        return self.directory / f"{name}.json"
+
+    def logs_dir(self, name: str) -> Path:
+        """Where local copies of node logs are kept."""
+        return self.directory / name / "logs"
+
+    def _ensure(self) -> None:
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"cannot create state directory {self.directory}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout_s: float = 30.0) -> Iterator[None]:
+        """Exclusive lock of one record (fcntl, so it dies with its holder)."""
+        self._ensure()
+        fd = os.open(self.directory / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout_s
+            for _ in range(100_000):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StateError(f"deployment {name} is locked by another k3deploy process") from None
+                    time.sleep(0.02)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def load(self, name: str) -> Deployment | None:
+        """The record, or None if there is none."""
+        try:
+            text = self.path(name).read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"cannot read {self.path(name)}: {exc}") from exc
+        try:
+            return Deployment.model_validate_json(text)
+        except ValidationError as exc:
+            raise StateError(f"{self.path(name)} is not a k3deploy deployment record: {exc}") from exc
+
+    def require(self, name: str) -> Deployment:
+        """The record, or a StateError listing the known deployments."""
+        dep = self.load(name)
+        if dep is None:
+            known = ", ".join(sorted(p.stem for p in self.directory.glob("*.json"))) or "none"
+            raise StateError(f"no deployment named {name} in {self.directory} (known: {known})",
+                             hint="pass the topology file or --state-dir where it was launched")
+        return dep
+
+    def save(self, dep: Deployment) -> None:
+        """Write atomically: temp file in the same directory, fsync, rename; mode 0600."""
+        self._ensure()
+        fd, tmp = tempfile.mkstemp(prefix=f".{dep.name}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                os.fchmod(fh.fileno(), 0o600)
+                fh.write(dep.model_dump_json(indent=2))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path(dep.name))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StateError(f"cannot write {self.path(dep.name)}: {exc}") from exc
+
+    def update(self, name: str, change: Callable[[Deployment], Deployment]) -> Deployment:
+        """Load, change and save under the lock; returns the saved record."""
+        with self.lock(name):
+            dep = self.require(name)
+            new = change(dep)
+            self.save(new)
+            return new

@@ -1,0 +1,151 @@
+"""Supervision for the life of a deployment: one node gone, all stopped, cause recorded; restart policy.
+
+Runs detached as `python -m k3deploy.launch.supervisor STATE_FILE` (owner recorded in the state), or in
+the foreground under `launch --attach`. SIGTERM/SIGINT end it without touching the nodes: `stop` signals
+the supervisor first, then stops the nodes itself.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from k3deploy.errors import ExecError, K3Error
+from k3deploy.executors.fanout import FanOut
+from k3deploy.executors.target import open_executor
+from k3deploy.launch.deploy import ExecutorFactory, bring_up, close_gang, open_gang, teardown
+from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
+from k3deploy.launch.gang import Gang
+from k3deploy.launch.procs import Identity
+from k3deploy.launch.state import Attempt, Deployment, Failure, StateStore
+
+POLL_S = 1.0
+# Consecutive polls a host may be unreachable before it counts as failed (one SSH hiccup is not a death).
+UNREACHABLE_POLLS = 3
+OWNER_WAIT_S = 10.0
+
+
+class Supervisor:
+    """Watches every node of one deployment until it fails for good or `stop_event` is set."""
+
+    def __init__(self, store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
+                 on_event: EventSink = ignore, stop_event: threading.Event | None = None,
+                 poll_s: float = POLL_S) -> None:
+        self.store, self.name, self.factory, self.emit = store, name, factory, on_event
+        self.stop_event = stop_event or threading.Event()
+        self.poll_s = poll_s
+        self.gang: Gang | None = None
+
+    def run(self) -> Deployment:
+        """Supervise; returns the final record (status ready when asked to stop, failed when gave up)."""
+        dep = self.store.require(self.name)
+        with FanOut(len(dep.jobs)) as pool:
+            self.gang = open_gang(dep, pool, self.factory, self.emit)
+            try:
+                self._watch(self.gang)
+            finally:
+                close_gang(self.gang)
+        return self.store.require(self.name)
+
+    def _watch(self, gang: Gang) -> None:
+        misses: dict[int, int] = {}
+        for _ in range(10**9):  # ends on stop_event or when the restart budget is spent
+            if self.stop_event.wait(self.poll_s):
+                return
+            probes = gang.probe(with_logs=False)
+            for p in probes:
+                misses[p.job.rank] = misses.get(p.job.rank, 0) + 1 if p.alive is None else 0
+            failure = gang.first_failure(probes, unreachable_counts=False)
+            lost = [p for p in probes if p.alive is None and misses[p.job.rank] >= UNREACHABLE_POLLS]
+            if failure is None and lost:
+                failure = gang.first_failure(lost)
+            if failure is None:
+                continue
+            self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
+            teardown(gang, self.store, failure, status="failed")
+            if not self._restart(gang):
+                return
+            misses.clear()
+
+    def _restart(self, gang: Gang) -> bool:
+        """Relaunch the whole group with doubling backoff until ready or the budget is spent."""
+        for _ in range(10**6):
+            dep = self.store.require(self.name)
+            used = len(dep.attempts) - 1
+            if used >= dep.restart_max:
+                self.store.update(self.name, lambda d: d.model_copy(update={"owner": None}))
+                return False
+            backoff_s = dep.restart_backoff_s * (2**used)
+            self.emit(NodeEvent(GROUP, "", "restarting",
+                                f"restart {used + 1} of {dep.restart_max} in {backoff_s:g} s"))
+            self.store.update(self.name, lambda d: d.model_copy(update={"status": "restarting"}))
+            if self.stop_event.wait(backoff_s):
+                return False
+            self.store.update(self.name, _next_attempt)
+            gang.handles.clear()
+            try:
+                bring_up(gang, self.store, dep.ready_timeout_s, interrupt=self.stop_event)
+                return True
+            except KeyboardInterrupt:
+                return False
+            except K3Error:
+                continue  # recorded by bring_up; the next round decides whether to try again
+        return False
+
+
+def _next_attempt(d: Deployment) -> Deployment:
+    attempt = Attempt(number=len(d.attempts) + 1, started_at=time.time())
+    nodes = tuple(n.model_copy(update={"handle": None, "phase": "pending"}) for n in d.nodes)
+    return d.model_copy(update={"attempts": (*d.attempts, attempt), "nodes": nodes, "status": "restarting"})
+
+
+def _wait_for_ownership(store: StateStore, name: str, me: Identity) -> bool:
+    """The launcher records us as owner right after spawning us; anyone else owning it means we leave."""
+    deadline = time.monotonic() + OWNER_WAIT_S
+    for _ in range(1000):
+        owner = store.require(name).owner
+        if owner is not None and owner.pid == me.pid:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the detached supervisor process."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m k3deploy.launch.supervisor STATE_FILE", file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    store, name = StateStore(path.parent), path.stem
+    stop_event = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop_event.set())
+
+    def log(event: NodeEvent) -> None:
+        who = "group" if event.rank == GROUP else f"rank {event.rank} {event.host}"
+        print(f"{time.strftime('%H:%M:%S')} {who}: {event.phase} {event.detail}".rstrip(), flush=True)
+
+    me = Identity.me("supervisor")
+    if not _wait_for_ownership(store, name, me):
+        print(f"{name}: not recorded as owner; exiting", flush=True)
+        return 1
+    print(f"supervising {name} (pid {os.getpid()})", flush=True)
+    try:
+        dep = Supervisor(store, name, on_event=log, stop_event=stop_event).run()
+    except (K3Error, ExecError) as exc:
+        failure = Failure(rank=None, host=getattr(exc, "host", None), cause=f"supervisor error: {exc}")
+        store.update(name, lambda d: d.model_copy(update={"failure": failure, "owner": None}))
+        print(f"supervisor error: {exc}", flush=True)
+        return 1
+    print(f"supervisor exits; deployment {dep.status}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""Rich renderables for launch progress, dry runs, status and stop; the CLI prints them."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from k3deploy.launch.events import GROUP, NodeEvent
+from k3deploy.launch.jobs import NodeJob
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.table import Table
+
+    from k3deploy.launch.inspect import StatusReport
+    from k3deploy.launch.state import Deployment
+
+_STYLE = {"ready": "green", "loading": "cyan", "started": "cyan", "failed": "bold red", "unreachable": "bold red",
+          "stopped": "yellow", "stopping": "yellow", "restarting": "magenta"}
+
+
+class Progress:
+    """Per-node phase table, updated from events (any thread)."""
+
+    def __init__(self, jobs: Sequence[NodeJob]) -> None:
+        self.t0 = time.monotonic()
+        self.rows = {j.rank: [j.host, "pending", "", 0.0] for j in jobs}
+        self.notes: list[str] = []
+        self._lock = threading.Lock()
+
+    def update(self, event: NodeEvent) -> None:
+        """Record an event."""
+        with self._lock:
+            if event.rank == GROUP or event.rank not in self.rows:
+                self.notes.append(f"{event.phase}: {event.detail}")
+                return
+            row = self.rows[event.rank]
+            row[1], row[2], row[3] = event.phase, event.detail, time.monotonic() - self.t0
+
+    def table(self) -> Table:
+        """The current table."""
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"launch ({time.monotonic() - self.t0:.1f} s)", title_justify="left")
+        for col in ("rank", "host", "phase", "at", "detail"):
+            table.add_column(col)
+        with self._lock:
+            for rank, (host, phase, detail, at) in sorted(self.rows.items()):
+                style = _STYLE.get(str(phase), "")
+                table.add_row(str(rank), Text(str(host)), Text(str(phase), style=style),
+                              f"{at:.1f} s" if at else "", Text(str(detail)[:100]))
+        return table
+
+
+def event_line(event: NodeEvent) -> str:
+    """One line per event, for logs and non-terminal output."""
+    who = "group" if event.rank == GROUP else f"rank {event.rank} {event.host}"
+    return f"{who}: {event.phase}" + (f" ({event.detail})" if event.detail else "")
+
+
+def dry_run(jobs: Sequence[NodeJob]) -> RenderableType:
+    """What would run where, touching nothing: per node a header line, then the exact shell text."""
+    from rich.console import Group
+    from rich.text import Text
+
+    parts: list[RenderableType] = []
+    for j in jobs:
+        t = j.target
+        via = t.kind if t.kind != "ssh" else f"ssh {t.user + '@' if t.user else ''}{t.host}" + (
+            f":{t.port}" if t.port else "")
+        parts.append(Text(f"# rank {j.rank} on {j.host} (ip {j.ip}) via {via}; log {j.log_path}", style="bold"))
+        parts.append(Text("".join(f"  {line}\n" for line in j.command.splitlines())))
+    return Group(*parts)
+
+
+def deployment_summary(dep: Deployment) -> str:
+    """One paragraph after a launch."""
+    ready = dep.attempts[-1].ready_at if dep.attempts else None
+    took = f" in {ready - dep.attempts[-1].started_at:.1f} s" if ready else ""
+    owner = f"; supervisor pid {dep.owner.pid}" if dep.owner and dep.owner.role == "supervisor" else ""
+    return f"{dep.name}: {dep.status}{took}; {dep.url or ''}{owner}"
+
+
+def status_view(rep: StatusReport) -> RenderableType:
+    """`k3deploy status`."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Table.grid(padding=(0, 2))
+    head.add_row("deployment", rep.name)
+    head.add_row("status", Text(rep.status, style=_STYLE.get(rep.status, "")))
+    head.add_row("url", f"{rep.url or '-'} ({'serving' if rep.ready else 'not serving'})")
+    head.add_row("supervisor", f"pid {rep.supervisor_pid}" if rep.supervised else "none running")
+    head.add_row("uptime", f"{rep.uptime_s:.0f} s" if rep.uptime_s is not None else "-")
+    head.add_row("plan", f"{rep.file} ({rep.plan_digest}), executor {rep.executor}")
+    head.add_row("attempts", str(len(rep.attempts)))
+    nodes = Table()
+    for col in ("rank", "host", "pid", "alive", "log"):
+        nodes.add_column(col)
+    for n in rep.nodes:
+        alive = Text({True: "yes", False: "no", None: "?"}[n.alive] + (f" ({n.error})" if n.error else ""),
+                     style="green" if n.alive else "")
+        nodes.add_row(str(n.rank), Text(n.host), str(n.pid or "-"), alive, Text(n.log_path))
+    parts: list[RenderableType] = [head, nodes]
+    if rep.failure is not None:
+        f = rep.failure
+        who = f"rank {f.rank} ({f.host})" if f.rank is not None else "deployment"
+        parts.append(Text.assemble(("failed: ", "bold red"), f"{who}: {f.cause}"))
+        if f.log_tail.strip():
+            parts.append(Text("\n".join(f.log_tail.rstrip().splitlines()[-15:])))
+    return Group(*parts)
