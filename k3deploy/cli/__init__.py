@@ -5,9 +5,13 @@ import sys
 
 import typer
 
+from k3deploy.cli import launch as _launch
+from k3deploy.cli import logs as _logs
 from k3deploy.cli import plan as _plan
 from k3deploy.cli import render as _render
 from k3deploy.cli import schema as _schema
+from k3deploy.cli import status as _status
+from k3deploy.cli import stop as _stop
 from k3deploy.cli.common import run_app
 
 app = typer.Typer(
@@ -22,6 +26,10 @@ app = typer.Typer(
 )
 app.command("plan")(_plan.plan)
 app.command("schema")(_schema.schema)
+app.command("launch")(_launch.launch)
+app.command("status")(_status.status)
+app.command("logs")(_logs.logs)
+app.command("stop")(_stop.stop)
 app.command("render")(_render.render)
 
 
