@@ -52,8 +52,47 @@ def _run_make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
-# Append a registrar here to add a subcommand (e.g. `serve`); each one sets `handler` on its parser.
-SUBCOMMANDS: tuple[Registrar, ...] = (_add_make_checkpoint,)
+def _add_serve(subparsers: Subparsers) -> None:
+    # The flags depend on --mimic, so this parser only routes: the engine's own parser (built from its
+    # flag table) sees everything after `serve`, including -h and unknown flags.
+    from k3deploy.sim.engine_args import SERVE_USAGE
+
+    parser = subparsers.add_parser(
+        "serve",
+        add_help=False,
+        help="run a stand-in engine node (tests and demos only, not a model server) with SGLang's or vLLM's flags",
+        usage=SERVE_USAGE,
+    )
+    parser.set_defaults(handler=_run_serve, passthrough=True)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from k3deploy.sim.engine_args import (
+        MIMICS,
+        PROG,
+        SERVE_DESCRIPTION,
+        SERVE_USAGE,
+        engine_version,
+        split_mimic,
+    )
+
+    argv: list[str] = args.extra
+    mimic = split_mimic(argv)
+    if mimic is None:
+        # No valid --mimic: this parser prints the stand-in's help or argparse's error (exit 0 or 2).
+        both = " or ".join(f"{m} {engine_version(m)}" for m in MIMICS)
+        generic = argparse.ArgumentParser(prog=PROG, usage=SERVE_USAGE, description=SERVE_DESCRIPTION.format(engine=both))
+        generic.add_argument("--mimic", choices=MIMICS, required=True, help="the engine whose flags and behaviour to copy")
+        generic.parse_args(argv)
+        return 2
+    from k3deploy.sim.serve import serve_main
+
+    return serve_main(mimic, argv)
+
+
+# Append a registrar here to add a subcommand; each one sets `handler` on its parser
+# (and `passthrough=True` to receive the arguments it does not parse itself as `args.extra`).
+SUBCOMMANDS: tuple[Registrar, ...] = (_add_make_checkpoint, _add_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse argv, run the chosen subcommand and return its exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     try:
         code: int = args.handler(args)
     except (ValueError, OSError) as exc:

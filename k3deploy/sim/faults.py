@@ -1,0 +1,53 @@
+"""Fault injection for tests: K3SIM_FAULT=name[:value][,name[:value]...], optionally only on K3SIM_FAULT_RANK."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+FAULT_ENV = "K3SIM_FAULT"
+FAULT_RANK_ENV = "K3SIM_FAULT_RANK"
+FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel", "oom")
+# Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
+HANG_DEFAULT_S = 3600.0
+SLOW_LOAD_DEFAULT_S = 10.0
+MAX_SLEEP_S = 3600.0
+
+
+class FaultError(ValueError):
+    """K3SIM_FAULT or K3SIM_FAULT_RANK does not parse."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults this node applies, with their optional values (seconds)."""
+
+    active: dict[str, float | None] = field(default_factory=dict)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.active
+
+    def seconds(self, name: str, default: float) -> float:
+        """The fault's value in seconds, bounded by MAX_SLEEP_S."""
+        value = self.active.get(name)
+        return min(value if value is not None else default, MAX_SLEEP_S)
+
+
+def parse_faults(env: Mapping[str, str], node_rank: int) -> Faults:
+    """The faults named in env that apply to this node rank."""
+    spec = env.get(FAULT_ENV, "").strip()
+    rank = env.get(FAULT_RANK_ENV, "").strip()
+    if rank and not rank.isdigit():
+        raise FaultError(f"{FAULT_RANK_ENV}={rank!r} is not a node rank")
+    active: dict[str, float | None] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition(":")
+        if name not in FAULTS:
+            raise FaultError(f"{FAULT_ENV}: unknown fault {name!r} (known: {', '.join(FAULTS)})")
+        try:
+            active[name] = float(value) if value else None
+        except ValueError as exc:
+            raise FaultError(f"{FAULT_ENV}: {name} takes seconds, not {value!r}") from exc
+    if rank and int(rank) != node_rank:
+        return Faults()
+    return Faults(active)

@@ -1,0 +1,150 @@
+"""The engine's HTTP surface on stdlib ThreadingHTTPServer: the head's API, or an SGLang worker's dummy /health."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from k3deploy.sim.chat_service import ApiError, ChatService
+from k3deploy.sim.log_format import EngineLog
+from k3deploy.sim.metrics import render_metrics
+
+NOT_FOUND = {"detail": "Not Found"}
+MAX_BODY_BYTES = 64 << 20
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn; the OpenAI client reuses connections
+    api: ApiServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the stdlib's own access log (uvicorn's is written in _send)."""
+
+    def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else (
+            body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.api.access_log(self.client_address, self.command, self.path, status)
+
+    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for event in [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]:
+            data = event.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+        self.api.access_log(self.client_address, self.command, self.path, 200)
+
+    def do_GET(self) -> None:
+        """GET routes."""
+        status, body, kind = self.api.get(self.path.split("?", 1)[0])
+        self._send(status, body, kind)
+
+    def do_POST(self) -> None:
+        """POST routes."""
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(min(length, MAX_BODY_BYTES)) if length else b""
+        path = self.path.split("?", 1)[0]
+        if path != "/v1/chat/completions":
+            status, body, kind = self.api.get(path) if path == "/ping" else (404, NOT_FOUND, "application/json")
+            self._send(status, body, kind)
+            return
+        service = self.api.service
+        if service is None:
+            self._send(404, NOT_FOUND)
+            return
+        try:
+            try:
+                request = json.loads(raw or b"null")
+            except ValueError as exc:
+                raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+            reply = service.chat(request)
+        except ApiError as err:
+            self._send(err.status, service.error_body(err))
+            return
+        if reply.chunks is not None:
+            self._stream(reply.chunks)
+        else:
+            self._send(200, reply.body)
+
+
+class ApiServer:
+    """Routes and the listening socket; `service` is None on an SGLang worker (dummy /health only)."""
+
+    def __init__(self, service: ChatService | None, log: EngineLog, host: str, port: int,
+                 server_info: dict[str, Any] | None = None) -> None:
+        self.service = service
+        self.log = log
+        self.server_info = server_info or {}
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.httpd = (_Server6 if ":" in host else _Server)((host, port), handler)
+        self.host, self.port = host, self.httpd.server_address[1]
+
+    def start(self) -> threading.Thread:
+        """Serve in a daemon thread."""
+        thread = threading.Thread(target=self.httpd.serve_forever, name="k3sim-http", daemon=True)
+        thread.start()
+        return thread
+
+    def access_log(self, client: Any, method: str, path: str, status: int) -> None:
+        """uvicorn's access line."""
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+        line = f'INFO:     {client[0]}:{client[1]} - "{method} {path} HTTP/1.1" {status} {phrase}'
+        self.log.raw(f"(APIServer pid={os.getpid()}) {line}" if self.log.mimic == "vllm" else line)
+
+    def get(self, path: str) -> tuple[int, Any, str]:
+        """(status, body, content type) for a GET route."""
+        json_type = "application/json"
+        s = self.service
+        if s is None:  # SGLang worker nodes: a dummy health server that always says yes
+            return (200, b"", "text/plain") if path in ("/health", "/health_generate") else (404, NOT_FOUND, json_type)
+        sglang = s.cfg.mimic == "sglang"
+        healthy = s.state == "ready" or (sglang and s.state == "stalled")
+        if path in ("/health", "/ping") and (sglang or path == "/health" or s.cfg.mimic == "vllm"):
+            return (200, b"", "text/plain") if healthy else (503, b"", "text/plain")
+        if sglang and path in ("/health_generate", "/ready"):
+            if path == "/health_generate" and s.state == "stalled":
+                try:
+                    s.chat({"messages": [{"role": "user", "content": "ping"}], "max_tokens": 1})
+                except ApiError as err:
+                    return err.status, s.error_body(err), json_type
+            return (200, b"", "text/plain") if s.state == "ready" else (503, b"", "text/plain")
+        if path == "/v1/models":
+            return 200, s.models(), json_type
+        if path == "/metrics" and (s.cfg.metrics or not sglang):
+            body = render_metrics(s.cfg.mimic, s.stats, s.cfg.served_model_name)
+            return 200, body, "text/plain; version=0.0.4; charset=utf-8"
+        if path in ("/server_info", "/get_server_info") and (sglang or os.environ.get("VLLM_SERVER_DEV_MODE") == "1"):
+            return 200, self.server_info, json_type
+        if sglang and path in ("/model_info", "/get_model_info"):
+            return 200, {"model_path": s.cfg.model_path, "tokenizer_path": s.cfg.model_path, "is_generation": True,
+                         "preferred_sampling_params": None}, json_type
+        if not sglang and path == "/version":
+            return 200, {"version": s.cfg.version}, json_type
+        return 404, NOT_FOUND, json_type
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
