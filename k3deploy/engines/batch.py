@@ -42,7 +42,7 @@ def sbatch_script(t: Topology, specs: tuple[LaunchSpec, ...], vendor: str | None
     n = len(specs)
     hosts = ",".join(s.host for s in specs)
     body = ["set -eu", 'case "${SLURM_NODEID:?run under srun}" in', *case_branches(specs),
-            "*)", f'  echo "k3deploy: SLURM_NODEID=$SLURM_NODEID is not one of the {n} ranks" >&2',
+            "*)", f'  echo "k3deploy: SLURM_NODEID=${{SLURM_NODEID}} is not one of the {n} ranks" >&2',
             "  exit 1", "  ;;", "esac"]
     lines = ["#!/bin/sh", f"#SBATCH --job-name={t.name}", f"#SBATCH --nodes={n}", "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --nodelist={hosts}", "#SBATCH --exclusive", *_gpu_directive(t, vendor),
@@ -53,5 +53,5 @@ def sbatch_script(t: Topology, specs: tuple[LaunchSpec, ...], vendor: str | None
              "# Expanded on each node by srun's shell, not here.",
              "# shellcheck disable=SC2016",
              f"K3_NODE_SCRIPT={shlex.quote(chr(10).join(body) + chr(10))}",
-             f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c "$K3_NODE_SCRIPT"']
+             f'srun --nodes={n} --ntasks={n} --ntasks-per-node=1 --kill-on-bad-exit=1 sh -c "${{K3_NODE_SCRIPT}}"']
     return "\n".join(lines) + "\n"

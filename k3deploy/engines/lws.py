@@ -94,10 +94,11 @@ def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
     image, note = _image(inp)
     name = k8s_name(t.name)
     secret_name = f"{name}-secrets"
-    leader_script = "\n".join(["set -eu", *node_lines(specs[0], redact=True, template=True, secrets=False)])
-    worker_script = "\n".join(["set -eu", 'case "${LWS_WORKER_INDEX:?set by LeaderWorkerSet}" in',
+    guard = f': "${{{POD_IP_VAR}:?from the pod status}}" "${{LWS_LEADER_ADDRESS:?set by LeaderWorkerSet}}"'
+    leader_script = "\n".join(["set -eu", guard, *node_lines(specs[0], redact=True, template=True, secrets=False)])
+    worker_script = "\n".join(["set -eu", guard, 'case "${LWS_WORKER_INDEX:?set by LeaderWorkerSet}" in',
                                *case_branches(specs[1:], template=True, secrets=False),
-                               "*)", '  echo "k3deploy: unexpected LWS_WORKER_INDEX=$LWS_WORKER_INDEX" >&2',
+                               "*)", '  echo "k3deploy: unexpected LWS_WORKER_INDEX=${LWS_WORKER_INDEX}" >&2',
                                "  exit 1", "  ;;", "esac"])
     template: dict[str, Any] = {
         "size": len(specs), "restartPolicy": "RecreateGroupOnPodRestart",

@@ -61,7 +61,9 @@ def secret_lines(secret_env_refs: dict[str, str]) -> list[str]:
     out = []
     for name, ref in secret_env_refs.items():
         kind, _, src = ref.partition(":")
-        if kind == "env":
+        if kind == "env" and src == name:
+            out.append(f'if [ -n "${{{src}+x}}" ]; then export {name}; fi')
+        elif kind == "env":  # passed on only when the node has it, as `docker run -e NAME` does
             out.append(f'if [ -n "${{{src}+x}}" ]; then {name}="${{{src}}}"; export {name}; fi')
         else:
             out += [f"{name}=\"$(cat {shlex.quote(src)})\"", f"export {name}"]
