@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from k3deploy.catalog.specs import VendorSpec
-from k3deploy.engines.redact import redact_argv, redact_env
+from k3deploy.engines.redact import REDACTED, redact_argv, redact_env
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.shell import command_text
 from k3deploy.engines.spec import LaunchSpec
@@ -62,7 +62,7 @@ def text_text(specs: tuple[LaunchSpec, ...]) -> str:
         ready = f"{s.ready.kind} {s.ready.url or ''} {' '.join(s.ready.paths)}".strip()
         out.append(f"# ready: {ready}" + (f"; container {s.container}" if s.container else ""))
         for k, v in redact_env(s.env).items():
-            out.append(f"{k}={shlex.quote(v)}")
+            out.append(f"{k}={v if v == REDACTED else shlex.quote(v)}")
         for k, ref in s.secret_env.items():
             out.append(f"{k}=<{ref}>  # secret, resolved on the node")
         out.append(command_text(redact_argv(s.argv), indent="    "))
