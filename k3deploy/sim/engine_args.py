@@ -74,6 +74,13 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
 }
 
 
+def _try(convert: Callable[[str], Any], text: Any) -> Any:
+    try:
+        return convert(str(text))
+    except (ValueError, TypeError):
+        return text
+
+
 class _SwitchAction(argparse.Action):
     """A flag without a value whose negative spellings (--no-X, --disable-X for --enable-X) store False."""
 
@@ -111,9 +118,10 @@ def _add_argument(parser: argparse.ArgumentParser, spec: dict[str, Any]) -> None
         else:
             parser.add_argument(*flags, action=_SwitchAction, negatives=_negatives(flags), **kwargs)
         return
-    kwargs["type"] = _CONVERTERS.get(spec.get("type") or "", str)
+    kwargs["type"] = convert = _CONVERTERS.get(spec.get("type") or "", str)
     if spec.get("choices") is not None:
-        kwargs["choices"] = spec["choices"]
+        # The table stores choices as text; argparse compares them with the converted value.
+        kwargs["choices"] = [_try(convert, c) for c in spec["choices"]]
     if spec.get("nargs") is not None:
         kwargs["nargs"] = spec["nargs"]
     parser.add_argument(*flags, **kwargs)
@@ -147,6 +155,12 @@ def build_engine_parser(mimic: Mimic) -> argparse.ArgumentParser:
     for spec in table["arguments"]:
         _add_argument(parser, spec)
     return parser
+
+
+@functools.lru_cache(maxsize=2)
+def engine_defaults(mimic: Mimic) -> dict[str, Any]:
+    """Every dest's default after argparse's own conversion (what `non-default args` compares against)."""
+    return vars(build_engine_parser(mimic).parse_args(["--mimic", mimic]))
 
 
 def _vllm_spelling(arg: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from k3deploy.catalog.specs import DTYPE_BYTES, GIB, ModelSpec
 from k3deploy.sim.admission import Admission
+from k3deploy.sim.engine_args import engine_defaults
 from k3deploy.sim.log_format import Ranks
 from k3deploy.sim.serve_config import ServeConfig
 
@@ -25,19 +26,12 @@ def _gb(nbytes: float) -> str:
 
 def server_args_line(cfg: ServeConfig) -> str:
     """SGLang's `server_args=ServerArgs(...)` line (set values only) or vLLM's `non-default args` line."""
-    defaults = {a["dest"]: a.get("default") for a in _table(cfg)}
-    changed = {k: v for k, v in cfg.args.items() if k in defaults and v != defaults[k]}
+    defaults = engine_defaults(cfg.mimic)
+    changed = {k: v for k, v in cfg.args.items() if k in defaults and v != defaults[k] and k != "mimic"}
     if cfg.mimic == "sglang":
         inner = ", ".join(f"{k}={v!r}" for k, v in changed.items())
         return f"server_args=ServerArgs({inner})"
     return f"non-default args: {changed}"
-
-
-def _table(cfg: ServeConfig) -> list[dict[str, object]]:
-    from k3deploy.sim.engine_args import flag_table
-
-    args: list[dict[str, object]] = flag_table(cfg.mimic)["arguments"]
-    return args
 
 
 def failure_block(cfg: ServeConfig, exception_line: str) -> str:
