@@ -16,7 +16,7 @@ from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.procs import Identity
-from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore
+from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
 
 ExecutorFactory = Callable[[ExecTarget], Executor]
@@ -63,10 +63,10 @@ def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHa
     return write
 
 
-def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float,
-             interrupt: threading.Event | None = None) -> Deployment:
+def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: threading.Event | None = None,
+             *, last_try: bool = True) -> Deployment:
     """Connect, start (head first), wait for readiness; on any failure or interrupt stop every node that
-    was started, record the cause and re-raise."""
+    was started, record the cause and re-raise. After the last try the owner lets go in the same write."""
     name = gang.name
     try:
         gang.connect()
@@ -74,7 +74,9 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float,
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:
         failure = _failure_of(exc)
-        teardown(gang, store, failure, status="stopped" if isinstance(exc, KeyboardInterrupt) else "failed")
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status: Status = "stopped" if interrupted else "failed" if last_try else "restarting"
+        teardown(gang, store, failure, status=status, release_owner=last_try or interrupted)
         raise
     now = time.time()
 
@@ -96,8 +98,10 @@ def _failure_of(exc: BaseException) -> Failure:
     return Failure(rank=None, host=host, cause=str(exc))
 
 
-def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: str) -> dict[int, str]:
-    """Stop every node of the gang, keep local copies of their logs, record the outcome."""
+def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Status,
+             release_owner: bool = False) -> dict[int, str]:
+    """Stop every node of the gang, keep local copies of their logs, record the outcome (and, when
+    nobody will act on the deployment any more, clear its owner in the same write)."""
     dep = store.require(gang.name)
     outcome = gang.stop(dep.stop_grace_s)
     save_local_logs(gang, store)
@@ -107,6 +111,8 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: str
         for rank, what in outcome.items():
             d = d.with_node(rank, phase="stopped" if what == "stopped" else "unknown")
         update: dict[str, object] = {"status": status}
+        if release_owner:
+            update["owner"] = None
         if failure is not None:
             update["failure"] = failure
         return d.model_copy(update=update)
@@ -140,9 +146,6 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
         gang = open_gang(dep, pool, factory, on_event)
         try:
             bring_up(gang, store, dep.ready_timeout_s)
-        except BaseException:
-            store.update(name, lambda d: d.model_copy(update={"owner": None}))
-            raise
         finally:
             close_gang(gang)
     if not background:
@@ -176,7 +179,7 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     """Stop the owner (so it cannot restart anything), then every recorded node; idempotent."""
     with store.lock(name):
         dep = store.require(name)
-        final_status = "stopped" if dep.status in ACTIVE else dep.status
+        final_status: Status = "stopped" if dep.status in ACTIVE else dep.status
         if dep.status in ACTIVE:
             dep = dep.model_copy(update={"status": "stopping"})
             store.save(dep)
@@ -187,8 +190,7 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     with FanOut(len(dep.jobs)) as pool:
         gang = open_gang(dep, pool, factory, on_event)
         try:
-            outcome = teardown(gang, store, None, status=final_status)
+            outcome = teardown(gang, store, None, status=final_status, release_owner=True)
         finally:
             close_gang(gang)
-    final = store.update(name, lambda d: d.model_copy(update={"owner": None}))
-    return final, outcome
+    return store.require(name), outcome

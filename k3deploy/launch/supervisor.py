@@ -65,8 +65,11 @@ class Supervisor:
             if failure is None:
                 continue
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
-            teardown(gang, self.store, failure, status="failed")
-            if not self._restart(gang):
+            dep = self.store.require(self.name)
+            budget_left = len(dep.attempts) - 1 < dep.restart_max
+            teardown(gang, self.store, failure, status="restarting" if budget_left else "failed",
+                     release_owner=not budget_left)
+            if not budget_left or not self._restart(gang):
                 return
             misses.clear()
 
@@ -76,18 +79,17 @@ class Supervisor:
             dep = self.store.require(self.name)
             used = len(dep.attempts) - 1
             if used >= dep.restart_max:
-                self.store.update(self.name, lambda d: d.model_copy(update={"owner": None}))
-                return False
+                return False  # the failed try already recorded status failed and released ownership
             backoff_s = dep.restart_backoff_s * (2**used)
             self.emit(NodeEvent(GROUP, "", "restarting",
                                 f"restart {used + 1} of {dep.restart_max} in {backoff_s:g} s"))
-            self.store.update(self.name, lambda d: d.model_copy(update={"status": "restarting"}))
             if self.stop_event.wait(backoff_s):
                 return False
             self.store.update(self.name, _next_attempt)
             gang.handles.clear()
             try:
-                bring_up(gang, self.store, dep.ready_timeout_s, interrupt=self.stop_event)
+                bring_up(gang, self.store, dep.ready_timeout_s, interrupt=self.stop_event,
+                         last_try=used + 1 >= dep.restart_max)
                 return True
             except KeyboardInterrupt:
                 return False

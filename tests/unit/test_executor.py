@@ -1,0 +1,233 @@
+"""Executors: one public surface for every implementation; local process control; fan-out; targets."""
+from __future__ import annotations
+
+import inspect
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from k3deploy.errors import ExecError
+from k3deploy.executors import CommandResult, ExecOverrides, Executor, ExecTarget, FanOut, targets_for
+from k3deploy.executors.local import LocalExecutor
+from k3deploy.executors.posix import exit_record
+from k3deploy.executors.ssh import SshExecutor
+from k3deploy.executors.ssh_config import resolve
+from k3deploy.topology.loader import parse_topology
+from tests.unit.test_launch_support import tagged_pids
+
+IMPLEMENTATIONS = [LocalExecutor, SshExecutor]
+
+
+def _public(cls: type) -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(getattr(cls, name)) for name in dir(cls)
+            if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda c: c.__name__)
+def test_every_executor_has_exactly_the_protocol_surface(impl: type) -> None:
+    expected = _public(Executor)
+    actual = _public(impl)
+    assert sorted(actual) == sorted(expected)
+    for name, sig in expected.items():
+        assert str(actual[name]) == str(sig), f"{impl.__name__}.{name}{actual[name]} differs from {sig}"
+
+
+def test_run_always_returns_a_command_result() -> None:
+    ex = LocalExecutor()
+    for cmd in ("echo hi; echo err >&2; exit 3", ["sh", "-c", "echo hi; echo err >&2; exit 3"]):
+        res = ex.run(cmd)
+        assert isinstance(res, CommandResult)
+        assert (res.exit_code, res.stdout, res.stderr) == (3, "hi\n", "err\n")
+    assert ex.run(["echo", "a b", "$(id)"]).stdout == "a b $(id)\n"  # argv is quoted, never expanded
+
+
+def test_run_timeout_kills_the_command_and_names_the_host() -> None:
+    ex = LocalExecutor("nodeA")
+    t0 = time.monotonic()
+    with pytest.raises(ExecError, match=r"^nodeA: command timed out after 0.5 s"):
+        ex.run("sleep 30", timeout_s=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_detached_start_alive_signal_and_logs(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    log = str(tmp_path / "logs" / "a.log")
+    h = ex.start("echo started; sleep 30 & sleep 30", log, workdir=str(tmp_path), tag="unit-exec.0.a")
+    assert h.pid and h.start_ticks and h.log_path == log
+    ps = subprocess.run(["ps", "-o", "pid=,pgid=,sid=", "-p", str(h.pid)], capture_output=True, text=True)
+    pid, pgid, sid = map(int, ps.stdout.split())
+    assert pid == pgid == sid  # its own session and process group
+    assert ex.alive(h)
+    assert _wait(lambda: "started" in ex.read_log(h))
+    assert len(tagged_pids("unit-exec.0.a")) >= 3  # wrapper, shell and both sleeps carry the tag
+    assert ex.signal(h, 0) is True
+    assert ex.signal(h, signal.SIGTERM) is True
+    assert _wait(lambda: not ex.alive(h))
+    assert _wait(lambda: tagged_pids("unit-exec.0.a") == [])
+    assert ex.signal(h, signal.SIGKILL) is False  # nothing left to signal
+    rec = exit_record(ex.read_log(h))
+    assert rec is not None and rec[0] == 143
+
+
+def test_previous_log_is_kept_and_exit_status_recorded(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    log = str(tmp_path / "b.log")
+    first = ex.start("echo one; exit 7", log, tag="unit-exec.1.a")
+    assert _wait(lambda: exit_record(ex.read_log(first)) is not None)
+    assert exit_record(ex.read_log(first))[0] == 7  # type: ignore[index]
+    ex.start("echo two; exit 0", log, tag="unit-exec.1.b")
+    assert _wait(lambda: exit_record(Path(log).read_text()) is not None)
+    assert "one" in Path(log + ".1").read_text() and "two" in Path(log).read_text()
+
+
+def test_pid_reuse_guard(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    h = ex.start("sleep 30", str(tmp_path / "c.log"), tag="unit-exec.2.a")
+    try:
+        stale = h.model_copy(update={"start_ticks": (h.start_ticks or 0) - 1})
+        assert ex.alive(h) and not ex.alive(stale)  # same PID, other start time: not ours
+        other = h.model_copy(update={"tag": "someone-else"})
+        assert ex.signal(other, signal.SIGKILL) is False  # no member carries that tag: untouched
+        assert ex.alive(h)
+    finally:
+        ex.signal(h, signal.SIGKILL)
+    assert _wait(lambda: not ex.alive(h))
+
+
+def test_hostile_strings_are_data_not_code(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""
+    log = str(tmp_path / f"dir {evil}" / "x.log")
+    h = ex.start(f"echo {evil!r} > /dev/null; sleep 5", log, workdir=str(tmp_path), tag="unit-exec.3.a")
+    ex.signal(h, signal.SIGKILL)
+    assert Path(log).exists() and not marker.exists()
+    with pytest.raises(ValueError):
+        ex.signal(h.model_copy(update={"tag": "x'; touch /tmp/y; '"}), 0)
+
+
+def test_follow_streams_until_the_process_ends(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    h = ex.start("for i in 1 2 3; do echo line$i; sleep 0.2; done", str(tmp_path / "f.log"), tag="unit-exec.4.a")
+    lines = list(ex.follow(h, tail_lines=10))
+    assert [x for x in lines if x.startswith("line")] == ["line1", "line2", "line3"]
+
+
+def test_follow_stops_on_request(tmp_path: Path) -> None:
+    ex = LocalExecutor()
+    h = ex.start("sleep 30", str(tmp_path / "g.log"), tag="unit-exec.5.a")
+    stop = threading.Event()
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.extend(ex.follow(h, 10, stop)))
+    t.start()
+    time.sleep(0.3)
+    stop.set()
+    t.join(5)
+    ex.signal(h, signal.SIGKILL)
+    assert not t.is_alive()
+
+
+def test_start_failure_is_an_exec_error_naming_the_host(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ExecError, match="^nodeB: cannot create the log directory"):
+        LocalExecutor("nodeB").start("true", str(blocker / "sub" / "x.log"), tag="unit-exec.6.a")
+
+
+def test_fan_out_is_concurrent_ordered_and_keeps_errors_per_item() -> None:
+    def work(i: int) -> int:
+        time.sleep(0.3)
+        if i == 3:
+            raise ExecError("boom", host=f"h{i}")
+        return i * 10
+
+    with FanOut(8) as pool:
+        t0 = time.monotonic()
+        outs = pool.map(work, list(range(8)))
+        took = time.monotonic() - t0
+    assert took < 1.5  # serial would be 2.4 s
+    assert [o.item for o in outs] == list(range(8))
+    assert [o.value for o in outs if o.ok] == [0, 10, 20, 40, 50, 60, 70]
+    assert str(outs[3].error) == "h3: boom"
+
+
+def _topology(ssh_defaults: dict[str, object], nodes: list[dict[str, object]]) -> object:
+    import yaml
+
+    doc = {"name": "t", "model": {"id": "kimi-k3-tiny", "path": "/m"}, "hardware": {"gpu": "sim", "gpus_per_node": 1},
+           "nodes": nodes, "engine": {"kind": "sim"}, "launch": {"ssh": ssh_defaults}}
+    return parse_topology(yaml.safe_dump(doc), "t.yaml").topology
+
+
+def test_targets_precedence_node_then_cli_then_topology_defaults() -> None:
+    t = _topology({"user": "deploy", "key": "~/.ssh/k3", "connect_timeout_s": 4},
+                  [{"host": "a", "ip": "10.0.0.1", "iface": "eth0", "rank": 1},
+                   {"host": "b", "ip": "10.0.0.2", "iface": "eth0", "rank": 2,
+                    "ssh": {"user": "ops", "port": 2222, "key": "/k"}},
+                   {"host": "c", "ip": "10.0.0.3", "iface": "eth0", "rank": 0}])
+    plain = targets_for(t)  # type: ignore[arg-type]
+    assert [plain[r].host for r in sorted(plain)] == ["c", "a", "b"]  # explicit rank 0 first
+    assert (plain[2].user, plain[2].port, plain[2].key) == ("ops", 2222, "/k")
+    assert (plain[1].user, plain[1].key, plain[1].connect_timeout_s) == ("deploy", "~/.ssh/k3", 4)
+    cli = targets_for(t, ExecOverrides(executor="local", ssh_user="cli", known_hosts="/kh",  # type: ignore[arg-type]
+                                       connect_timeout_s=1, accept_new_host_keys=True))
+    assert {x.kind for x in cli.values()} == {"local"}
+    assert (cli[1].user, cli[1].known_hosts, cli[1].connect_timeout_s) == ("cli", "/kh", 1)
+    assert cli[2].user == "ops" and cli[1].accept_new_host_keys
+
+
+def test_ssh_config_aliases_fill_what_the_topology_leaves_open(tmp_path: Path) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host h01\n  HostName 10.9.0.1\n  User root\n  Port 2200\n  IdentityFile /keys/h01\n"
+                   "  UserKnownHostsFile /kh/extra /kh/main\n")
+    base = ExecTarget(kind="ssh", host="h01", ssh_config=str(cfg), known_hosts="/kh/main")
+    ep = resolve(base)
+    assert (ep.hostname, ep.user, ep.port, ep.key_files) == ("10.9.0.1", "root", 2200, ("/keys/h01",))
+    assert ep.extra_known_hosts == ("/kh/extra",) and ep.known_hosts == "/kh/main"
+    explicit = resolve(base.model_copy(update={"user": "ops", "port": 22, "key": "/k"}))
+    assert (explicit.user, explicit.port, explicit.key_files) == ("ops", 22, ("/k",))
+    other = resolve(base.model_copy(update={"host": "10.1.1.1"}))
+    assert other.hostname == "10.1.1.1" and other.port == 22
+
+
+def test_unreachable_ssh_host_is_one_exec_error_naming_it() -> None:
+    port = _closed_port()
+    ex = SshExecutor(ExecTarget(kind="ssh", host="127.0.0.1", port=port, user="nobody", ssh_config=None,
+                                connect_timeout_s=1))
+    t0 = time.monotonic()
+    with pytest.raises(ExecError) as err:
+        ex.connect()
+    assert err.value.host == "127.0.0.1" and err.value.exit_code == 3
+    assert "after 3 attempts" in str(err.value) and "connection refused" in str(err.value)
+    assert time.monotonic() - t0 < 5  # retries with backoff, bounded
+
+
+def test_cli_help_and_plan_paths_do_not_import_paramiko() -> None:
+    code = ("import sys; import k3deploy.cli, k3deploy.launch.deploy, k3deploy.launch.supervisor, "
+            "k3deploy.executors; print(sorted(m for m in ('paramiko', 'torch', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(pred: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(500):
+        if pred():  # type: ignore[operator]
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return False

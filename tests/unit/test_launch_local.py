@@ -1,0 +1,227 @@
+"""Launch, gang teardown, supervision, restarts and the CLI contract, on the local executor with a fake
+engine that starts in milliseconds (the SSH rig and the real stand-in engine are in tests/integration)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3deploy.errors import StateError
+from k3deploy.launch import deploy
+from k3deploy.launch.gang import GroupFailed
+from k3deploy.launch.jobs import jobs_for
+from k3deploy.launch.state import StateStore
+from k3deploy.planning.files import catalog_for, require_feasible
+from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT)
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A unique deployment name; afterwards nothing of it may be left running."""
+    dep_name = f"ut-{request.node.name.replace('_', '-')[5:40]}-{os.getpid() % 10000}"
+    yield dep_name
+    store = StateStore(tmp_path / "state")
+    rec = store.load(dep_name) if store.path(dep_name).exists() else None
+    owner_alive = rec is not None and rec.owner is not None and rec.owner.alive()
+    if owner_alive:
+        assert rec is not None and rec.owner is not None
+        rec.owner.terminate(2)
+    left = kill_tagged(f"{dep_name}.")
+    assert not owner_alive, "a supervisor was left running"
+    assert left == [], f"processes left running: {left}"
+
+
+def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:
+    cat = catalog_for(None)
+    plan = require_feasible(path, cat)
+    store = StateStore(plan.topology.launch.state_dir or "")
+    deploy.launch(plan, jobs_for(plan, None, cat), store, **kwargs)  # type: ignore[arg-type]
+    return store, plan.topology.name
+
+
+def test_launch_status_logs_stop_leave_nothing(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    assert "ready in" in run.stderr and "rank 3 localhost: ready" in run.stderr
+    st = json.loads(cli("status", str(topo), "--json").stdout)
+    assert st["status"] == "ready" and st["ready"] is True and st["supervised"] is True
+    assert [n["alive"] for n in st["nodes"]] == [True] * 4 and st["uptime_s"] >= 0
+    logs = cli("logs", name, "--state-dir", str(tmp_path / "state"), "--node", "2")
+    assert logs.stdout.splitlines() == ["[2 localhost] fake engine rank 2 up"]
+    assert len(tagged_pids(f"{name}.")) >= 8  # wrapper + engine per node
+    stop = cli("stop", str(topo))
+    assert stop.returncode == 0, stop.stderr
+    assert "rank 2 localhost: stopped" in stop.stdout
+    assert tagged_pids(f"{name}.") == []
+    st = json.loads(cli("status", str(topo), "--json").stdout)
+    assert st["status"] == "stopped" and not st["supervised"]
+    assert cli("stop", str(topo)).returncode == 0  # idempotent
+    local = cli("logs", str(topo), "--node", "0").stdout  # from the local copy kept at stop
+    assert "fake engine rank 0 up" in local and "exited with status 143" in local
+
+
+def test_dry_run_touches_nothing(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    run = cli("launch", str(topo), "--dry-run")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("# rank ") == 4 and "--node-rank 3" in run.stdout
+    assert f"{tmp_path}/logs/{name}-rank3.log" in run.stdout
+    assert not (tmp_path / "state").exists() and not (tmp_path / "logs").exists()
+    jobs = json.loads(cli("launch", str(topo), "--dry-run", "--json").stdout)
+    assert [j["rank"] for j in jobs] == [0, 1, 2, 3] and jobs[0]["target"]["kind"] == "local"
+
+
+def test_second_launch_of_a_running_deployment_is_refused(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    store, _ = launch_lib(topo)
+    first = store.require(name)
+    with pytest.raises(StateError, match="already ready"):
+        launch_lib(topo)
+    again = cli("launch", str(topo))
+    assert again.returncode == 5 and f"k3deploy stop {name}" in again.stderr
+    assert store.require(name).owner == first.owner  # the running one is untouched
+    deploy.stop(store, name)
+
+
+def test_worker_exit_during_startup_stops_all_and_names_it(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name, env={"FAKE_EXIT_RANK": "2", "FAKE_READY_DELAY_S": "30"})
+    t0 = time.monotonic()
+    run = cli("launch", str(topo), "--json")
+    took = time.monotonic() - t0
+    assert run.returncode == 4, run.stderr
+    assert "rank 2 (localhost): exited with status 3; every node was stopped" in run.stderr
+    assert "fake engine: worker crashed" in run.stderr  # the tail of its log
+    assert took < 10 and tagged_pids(f"{name}.") == []
+    rec = json.loads(run.stdout)
+    assert rec["status"] == "failed" and rec["failure"]["rank"] == 2 and rec["owner"] is None
+
+
+def test_fatal_log_line_fails_fast_without_waiting_for_a_timeout(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name, env={"FAKE_FATAL_RANK": "1", "FAKE_READY_DELAY_S": "60"},
+                         launch={"ready_timeout_s": 120})
+    t0 = time.monotonic()
+    with pytest.raises(GroupFailed) as err:
+        launch_lib(topo)
+    assert time.monotonic() - t0 < 10
+    f = err.value.failure
+    assert (f.rank, f.host) == (1, "localhost") and "Unable to find address for: ens-bogus" in f.cause
+    assert err.value.exit_code == 4 and tagged_pids(f"{name}.") == []
+
+
+def test_readiness_deadline_stops_everything(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name, env={"FAKE_NEVER_READY": "1"}, launch={"ready_timeout_s": 2})
+    t0 = time.monotonic()
+    with pytest.raises(GroupFailed, match=r"not ready after 2 s \(launch.ready_timeout_s\)"):
+        launch_lib(topo)
+    assert time.monotonic() - t0 < 8 and tagged_pids(f"{name}.") == []
+
+
+def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    store, _ = launch_lib(topo)
+    rec = store.require(name)
+    supervisor = rec.owner
+    assert supervisor is not None and supervisor.role == "supervisor" and supervisor.alive()
+    victim = _engine_pid(name, rank=2)
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
+    took = time.monotonic() - t0
+    rec = store.require(name)
+    assert rec.failure is not None and (rec.failure.rank, rec.failure.host) == (2, "localhost")
+    assert "killed by SIGKILL" in rec.failure.cause and took < 8
+    assert rec.owner is None and wait_for(lambda: not supervisor.alive(), 5)  # gave up (no restarts)
+    st = json.loads(cli("status", name, "--state-dir", str(tmp_path / "state"), "--json").stdout)
+    assert st["failure"]["rank"] == 2 and st["status"] == "failed"
+
+
+def test_restart_policy_relaunches_the_group_then_gives_up(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name, launch={"restart": {"max": 1, "backoff_s": 0.2}})
+    store, _ = launch_lib(topo)
+    supervisor = store.require(name).owner
+    assert supervisor is not None
+    first_pid = _engine_pid(name, rank=1)
+    os.kill(first_pid, signal.SIGKILL)
+    assert wait_for(lambda: len(store.require(name).attempts) == 2 and store.require(name).status == "ready", 20)
+    rec = store.require(name)
+    assert rec.attempts[0].cause is not None and "rank 1" not in rec.attempts[0].cause  # cause text, node in failure
+    assert rec.failure is not None and rec.failure.rank == 1
+    assert len(tagged_pids(f"{name}.")) >= 8 and _engine_pid(name, rank=1) != first_pid
+    os.kill(_engine_pid(name, rank=3), signal.SIGKILL)
+    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
+    rec = store.require(name)
+    assert len(rec.attempts) == 2 and rec.failure is not None and rec.failure.rank == 3
+    assert all(a.ended_at is not None for a in rec.attempts)
+    assert rec.owner is None and wait_for(lambda: not supervisor.alive(), 5)
+
+
+def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": "60"}, launch={"ready_timeout_s": 120})
+    launcher = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = StateStore(tmp_path / "state")
+    try:
+        assert wait_for(lambda: store.path(name).exists()
+                        and all(n.handle for n in store.require(name).nodes), 20)
+        stop = cli("stop", str(topo))
+        assert stop.returncode == 0, stop.stderr
+        _, err = launcher.communicate(timeout=20)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 130, err
+    assert tagged_pids(f"{name}.") == [] and store.require(name).status == "stopped"
+
+
+def test_attach_streams_node_prefixed_logs_and_ctrl_c_stops(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--attach"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[str] = set()
+    try:
+        assert proc.stdout is not None
+        for _ in range(200):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if "fake engine rank" in line:
+                seen.add(line.split("]")[0] + "]")
+            if len(seen) == 4:
+                break
+        assert seen == {f"[{r} localhost]" for r in range(4)}
+        assert StateStore(tmp_path / "state").require(name).owner.role == "attach"  # type: ignore[union-attr]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert tagged_pids(f"{name}.") == []
+    assert StateStore(tmp_path / "state").require(name).status == "stopped"
+
+
+def _engine_pid(name: str, rank: int) -> int:
+    """The fake engine process (not the wrapper shell) of one rank."""
+    for pid in tagged_pids(f"{name}.{rank}."):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1].endswith("fake_engine.py"):  # the wrapper only mentions it
+            return pid
+    raise AssertionError(f"no engine process for rank {rank}")

@@ -1,0 +1,116 @@
+"""Helpers shared by the launch tests (no tests here): a fake engine, topologies for it, leak checks."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from k3deploy.executors.base import TAG_VAR
+
+# A stand-in for the stand-in: starts in milliseconds. Rank 0 serves /health and /v1/models on
+# SGLANG_HOST_IP:--port; behaviour knobs come from engine.env (FAKE_*), exported on every node.
+FAKE_ENGINE = r'''
+import json, os, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+rank = int(opt("--node-rank", "0")); port = int(opt("--port"))
+host = os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
+print(f"fake engine rank {rank} up", flush=True)
+if os.environ.get("FAKE_EXIT_RANK") == str(rank):
+    time.sleep(float(os.environ.get("FAKE_EXIT_AFTER_S", "0.3")))
+    print("fake engine: worker crashed", flush=True)
+    sys.exit(3)
+if os.environ.get("FAKE_FATAL_RANK") == str(rank):
+    print("RuntimeError: [enforce fail at gloo] Unable to find address for: ens-bogus", flush=True)
+    time.sleep(3600)
+time.sleep(float(os.environ.get("FAKE_READY_DELAY_S", "0")))
+if rank == 0 and os.environ.get("FAKE_NEVER_READY") != "1":
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path in ("/health", "/v1/models") else 404)
+            self.end_headers()
+            self.wfile.write(json.dumps({"data": [{"id": "kimi-k3-tiny"}]}).encode())
+        def log_message(self, *a):
+            pass
+    ThreadingHTTPServer((host, port), H).serve_forever()
+for _ in range(36000):
+    time.sleep(0.1)
+'''
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fake_topology(tmp: Path, name: str, *, nodes: int = 4, env: dict[str, str] | None = None,
+                  launch: dict[str, Any] | None = None, **top: Any) -> Path:
+    """A feasible local topology whose engine is FAKE_ENGINE; state and logs under `tmp`."""
+    engine_py = tmp / "fake_engine.py"
+    engine_py.write_text(FAKE_ENGINE)
+    doc: dict[str, Any] = {
+        "name": name,
+        "model": {"id": "kimi-k3-tiny", "path": str(tmp / "ckpt")},
+        "hardware": {"gpu": "sim", "gpus_per_node": 1},
+        "nodes": [{"host": "localhost", "ip": f"127.0.0.{i + 1}", "iface": "lo"} for i in range(nodes)],
+        "engine": {"kind": "sim", "mimic": "sglang", "port": free_port(),
+                   "launcher": [sys.executable, str(engine_py)], "env": env or {}},
+        "parallel": {"tp": nodes, "ep": nodes},
+        "serving": {"context_length": 32768, "max_running_requests": 16},
+        "launch": {"executor": "local", "port": free_port(), "dist_timeout_s": 20, "ready_timeout_s": 20,
+                   "stop_grace_s": 2, "log_dir": str(tmp / "logs"), "state_dir": str(tmp / "state"),
+                   **(launch or {})},
+        **top,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def tagged_pids(prefix: str) -> list[int]:
+    """Live local processes whose K3DEPLOY_RUN starts with `prefix` (a deployment's processes)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(e.startswith(f"{TAG_VAR}={prefix}".encode()) for e in env):
+            found.append(int(entry))
+    return found
+
+
+def kill_tagged(prefix: str) -> list[int]:
+    """SIGKILL whatever a test left running (returns what it found)."""
+    left = tagged_pids(prefix)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.1) -> bool:
+    """Poll until predicate() is true or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(step_s)
+    return bool(predicate())

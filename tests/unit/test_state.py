@@ -1,0 +1,115 @@
+"""The deployment record: atomic private writes, locking, clear errors."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from k3deploy.errors import StateError
+from k3deploy.executors.target import ExecTarget
+from k3deploy.launch.jobs import NodeJob, ReadyCheck
+from k3deploy.launch.procs import Identity
+from k3deploy.launch.state import Attempt, Deployment, NodeState, StateStore, default_state_dir
+
+
+def record(name: str = "demo") -> Deployment:
+    job = NodeJob(rank=0, host="h01", ip="10.0.0.1", head=True, command="exec sleep 1", log_path="/tmp/x.log",
+                  ready=ReadyCheck(kind="http", url="http://10.0.0.1:8000", paths=("/health",)),
+                  target=ExecTarget(kind="ssh", host="h01"))
+    return Deployment(name=name, file="/t.yaml", plan_digest="abc", executor="ssh", status="starting",
+                      created_at=time.time(), stop_grace_s=1, ready_timeout_s=5, jobs=(job,),
+                      nodes=(NodeState(rank=0, host="h01"),), owner=Identity.me("launch"),
+                      attempts=(Attempt(number=1, started_at=time.time()),))
+
+
+def test_save_is_private_atomic_and_round_trips(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    dep = record()
+    store.save(dep)
+    path = store.path("demo")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.directory.stat().st_mode) == 0o700
+    assert store.load("demo") == dep
+    assert [p.name for p in store.directory.iterdir() if p.name.endswith(".tmp")] == []
+    json.loads(path.read_text())  # plain JSON for people and scripts
+
+
+def test_update_changes_under_the_lock(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(record())
+    out = store.update("demo", lambda d: d.with_node(0, phase="ready").model_copy(update={"status": "ready"}))
+    assert out.status == "ready" and out.nodes[0].phase == "ready"
+    assert store.require("demo") == out
+
+
+def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(record().model_copy(update={"attempts": ()}))
+
+    def add(i: int) -> None:
+        store.update("demo", lambda d: d.model_copy(update={"attempts": (*d.attempts, Attempt(number=i, started_at=0))}))
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(a.number for a in store.require("demo").attempts) == list(range(20))
+
+
+def test_lock_excludes_other_processes(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from k3deploy.launch.state import StateStore\n"
+        f"s = StateStore({str(tmp_path)!r})\n"
+        "with s.lock('demo'):\n    print('held', flush=True); time.sleep(1.5)\n")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    t0 = time.monotonic()
+    with pytest.raises(StateError, match="locked by another"):
+        with store.lock("demo", timeout_s=0.3):
+            pass
+    with store.lock("demo", timeout_s=10):
+        waited = time.monotonic() - t0
+    holder.wait(10)
+    assert waited > 0.8  # got it only once the other process let go
+
+
+def test_missing_and_corrupt_records_are_state_errors(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(record("other"))
+    with pytest.raises(StateError, match=r"no deployment named demo .*known: other") as err:
+        store.require("demo")
+    assert err.value.exit_code == 5
+    store.path("demo").write_text("{not json")
+    with pytest.raises(StateError, match="not a k3deploy deployment record"):
+        store.load("demo")
+
+
+def test_default_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/x/state")
+    assert default_state_dir() == Path("/x/state/k3deploy")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert default_state_dir() == Path(os.path.expanduser("~/.local/state/k3deploy"))
+
+
+def test_identity_tells_a_process_from_a_reused_pid() -> None:
+    me = Identity.me("launch")
+    assert me.alive()
+    assert not me.model_copy(update={"start_ticks": (me.start_ticks or 0) + 1}).alive()
+    child = subprocess.Popen(["sleep", "30"])
+    other = Identity(pid=child.pid, start_ticks=None, role="supervisor")
+    try:
+        assert other.alive()
+        assert other.terminate(timeout_s=2)
+    finally:
+        child.kill()
+        child.wait(5)
+    assert not other.alive()
