@@ -13,9 +13,9 @@ from k3deploy.errors import InputError
 
 def render(
     file: Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)],
-    node: Annotated[int | None, typer.Option("--node", help="only this node rank (text, json, script)")] = None,
+    node: Annotated[int | None, typer.Option("--node", help="only this rank (text, json, script)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="text | json | script | slurm | lws")] = "text",
-    out: Annotated[Path | None, typer.Option("--out", help="write the files into DIR instead of printing")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write the files into DIR, not stdout")] = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """Render each node's engine command. Exit 0 ok, 1 infeasible plan, 2 invalid input."""

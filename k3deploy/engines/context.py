@@ -74,4 +74,5 @@ def places(topology: Topology) -> tuple[Place, ...]:
     """Every node's place, rank 0 first."""
     ranked = topology.ordered_nodes()
     head_ip = ranked[0][1].ip
-    return tuple(Place(rank=r, nnodes=len(ranked), ip=n.ip, head_ip=head_ip, iface=n.iface) for r, n in ranked)
+    n = len(ranked)
+    return tuple(Place(rank=r, nnodes=n, ip=node.ip, head_ip=head_ip, iface=node.iface) for r, node in ranked)

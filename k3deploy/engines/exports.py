@@ -94,13 +94,16 @@ def export(plan: Plan, fmt: Format, *, node: int | None = None,
         return (RenderedFile("lws.yaml", lws_manifest(plan, vendor)),)
     specs = render_nodes(plan, vendor)
     if fmt == "slurm":
-        return (RenderedFile("k3deploy.sbatch", sbatch_script(plan.topology, specs, plan.hardware.vendor if plan.hardware else None), executable=True),)
+        vendor_name = plan.hardware.vendor if plan.hardware else None
+        sbatch = sbatch_script(plan.topology, specs, vendor_name)
+        return (RenderedFile("k3deploy.sbatch", sbatch, executable=True),)
     specs = select(specs, node)
     if fmt == "json":
         return (RenderedFile("nodes.json", json_text(specs)),)
     if fmt == "text":
         return (RenderedFile("commands.txt", text_text(specs)),)
-    return tuple(RenderedFile(f"node-{s.rank}.sh", node_script(plan.topology, s), executable=True) for s in specs)
+    return tuple(RenderedFile(f"node-{s.rank}.sh", node_script(plan.topology, s), executable=True)
+                 for s in specs)
 
 
 def stdout_text(files: tuple[RenderedFile, ...]) -> str:

@@ -17,7 +17,8 @@ _INT_TYPES = ("int",)
 _FLOAT_TYPES = ("float",)
 # Both engines accept 128k / 1M style integers for these.
 _HUMAN_INT = re.compile(r"\d+(\.\d+)?[kKmMgGtT]?")
-_HUMAN_TYPES = {"human_readable_int": _HUMAN_INT, "human_readable_int_or_auto": re.compile(r"auto|" + _HUMAN_INT.pattern)}
+_HUMAN_TYPES = {"human_readable_int": _HUMAN_INT,
+                "human_readable_int_or_auto": re.compile(r"auto|" + _HUMAN_INT.pattern)}
 
 
 @dataclass(frozen=True)

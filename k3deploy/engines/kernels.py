@@ -47,7 +47,7 @@ class SglangKernels:
 
 
 def sglang_effective_kernels(opts: Iterable[Opt], table: FlagTable) -> SglangKernels:
-    """Resolve the merged options the way SGLang does: the decode backend falls back to --attention-backend."""
+    """Resolve merged options as SGLang does: the decode backend falls back to --attention-backend."""
     opts = tuple(opts)
     moe = effective(opts, table, "moe_runner_backend")
     decode = effective(opts, table, "decode_attention_backend") or effective(opts, table, "attention_backend")

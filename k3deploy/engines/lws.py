@@ -41,7 +41,8 @@ def _image(inp: Inputs) -> tuple[str, str | None]:
 
 
 def _env(t_secrets: dict[str, str], spec: LaunchSpec, secret_name: str) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
+    env: list[dict[str, Any]] = [{"name": POD_IP_VAR, "valueFrom": pod_ip}]
     hidden = [k for k, v in spec.env.items() if secret_env(k, v)] + list(t_secrets)
     for name in hidden:  # secrets come from a Kubernetes Secret, never from the manifest
         env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": name,
@@ -95,14 +96,16 @@ def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
     name = k8s_name(t.name)
     secret_name = f"{name}-secrets"
     guard = f': "${{{POD_IP_VAR}:?from the pod status}}" "${{LWS_LEADER_ADDRESS:?set by LeaderWorkerSet}}"'
-    leader_script = "\n".join(["set -eu", guard, *node_lines(specs[0], redact=True, template=True, secrets=False)])
+    leader_lines = node_lines(specs[0], redact=True, template=True, secrets=False)
+    leader_script = "\n".join(["set -eu", guard, *leader_lines])
     worker_script = "\n".join(["set -eu", guard, 'case "${LWS_WORKER_INDEX:?set by LeaderWorkerSet}" in',
                                *case_branches(specs[1:], template=True, secrets=False),
                                "*)", '  echo "k3deploy: unexpected LWS_WORKER_INDEX=${LWS_WORKER_INDEX}" >&2',
                                "  exit 1", "  ;;", "esac"])
     template: dict[str, Any] = {
         "size": len(specs), "restartPolicy": "RecreateGroupOnPodRestart",
-        "leaderTemplate": _pod(inp, _container(inp, specs[0], leader_script, image, secret_name, True), "leader"),
+        "leaderTemplate": _pod(inp, _container(inp, specs[0], leader_script, image, secret_name, True),
+                               "leader"),
     }
     if len(specs) > 1:
         template["workerTemplate"] = _pod(inp, _container(inp, specs[1], worker_script, image, secret_name,
@@ -116,7 +119,8 @@ def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
              "# Rank = LWS_WORKER_INDEX, rendezvous = LWS_LEADER_ADDRESS, own IP = the pod IP; the",
              "# topology's node IPs are not used. LeaderCreated: the leader turns ready only once every",
              "# worker has joined, so LeaderReady would never start the workers.",
-             f"# Secrets: kubectl create secret generic {secret_name} --from-literal=NAME=... (optional keys)."]
+             f"# Secrets: kubectl create secret generic {secret_name} --from-literal=NAME=...",
+             "# (every key is optional)."]
     if note:
         notes.append(f"# warning: {note}")
     return "\n".join(notes) + "\n" + _dump(doc)

@@ -76,7 +76,8 @@ def node_lines(spec: LaunchSpec, *, redact: bool = False, template: bool = False
     lines: list[str] = []
     for k, v in spec.env.items():
         if redact and secret_env(k, v):
-            lines += [f'{k}="${{{k}:?is secret-looking and not written here: set it on the node}}"', f"export {k}"]
+            ask = f"${{{k}:?is secret-looking and not written here: set it on the node}}"
+            lines += [f'{k}="{ask}"', f"export {k}"]
         else:
             lines.append(f"export {k}={quote(v, template=template)}")
     if secrets:

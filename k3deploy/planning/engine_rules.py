@@ -65,9 +65,9 @@ def arg_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
                        "(per node where it differs)", _arg_path(flag), "change `parallel` or `nodes` instead")
         o = user_opt(f, flag, value)
         if o is not None and secret_arg(flag, o.values):
-            yield _err("ENGINE_ARG_SECRET", f"{flag} carries a credential: command lines are readable by every "
-                       "user of the node (/proc/PID/cmdline) and end up in logs", _arg_path(flag),
-                       "pass it through engine.secrets (env:NAME or file:/path), e.g. vLLM reads VLLM_API_KEY")
+            yield _err("ENGINE_ARG_SECRET", f"{flag} carries a credential: command lines are readable by "
+                       "every user of the node (/proc/PID/cmdline) and end up in logs", _arg_path(flag),
+                       "pass it through engine.secrets (env:NAME or file:/path); vLLM reads VLLM_API_KEY")
 
 
 def _other_form(t: Topology, inp: Inputs) -> frozenset[str]:
@@ -90,9 +90,10 @@ def form_rules(t: Topology, inp: Inputs, merged: list[tuple[Opt, ...]]) -> Itera
         if dests & NNODES_DESTS and dests & DP_RANK_DESTS:
             form = "per-node DP ranks (dp > 1)" if inp.shape.dp > 1 else "--nnodes/--node-rank (dp = 1)"
             flag = next((f for d in sorted(_other_form(t, inp)) if (f := _user_flag(t, inp.table, d))), None)
-            yield _err("VLLM_MIXED_MULTINODE", f"this deployment uses vLLM's {form} form; mixing --nnodes with "
-                       "per-node DP flags fails on headless nodes ('must be divisible')",
-                       _arg_path(flag) if flag else "engine.args", "remove the other form's flags from engine.args")
+            yield _err("VLLM_MIXED_MULTINODE", f"this deployment uses vLLM's {form} form; mixing --nnodes "
+                       "with per-node DP flags fails on headless nodes ('must be divisible')",
+                       _arg_path(flag) if flag else "engine.args",
+                       "remove the other form's flags from engine.args")
             return
 
 
@@ -140,16 +141,18 @@ def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Is
     if hw.is_hopper and k.moe == "auto":
         routed, rest = weights_bytes_per_gpu(inp.model, shape, experts_bf16=True)
         flag = _user_flag(t, inp.table, "moe_runner_backend")
-        yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend auto on {hw.name} (SM90) silently upcasts the "
-                   f"MXFP4 experts to BF16: {fmt_gib(routed + rest)} of weights per GPU against "
+        yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend auto on {hw.name} (SM90) silently "
+                   f"upcasts the MXFP4 experts to BF16: {fmt_gib(routed + rest)} of weights per GPU against "
                    f"{fmt_gib(hw.usable_bytes)} usable, out of memory at load",
-                   _arg_path(flag) if flag else "engine.args", "use marlin (the W4A16 kernel), k3deploy's default")
+                   _arg_path(flag) if flag else "engine.args",
+                   "use marlin (the W4A16 kernel), k3deploy's default")
     if shape.dcp > 1 and k.decode_attention not in SGLANG_DCP_DECODE_BACKENDS:
         flag = (_user_flag(t, inp.table, "decode_attention_backend")
                 or _user_flag(t, inp.table, "attention_backend"))
-        yield _err("SGLANG_DCP_BACKEND", f"dcp={shape.dcp}: SGLang runs K3 with --dcp-size > 1 only on decode "
-                   f"backend cutedsl_mla (Blackwell) or aiter (AMD), not {k.decode_attention or 'its default'} "
-                   f"on {hw.name}", _arg_path(flag) if flag else "parallel.dcp",
+        yield _err("SGLANG_DCP_BACKEND", f"dcp={shape.dcp}: SGLang runs K3 with --dcp-size > 1 only on "
+                   "decode backend cutedsl_mla (Blackwell) or aiter (AMD), not "
+                   f"{k.decode_attention or 'its default'} on {hw.name}",
+                   _arg_path(flag) if flag else "parallel.dcp",
                    "set parallel.dcp: 1" if not (hw.is_blackwell or hw.vendor == "amd") else
                    "drop the decode backend override")
     if shape.dcp > 1 and "enable_symm_mem" in _dests(opts, inp.table):
@@ -161,9 +164,9 @@ def quant_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Iss
     """`--quantization ascend` exists only with the vLLM-Ascend plugin."""
     flag = _user_flag(t, inp.table, "quantization")
     if flag and t.engine.args[flag] == "ascend" and inp.flavour != "vllm-ascend":
-        yield _err("QUANT_ASCEND_VANILLA", f"--quantization ascend on {t.engine.kind}: only the vLLM-Ascend plugin has "
-                   "it (vanilla vLLM fails at start-up: 'Unknown quantization method: ascend'; SGLang has no "
-                   "such choice)", _arg_path(flag),
+        yield _err("QUANT_ASCEND_VANILLA", f"--quantization ascend on {t.engine.kind}: only the vLLM-Ascend "
+                   "plugin has it (vanilla vLLM fails at start-up: 'Unknown quantization method: ascend'; "
+                   "SGLang has no such choice)", _arg_path(flag),
                    "use engine kind vllm-ascend on Ascend NPUs, or drop the flag")
 
 
@@ -171,7 +174,8 @@ def container_rules(t: Topology) -> Iterator[Issue]:
     """Image pinning, the model mount, secret-looking env, the launcher."""
     image = t.engine.image
     if image and "@sha256:" not in image:
-        yield _warn("IMAGE_NOT_PINNED", f"image {image} is not pinned by digest: nodes may pull different builds",
+        yield _warn("IMAGE_NOT_PINNED", f"image {image} is not pinned by digest: nodes may pull different "
+                    "builds",
                     "engine.image", "use NAME@sha256:<digest> (docker buildx imagetools inspect NAME)")
     if image and (":" in t.model.path or "," in t.model.path):
         yield _err("DOCKER_MODEL_PATH", f"docker cannot mount {t.model.path!r}: ':' and ',' split -v specs",
@@ -191,8 +195,8 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) 
     inp = Inputs(topology=t, model=model, hardware=hw, shape=shape)
     version = inp.table.engine.split()[-1]
     if t.engine.version and t.engine.version != version:
-        yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks flags for "
-                    f"{inp.table.engine}", "engine.version")
+        yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks "
+                    f"flags for {inp.table.engine}", "engine.version")
     yield from container_rules(t)
     arg_issues = list(arg_rules(t, inp))
     yield from arg_issues

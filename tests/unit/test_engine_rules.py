@@ -232,7 +232,8 @@ def test_image_not_pinned_and_secret_looking_env_are_warnings() -> None:
 
 @FAST
 def test_docker_cannot_mount_a_path_with_a_colon() -> None:
-    doc = doc_of("h100-4x8-sglang", **{"engine.image": "img@sha256:" + "ab" * 32, "model.path": "/models/a:b"})
+    doc = doc_of("h100-4x8-sglang", **{"engine.image": "img@sha256:" + "ab" * 32,
+                                       "model.path": "/models/a:b"})
     assert issue(plan_of(doc), "DOCKER_MODEL_PATH").path == "model.path"
 
 

@@ -38,10 +38,11 @@ def test_h100_sglang_head_command() -> None:
     assert [s.rank for s in specs] == [0, 1, 2, 3] and head.head and not any(s.head for s in specs[1:])
     assert head.argv[:3] == ("sglang", "serve", "/models/Kimi-K3")
     p = pairs(head.argv)
-    for want in ("--tp-size 32", "--ep-size 32", "--nnodes 4", "--node-rank 0", "--dist-init-addr 10.0.0.10:20000",
-                 "--dist-timeout 3600", "--mem-fraction-static 0.85", "--context-length 131072",
-                 "--max-running-requests 32", "--moe-runner-backend marlin", "--decode-attention-backend flashmla",
-                 "--reasoning-parser kimi_k3", "--tool-call-parser kimi_k3", "--host 0.0.0.0", "--port 8000"):
+    for want in ("--tp-size 32", "--ep-size 32", "--nnodes 4", "--node-rank 0",
+                 "--dist-init-addr 10.0.0.10:20000", "--dist-timeout 3600", "--mem-fraction-static 0.85",
+                 "--context-length 131072", "--max-running-requests 32", "--moe-runner-backend marlin",
+                 "--decode-attention-backend flashmla", "--reasoning-parser kimi_k3",
+                 "--tool-call-parser kimi_k3", "--host 0.0.0.0", "--port 8000"):
         assert want in p, want
     assert "--enable-cache-report" in head.argv and "--enable-metrics" in head.argv
     assert head.env["SGLANG_HOST_IP"] == "10.0.0.10"
@@ -90,7 +91,8 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
     for s in specs:
         assert opt(s, "--data-parallel-size") == "4" and opt(s, "--data-parallel-size-local") == "1"
         assert opt(s, "--data-parallel-start-rank") == str(s.rank)
-        assert opt(s, "--data-parallel-address") == "10.0.0.10" and opt(s, "--data-parallel-rpc-port") == "20000"
+        assert opt(s, "--data-parallel-address") == "10.0.0.10"
+        assert opt(s, "--data-parallel-rpc-port") == "20000"
         assert ("--headless" in s.argv) == (s.rank > 0)
         assert "--nnodes" not in s.argv and "--master-addr" not in s.argv
         assert opt(s, "--quantization") == "ascend" and "--enable-expert-parallel" in s.argv
@@ -136,7 +138,8 @@ def test_sim_mimics_the_engine_flags_on_the_declared_hardware() -> None:
     real = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))
     sim = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "sim", "engine.mimic": "sglang"})))
     for r, s in zip(real, sim):
-        assert s.argv[:7] == ("python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang", "/models/Kimi-K3")
+        assert s.argv[:7] == ("python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang",
+                              "/models/Kimi-K3")
         assert s.argv[7:] == r.argv[3:]
         assert s.env == {**r.env, "K3SIM_GPU": "h100-80gb"}
     vsim = render_nodes(plan_of(sim_doc(**{"engine.mimic": "vllm", "parallel.tp": 1, "parallel.dp": 4})))
@@ -149,8 +152,8 @@ def test_launcher_replaces_only_the_prefix() -> None:
     spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.launcher": launcher})))[0]
     default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))[0]
     assert spec.argv == ("/opt/venv/bin/sglang", "serve", *default.argv[2:])
-    sim = render_nodes(plan_of(sim_doc(**{"engine.launcher": ["/usr/bin/python3", "-m", "k3deploy.sim", "serve",
-                                                               "--mimic", "sglang"]})))[0]
+    sim_launcher = ["/usr/bin/python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+    sim = render_nodes(plan_of(sim_doc(**{"engine.launcher": sim_launcher})))[0]
     assert sim.argv[:7] == ("/usr/bin/python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang",
                             "/tmp/k3/kimi-k3-tiny")
 
@@ -163,8 +166,8 @@ def test_engine_args_replace_in_place_append_or_remove() -> None:
     default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))[0]
     assert opt(spec, "--mem-fraction-static") == "0.8"
     assert spec.argv.index("--mem-fraction-static") == default.argv.index("--mem-fraction-static")
-    assert "--enable-metrics" not in spec.argv and spec.argv[-3:] == ("--enable-symm-mem", "--served-model-name",
-                                                                        "kimi-k3")
+    assert "--enable-metrics" not in spec.argv
+    assert spec.argv[-3:] == ("--enable-symm-mem", "--served-model-name", "kimi-k3")
     assert spec.argv.count("--mem-fraction-static") == 1
 
 
@@ -250,5 +253,5 @@ def test_nodes_differ_only_in_rank_and_ip(name: str, source: Path | dict) -> Non
     assert all(n == normal[0] for n in normal[1:])
     for s in specs:
         for flag in rank_flags & set(s.argv):
-            assert int(s.argv[s.argv.index(flag) + 1]) in (s.rank, s.rank * int(opt(s, "--data-parallel-size-local")
-                                                                                 or 1))
+            local = int(opt(s, "--data-parallel-size-local") or 1)
+            assert int(s.argv[s.argv.index(flag) + 1]) in (s.rank, s.rank * local)

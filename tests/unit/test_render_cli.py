@@ -21,8 +21,8 @@ GOLDEN = ROOT / "tests" / "golden"
 
 def k3(*args: str | Path) -> subprocess.CompletedProcess[str]:
     code = "import sys; from k3deploy.cli import main; sys.argv[0] = 'k3deploy'; main()"
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          check=False, cwd=ROOT, timeout=60, env={**os.environ, "COLUMNS": "200"})
 
 
 def write(tmp: Path, doc: dict[str, Any], name: str = "t.yaml") -> Path:
@@ -87,7 +87,8 @@ def test_infeasible_exit_1_and_invalid_exit_2(tmp_path: Path) -> None:
 
 def test_warnings_go_to_stderr_without_secret_values(tmp_path: Path) -> None:
     fake = "hf_" + "Qw3" * 10
-    doc = doc_of("h100-4x8-sglang", **{"engine.image": "lmsysorg/sglang:v0.5.23", "engine.env": {"HF_TOKEN": fake}})
+    doc = doc_of("h100-4x8-sglang", **{"engine.image": "lmsysorg/sglang:v0.5.23",
+                                       "engine.env": {"HF_TOKEN": fake}})
     doc["engine"].pop("secrets")
     r = k3("render", write(tmp_path, doc), "--format", "text")
     assert r.returncode == 0

@@ -106,7 +106,8 @@ def test_the_checker_catches_missing_flags_and_bad_choices() -> None:
     assert check(["--tokenizer-mode", "kimi_k3"], sg) == ["--tokenizer-mode kimi_k3: not one of its choices"]
     assert check(["--quantization", "ascend"], sg) == ["--quantization ascend: not one of its choices"]
     assert check(["--no-such-flag"], sg) == ["--no-such-flag is not a flag of sglang 0.5.23"]
-    assert check(["--reasoning-parser", "kimi_k9"], vl) == ["--reasoning-parser kimi_k9: not one of its choices"]
+    assert check(["--reasoning-parser", "kimi_k9"], vl) == \
+        ["--reasoning-parser kimi_k9: not one of its choices"]
     assert check(["--moe-backend", "marlin", "--enable-expert-parallel", "--tp-size", "8"], vl) == \
         ["--tp-size is not a flag of vllm 0.33.0", "stray value '8'"]
     assert check(["--served-model-name", "a", "b"], vl) == []

@@ -34,12 +34,14 @@ def test_golden(path: Path, fmt: str) -> None:
     assert golden.exists(), f"no golden file {golden}: run with K3_UPDATE_GOLDEN=1 and review it"
     want = golden.read_text(encoding="utf-8")
     if got != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "rendered"))
+        lines = difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "rendered")
+        diff = "".join(lines)
         pytest.fail(f"rendered output differs from {golden} (K3_UPDATE_GOLDEN=1 to accept):\n{diff}")
 
 
 @pytest.mark.timeout(30)
 def test_no_stale_golden_directories() -> None:
     stems = {p.stem for p in TOPOLOGIES}
-    stale = sorted(d.name for d in GOLDEN.iterdir() if d.is_dir() and d.name not in stems) if GOLDEN.exists() else []
+    dirs = [d for d in GOLDEN.iterdir() if d.is_dir()] if GOLDEN.exists() else []
+    stale = sorted(d.name for d in dirs if d.name not in stems)
     assert not stale, f"golden files for topologies that no longer exist: {stale}"

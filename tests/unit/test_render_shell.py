@@ -18,7 +18,8 @@ from k3deploy.topology.loader import TopologyError, parse_topology
 from tests.unit.test_render_support import CASES, FORMATS, plan_for, plan_of, sim_doc
 
 SHELLCHECK = shutil.which("shellcheck")
-needs_shellcheck = pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (CI installs it)")
+needs_shellcheck = pytest.mark.skipif(SHELLCHECK is None,
+                                      reason="shellcheck is not installed (CI installs it)")
 RECORDER = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
             "open(os.environ['REC'], 'w'))")
 FAKE_TOKEN = "hf_" + "Zq9" * 10  # a made-up token-shaped value; must never appear in any output
@@ -56,7 +57,8 @@ def test_shellcheck_clean(name: str, source: Any, tmp_path: Path) -> None:
     for fname, text in scripts_of(plan_for(source)).items():
         path = tmp_path / fname
         path.write_text(text)
-        res = subprocess.run([str(SHELLCHECK), "-s", "sh", "-o", "all", str(path)], capture_output=True, text=True, check=False)
+        res = subprocess.run([str(SHELLCHECK), "-s", "sh", "-o", "all", str(path)], capture_output=True,
+                             text=True, check=False)
         assert res.returncode == 0, f"{fname}:\n{res.stdout}{res.stderr}"
 
 
@@ -128,8 +130,8 @@ def test_lws_pods_get_their_rank_and_addresses_from_lws(tmp_path: Path) -> None:
     specs = render_nodes(plan)
     for spec in specs:
         script = leader if spec.rank == 0 else worker
-        env = {"LWS_WORKER_INDEX": str(spec.rank), "LWS_LEADER_ADDRESS": "leader.k3.svc", "K3_POD_IP": "10.9.9.9",
-               "HF_TOKEN": FAKE_TOKEN, "FILE_TOKEN": "file-secret-value"}
+        env = {"LWS_WORKER_INDEX": str(spec.rank), "LWS_LEADER_ADDRESS": "leader.k3.svc",
+               "K3_POD_IP": "10.9.9.9", "HF_TOKEN": FAKE_TOKEN, "FILE_TOKEN": "file-secret-value"}
         rec = run_recorded(["sh", "-c", script], tmp_path, env)
         want = [a.replace("127.0.0.1:29500", "leader.k3.svc:29500") for a in spec.argv[3:]]
         assert rec["argv"] == want
