@@ -117,12 +117,13 @@ def _error(cfg: ServeConfig, verdict: Verdict, b: MemoryBudget, hw: HardwareSpec
 def oom_line(b: MemoryBudget, hw: HardwareSpec, moe_layers: int = 1) -> str:
     """PyTorch's CUDA out-of-memory message for loading these weights layer by layer on this GPU."""
     chunk = b.weights_bytes / max(moe_layers, 1)
-    if b.weights_bytes > b.usable_bytes:
+    if b.weights_bytes > b.usable_bytes:  # loading stops at the first layer that no longer fits
         used = math.floor(b.usable_bytes / chunk) * chunk
+        tried = chunk
     else:  # weights fit; the runtime reserve (activations, graphs) is what runs out
         used = b.weights_bytes
+        tried = b.usable_bytes - used + b.reserve_bytes
     free = b.usable_bytes - used
-    tried = free + min(chunk, max(b.reserve_bytes, 1))
     return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried / GIB:.2f} GiB. GPU 0 has a total "
             f"capacity of {hw.memory_gib:.2f} GiB of which {free / GIB:.2f} GiB is free. Including non-PyTorch memory, "
             f"this process has {used / GIB:.2f} GiB memory in use. Of the allocated memory {used / GIB:.2f} GiB is "

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from k3deploy.sim.rendezvous import free_port
 
@@ -134,3 +135,28 @@ def free_ports(count: int) -> list[int]:
         if len(ports) == count:
             return ports
     raise RuntimeError("could not find free ports")
+
+
+class NodeSet:
+    """Nodes started together; closing it SIGKILLs every node's process group."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.nodes: list[SimNode] = []
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimNode:
+        """Start one more node, logging to LOG_DIR/NAME.log."""
+        node = start_node(name, argv, self.log_dir / f"{name}.log", env)
+        self.nodes.append(node)
+        return node
+
+    def close(self) -> None:
+        """Kill and reap every node."""
+        for node in self.nodes:
+            node.kill()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -81,12 +81,19 @@ class NodeGroup:
     def _timeout(self, seconds: float) -> datetime.timedelta:
         return datetime.timedelta(seconds=max(seconds, 0.1))
 
-    def join(self) -> float:
-        """init_process_group, then an all_reduce of (rank + 1); return the sum (n(n+1)/2 when all joined)."""
+    def load(self) -> None:
+        """Import torch (seconds of CPU) before any timeout starts, as the engines import it at start-up."""
+        # Only a process that really rendezvouses pays for torch; parsing and --help never do.
         import torch
         import torch.distributed as dist
 
         self._torch, self._dist = torch, dist
+
+    def join(self) -> float:
+        """init_process_group, then an all_reduce of (rank + 1); return the sum (n(n+1)/2 when all joined)."""
+        if self._dist is None:
+            self.load()
+        torch, dist = self._torch, self._dist
         rdv = self.rdv
         dist.init_process_group("gloo", init_method=self.init_method, rank=rdv.node_rank,
                                 world_size=rdv.nnodes, timeout=self._timeout(rdv.timeout_s))

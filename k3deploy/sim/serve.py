@@ -93,6 +93,7 @@ class Node:
     def _rendezvous(self) -> bool:
         cfg, log, rdv = self.cfg, self.log, self.cfg.rendezvous
         ranks = log.ranks
+        self.group.load()
         if cfg.mimic == "sglang":
             log.info("Init parallel begin.", where="model_runner.py:640")
         else:
@@ -113,7 +114,12 @@ class Node:
             with watchdog(rdv.timeout_s + 1.0, expired):
                 total = self.group.join()
         except Exception as exc:  # noqa: BLE001 - every torch/Gloo failure is reported the same way
-            log.error(f"Rendezvous failed: {self.group.describe()}: {cause_of(exc)}")
+            cause, where = cause_of(exc), self.group.describe()
+            if "timed out" in cause.lower() or "timeout" in cause.lower():
+                log.error(f"Rendezvous failed: {where} did not complete within {rdv.timeout_s:.0f} s (the configured "
+                          f"timeout): {cause}")
+            else:
+                log.error(f"Rendezvous failed: {where}: {cause}")
             _exit_now(FAILED)
         self.joined = True
         expected = rdv.nnodes * (rdv.nnodes + 1) / 2
