@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +15,32 @@ import yaml
 
 from tests.unit.test_render_support import ROOT, doc_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(60)
 H100 = ROOT / "topologies" / "h100-4x8-sglang.yaml"
 GOLDEN = ROOT / "tests" / "golden"
 
 
-def k3(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from k3deploy.cli import main; sys.argv[0] = 'k3deploy'; main()"
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          check=False, cwd=ROOT, timeout=60, env={**os.environ, "COLUMNS": "200"})
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def k3(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """Run the CLI in-process, as the console script does (exit code, stdout, stderr)."""
+    from k3deploy.cli import app
+    from k3deploy.cli.common import run_app
+
+    def run(*args: str | Path) -> Result:
+        monkeypatch.chdir(ROOT)
+        monkeypatch.setattr(sys, "argv", ["k3deploy", *map(str, args)])
+        code = run_app(app)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
 
 
 def write(tmp: Path, doc: dict[str, Any], name: str = "t.yaml") -> Path:
@@ -32,13 +50,13 @@ def write(tmp: Path, doc: dict[str, Any], name: str = "t.yaml") -> Path:
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "script", "slurm", "lws"])
-def test_stdout_matches_golden(fmt: str) -> None:
+def test_stdout_matches_golden(k3: Callable[..., Result], fmt: str) -> None:
     r = k3("render", H100, "--format", fmt)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (GOLDEN / "h100-4x8-sglang" / f"{fmt}.txt").read_text()
 
 
-def test_json_contract_and_node_filter() -> None:
+def test_json_contract_and_node_filter(k3: Callable[..., Result]) -> None:
     r = k3("render", H100, "--format", "json", "--node", "2")
     doc = json.loads(r.stdout)
     (node,) = doc["nodes"]
@@ -48,7 +66,7 @@ def test_json_contract_and_node_filter() -> None:
     assert node["argv"][node["argv"].index("--node-rank") + 1] == "2"
 
 
-def test_out_writes_executable_scripts(tmp_path: Path) -> None:
+def test_out_writes_executable_scripts(k3: Callable[..., Result], tmp_path: Path) -> None:
     r = k3("render", H100, "--format", "script", "--out", tmp_path / "o")
     assert r.returncode == 0, r.stderr
     files = sorted((tmp_path / "o").iterdir())
@@ -60,7 +78,7 @@ def test_out_writes_executable_scripts(tmp_path: Path) -> None:
         assert (tmp_path / "o" / name).exists()
 
 
-def test_script_stdout_separates_nodes_with_a_header() -> None:
+def test_script_stdout_separates_nodes_with_a_header(k3: Callable[..., Result]) -> None:
     out = k3("render", H100, "--format", "script").stdout
     assert [line for line in out.splitlines() if line.startswith("# =====")] == \
         [f"# ===== node-{i}.sh =====" for i in range(4)]
@@ -71,12 +89,12 @@ def test_script_stdout_separates_nodes_with_a_header() -> None:
     (["--node", "7"], 2, "--node 7: no such rank"),
     (["--format", "slurm", "--node", "1"], 2, "--node applies to"),
 ])
-def test_bad_options_exit_2(args: list[str], code: int, needle: str) -> None:
+def test_bad_options_exit_2(k3: Callable[..., Result], args: list[str], code: int, needle: str) -> None:
     r = k3("render", H100, *args)
     assert r.returncode == code and needle in r.stderr and "Traceback" not in r.stderr
 
 
-def test_infeasible_exit_1_and_invalid_exit_2(tmp_path: Path) -> None:
+def test_infeasible_exit_1_and_invalid_exit_2(k3: Callable[..., Result], tmp_path: Path) -> None:
     bad = write(tmp_path, doc_of("h100-4x8-sglang", **{"engine.args": {"--moe-runner-backend": "auto"}}))
     r = k3("render", bad)
     assert r.returncode == 1 and "SGLANG_HOPPER_MOE_AUTO" not in r.stdout and "silently upcasts" in r.stderr
@@ -85,7 +103,7 @@ def test_infeasible_exit_1_and_invalid_exit_2(tmp_path: Path) -> None:
     assert k3("render", invalid).returncode == 2
 
 
-def test_warnings_go_to_stderr_without_secret_values(tmp_path: Path) -> None:
+def test_warnings_go_to_stderr_without_secret_values(k3: Callable[..., Result], tmp_path: Path) -> None:
     fake = "hf_" + "Qw3" * 10
     doc = doc_of("h100-4x8-sglang", **{"engine.image": "lmsysorg/sglang:v0.5.23",
                                        "engine.env": {"HF_TOKEN": fake}})
