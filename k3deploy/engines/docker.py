@@ -34,12 +34,10 @@ def device_args(vendor: str, gpus_per_node: int) -> tuple[str, ...]:
 def docker_argv(*, image: str, name: str, model_path: str, vendor: str, gpus_per_node: int,
                 env: Mapping[str, str], secret_names: Iterable[str],
                 argv: tuple[str, ...]) -> tuple[str, ...]:
-    """`docker run -d` with host network and IPC, the model mounted read-only at the same path.
-
-    Plain env goes in as `-e NAME=value`; secrets (and secret-looking env) as `-e NAME`, which docker
-    copies from its own environment, so no value lands on a command line. `--entrypoint` replaces the
-    image's own (vllm/vllm-openai's is `vllm serve`), so argv runs exactly as rendered.
-    """
+    """`docker run -d`: host network and IPC, the model read-only at the same path, devices, env."""
+    # Secrets (and secret-looking env) go in as `-e NAME`: docker copies the value from its own
+    # environment, so none lands on a command line. `--entrypoint` replaces the image's own
+    # (vllm/vllm-openai's is `vllm serve`), so argv runs exactly as rendered.
     out = ["docker", "run", "-d", "--name", name, "--network", "host", "--ipc", "host",
            "--shm-size", SHM_SIZE, "--ulimit", "memlock=-1", "--ulimit", f"stack={STACK_BYTES}",
            "-v", f"{model_path}:{model_path}:ro"]

@@ -95,7 +95,11 @@ def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
     image, note = _image(inp)
     name = k8s_name(t.name)
     secret_name = f"{name}-secrets"
-    guard = f': "${{{POD_IP_VAR}:?from the pod status}}" "${{LWS_LEADER_ADDRESS:?set by LeaderWorkerSet}}"'
+    n = len(specs)
+    # The commands below are rendered for n nodes: refuse to start in a group of another size.
+    guard = (f': "${{{POD_IP_VAR}:?from the pod status}}" "${{LWS_LEADER_ADDRESS:?set by LeaderWorkerSet}}"\n'
+             f'[ "${{LWS_GROUP_SIZE:?set by LeaderWorkerSet}}" = {n} ] || '
+             f'{{ echo "k3deploy: rendered for {n} pods, LWS_GROUP_SIZE=${{LWS_GROUP_SIZE}}" >&2; exit 1; }}')
     leader_lines = node_lines(specs[0], redact=True, template=True, secrets=False)
     leader_script = "\n".join(["set -eu", guard, *leader_lines])
     worker_script = "\n".join(["set -eu", guard, 'case "${LWS_WORKER_INDEX:?set by LeaderWorkerSet}" in',
@@ -116,7 +120,8 @@ def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
            "metadata": {"name": name}, "spec": {"replicas": 1, "startupPolicy": "LeaderCreated",
                                                 "leaderWorkerTemplate": template}}
     notes = [f"# k3deploy: LeaderWorkerSet for deployment {t.name} ({len(specs)} pod(s), host network).",
-             "# Rank = LWS_WORKER_INDEX, rendezvous = LWS_LEADER_ADDRESS, own IP = the pod IP; the",
+             "# Rank = LWS_WORKER_INDEX, rendezvous = LWS_LEADER_ADDRESS, own IP = the pod IP, and the",
+             f"# pods refuse to start unless LWS_GROUP_SIZE = {len(specs)}; the",
              "# topology's node IPs are not used. LeaderCreated: the leader turns ready only once every",
              "# worker has joined, so LeaderReady would never start the workers.",
              f"# Secrets: kubectl create secret generic {secret_name} --from-literal=NAME=...",

@@ -87,9 +87,7 @@ def node_lines(spec: LaunchSpec, *, redact: bool = False, template: bool = False
 
 
 def node_shell(spec: LaunchSpec, *, redact: bool = False, template: bool = False) -> str:
-    """`set -eu`, exports, secrets, `exec argv`: what a remote shell (or a script) runs on one node.
-
-    With redact, a secret-looking plain env value is not written: the node's own environment must
-    provide it (the plan warned to move it to engine.secrets).
-    """
+    """`set -eu`, exports, secrets, `exec argv`: what a remote shell (or a script) runs on one node."""
+    # With redact, a secret-looking plain env value is not written: the node's own environment must
+    # provide it (the plan warned to move it to engine.secrets).
     return "\n".join(["set -eu", *node_lines(spec, redact=redact, template=template)])

@@ -120,8 +120,8 @@ def _addr_problem(value: str, dest: str, local: bool) -> str | None:
 
 
 def rendezvous_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
-    """A rendezvous address overridden in engine.args must be rank 0's reachable IP (nodes[].ip are
-    checked by node_rules)."""
+    """A rendezvous address overridden in engine.args must be an IP other nodes can dial."""
+    # nodes[].ip themselves are checked by rules.node_rules (IP_LOOPBACK, IP_UNSPECIFIED).
     for dest in RENDEZVOUS_DESTS:
         flag = _user_flag(t, inp.table, dest)
         if flag is None or t.engine.args[flag] in (None, False):

@@ -131,12 +131,20 @@ def test_lws_pods_get_their_rank_and_addresses_from_lws(tmp_path: Path) -> None:
     for spec in specs:
         script = leader if spec.rank == 0 else worker
         env = {"LWS_WORKER_INDEX": str(spec.rank), "LWS_LEADER_ADDRESS": "leader.k3.svc",
-               "K3_POD_IP": "10.9.9.9", "HF_TOKEN": FAKE_TOKEN, "FILE_TOKEN": "file-secret-value"}
+               "LWS_GROUP_SIZE": str(len(specs)), "K3_POD_IP": "10.9.9.9", "HF_TOKEN": FAKE_TOKEN, "FILE_TOKEN": "file-secret-value"}
         rec = run_recorded(["sh", "-c", script], tmp_path, env)
         want = [a.replace("127.0.0.1:29500", "leader.k3.svc:29500") for a in spec.argv[3:]]
         assert rec["argv"] == want
         assert rec["env"]["SGLANG_HOST_IP"] == "10.9.9.9" and rec["env"]["WEIRD"] == spec.env["WEIRD"]
         assert not list(tmp_path.glob("pwned*"))
+
+
+@pytest.mark.timeout(30)
+def test_lws_pods_refuse_a_group_of_another_size(tmp_path: Path) -> None:
+    leader, _ = lws_commands(plan_of(sim_doc()))
+    env = {"PATH": os.environ["PATH"], "LWS_GROUP_SIZE": "2", "LWS_LEADER_ADDRESS": "l", "K3_POD_IP": "10.9.9.9"}
+    res = subprocess.run(["sh", "-c", leader], capture_output=True, text=True, env=env, timeout=30, check=False)
+    assert res.returncode == 1 and "rendered for 4 pods, LWS_GROUP_SIZE=2" in res.stderr
 
 
 @pytest.mark.timeout(30)
