@@ -73,7 +73,7 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: t
         gang.start(new_run_id(), on_started=record_started(store, name))
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:
-        failure = _failure_of(exc)
+        failure = _failure_of(exc, gang)
         interrupted = isinstance(exc, KeyboardInterrupt)
         status: Status = "stopped" if interrupted else "failed" if last_try else "restarting"
         teardown(gang, store, failure, status=status, release_owner=last_try or interrupted)
@@ -89,13 +89,14 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: t
     return store.update(name, ready)
 
 
-def _failure_of(exc: BaseException) -> Failure:
+def _failure_of(exc: BaseException, gang: Gang) -> Failure:
     if isinstance(exc, GroupFailed):
         return exc.failure
     if isinstance(exc, KeyboardInterrupt):
         return Failure(rank=None, host=None, cause="interrupted; every started node was stopped")
     host = getattr(exc, "host", None)
-    return Failure(rank=None, host=host, cause=str(exc))
+    rank = next((j.rank for j in gang.jobs if j.host == host), None)
+    return Failure(rank=rank, host=host, cause=str(exc).removeprefix(f"{host}: "))
 
 
 def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Status,

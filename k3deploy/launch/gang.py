@@ -79,11 +79,13 @@ class Gang:
         for o in failed:
             self._event(o.item, "unreachable", str(o.error))
         if failed:
-            first = failed[0].error
+            first, host = failed[0].error, failed[0].item.host
             others = ", ".join(o.item.host for o in failed[1:])
+            also = f" (also failed: {others})" if others else ""
             if isinstance(first, ExecError):
-                raise ExecError(str(first) + (f" (also failed: {others})" if others else ""), hint=first.hint)
-            raise ExecError(f"connect failed: {first}", host=failed[0].item.host)
+                text = str(first).removeprefix(f"{first.host}: ")
+                raise ExecError(text + also, host=first.host or host, hint=first.hint)
+            raise ExecError(f"connect failed: {first}{also}", host=host)
 
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""

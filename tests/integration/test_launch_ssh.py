@@ -1,0 +1,297 @@
+"""`k3deploy launch` over SSH to four network-namespace hosts running the real stand-in engine:
+ready/status/logs/stop leave nothing behind; a worker killed during start-up or after ready, an
+unreachable host and a wrong interface each stop every node within seconds and name the node; unknown
+host keys are refused with a how-to; hostile topology strings never execute."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.errors import ExecError
+from k3deploy.executors import ExecTarget, open_executor
+from k3deploy.executors.posix import exit_record
+from k3deploy.launch.state import ACTIVE, StateStore
+from tests.rig import HostRig
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+
+
+def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny checkpoint; the fake hosts share this machine's filesystem."""
+    from k3deploy.sim.checkpoint import write_checkpoint
+
+    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
+    write_checkpoint(path)
+    return path
+
+
+class Deployments:
+    """Writes topologies for the rig and guarantees nothing of them is left afterwards."""
+
+    def __init__(self, rig: HostRig, checkpoint: Path, tmp: Path) -> None:
+        self.rig, self.checkpoint, self.tmp = rig, checkpoint, tmp
+        self.names: list[str] = []
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    def topology(self, name: str, *, nodes: list[dict[str, Any]] | None = None, env: dict[str, str] | None = None,
+                 launch: dict[str, Any] | None = None) -> Path:
+        rig = self.rig
+        default = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig.hosts]
+        doc = {
+            "name": name,
+            "model": {"id": "kimi-k3-tiny", "path": str(self.checkpoint)},
+            "hardware": {"gpu": "sim", "gpus_per_node": 1},
+            "nodes": nodes or default,
+            "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER, "env": env or {}},
+            "parallel": {"tp": 4, "ep": 4},
+            "serving": {"context_length": 32768, "max_running_requests": 16},
+            "launch": {"executor": "ssh", "port": 29500, "dist_timeout_s": 20, "ready_timeout_s": 60,
+                       "stop_grace_s": 3, "log_dir": str(self.tmp / "logs"), "state_dir": str(self.state_dir),
+                       "ssh": {"user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
+                               "connect_timeout_s": 2}, **(launch or {})},
+        }
+        self.names.append(name)
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def cleanup(self) -> list[str]:
+        """Stop whatever a failed test left; return what had to be cleaned."""
+        problems = []
+        store = StateStore(self.state_dir)
+        for name in self.names:
+            rec = store.load(name) if store.path(name).exists() else None
+            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
+                problems.append(f"{name} left {rec.status}")
+                cli("stop", name, "--state-dir", str(self.state_dir))
+        hosts_empty(self.rig, 5.0)  # closed SSH sessions take a moment to exit
+        leftover = {h.name: self.rig.pids(h) for h in self.rig.hosts}
+        if any(leftover.values()):
+            problems.append(f"processes left on hosts: {leftover}")
+            for h in self.rig.hosts:
+                self.rig.kill_host_processes(h)
+        return problems
+
+
+@pytest.fixture
+def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
+    d = Deployments(rig4, checkpoint, tmp_path)
+    yield d
+    problems = d.cleanup()
+    assert problems == [], problems
+
+
+def hosts_empty(rig: HostRig, timeout_s: float = 10.0) -> bool:
+    """No process but the sshd master in any host (closed SSH sessions get a moment to exit)."""
+    return wait_for(lambda: not any(rig.pids(h) for h in rig.hosts), timeout_s)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(step_s)
+    return predicate()
+
+
+def engine_running(rig: HostRig, host: str) -> bool:
+    """The stand-in engine process exists on the host."""
+    out = rig.exec(host, ["ps", "-eo", "args="]).stdout
+    return any(line.startswith(sys.executable) and "k3deploy.sim serve" in line for line in out.splitlines())
+
+
+@pytest.mark.timeout(150)
+def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, rig4: HostRig,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    marker = deployments.tmp / "pwned"
+    hostile = f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""
+    nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    nodes[1] = {"host": "h02", "ip": rig4.hosts[1].priv_ip, "iface": "ens-priv"}  # via the ssh config alias
+    topo = deployments.topology("it-e2e", nodes=nodes, env={"K3_NOTE": hostile},
+                                launch={"log_dir": str(deployments.tmp / f"logs {hostile}")})
+    t0 = time.monotonic()
+    run = cli("launch", str(topo), "--ssh-config", str(rig4.ssh_config_path), "--json")
+    launch_s = time.monotonic() - t0
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)
+    assert rec["status"] == "ready" and rec["owner"]["role"] == "supervisor"
+    attempt = rec["attempts"][0]
+    with capsys.disabled():
+        print(f"\n4 SSH hosts: launch to ready {attempt['ready_at'] - attempt['started_at']:.1f} s "
+              f"(CLI wall {launch_s:.1f} s)")
+    for host in rig4.hosts:
+        assert engine_running(rig4, host.name)
+
+    st = cli("status", str(topo), "--json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["status"] == "ready" and status["ready"] is True and status["supervised"] is True
+    assert [n["alive"] for n in status["nodes"]] == [True] * 4
+    assert [n["host"] for n in status["nodes"]][1] == "h02"
+
+    logs = cli("logs", str(topo), "--node", "0", "--node", "2", "--lines", "200")
+    assert logs.returncode == 0, logs.stderr
+    prefixes = {line.split("]")[0] + "]" for line in logs.stdout.splitlines()}
+    assert prefixes == {f"[0 {rig4.hosts[0].mgmt_ip}]", f"[2 {rig4.hosts[2].mgmt_ip}]"}
+    assert "The server is fired up and ready to roll!" in logs.stdout
+
+    t0 = time.monotonic()
+    stop = cli("stop", str(topo))
+    stop_s = time.monotonic() - t0
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
+    assert cli("stop", str(topo)).returncode == 0  # idempotent
+    assert not marker.exists()  # the hostile env value and log_dir were data on every host
+    assert (deployments.tmp / f"logs {hostile}" / "it-e2e-rank3.log").exists()
+    assert re.search(r"export K3_NOTE='\$\(touch ", Path(rec["jobs"][0]["command"]).as_posix())
+    with capsys.disabled():
+        print(f"stop over SSH: {stop_s:.1f} s")
+
+
+@pytest.mark.timeout(120)
+def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deployments, rig4: HostRig,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    topo = deployments.topology("it-kill-start")
+    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = rig4.hosts[2]
+    try:
+        assert wait_for(lambda: engine_running(rig4, victim.name), 60)
+        store = StateStore(deployments.state_dir)
+        assert store.require("it-kill-start").status == "starting"  # still loading: not ready yet
+        t0 = time.monotonic()
+        rig4.kill_host_processes(victim)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 4, err
+    assert f"rank 2 ({victim.mgmt_ip}): its process is gone" in err and "every node was stopped" in err
+    assert took < 15, took
+    assert hosts_empty(rig4)
+    rec = StateStore(deployments.state_dir).require("it-kill-start")
+    assert rec.status == "failed" and rec.failure is not None and rec.failure.rank == 2
+    with capsys.disabled():
+        print(f"\nworker killed during start-up: launch exited (all stopped) {took:.1f} s after the kill")
+
+
+@pytest.mark.timeout(150)
+def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments, rig4: HostRig,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    topo = deployments.topology("it-kill-ready")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    store = StateStore(deployments.state_dir)
+    supervisor = store.require("it-kill-ready").owner
+    assert supervisor is not None and supervisor.alive()
+    victim = rig4.hosts[2]
+    t0 = time.monotonic()
+    rig4.kill_host_processes(victim)
+    others = [h for h in rig4.hosts if h is not victim]
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
+    took = time.monotonic() - t0
+    assert wait_for(lambda: store.require("it-kill-ready").status == "failed", 10)
+    status = json.loads(cli("status", str(topo), "--json").stdout)
+    assert status["status"] == "failed" and status["supervised"] is False
+    assert status["failure"]["rank"] == 2 and status["failure"]["host"] == victim.mgmt_ip
+    human = cli("status", str(topo)).stdout
+    assert f"rank 2 ({victim.mgmt_ip})" in human
+    assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
+    assert took < 10, took
+    with capsys.disabled():
+        print(f"\nworker killed after ready: every node stopped {took:.1f} s after the kill")
+
+
+@pytest.mark.timeout(90)
+def test_unreachable_host_fails_within_the_connect_deadline(deployments: Deployments, rig4: HostRig) -> None:
+    nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    dead_ip = f"10.232.{rig4.subnet}.99"  # on the rig network, nobody there
+    nodes[3]["host"] = dead_ip
+    topo = deployments.topology("it-unreachable", nodes=nodes)
+    t0 = time.monotonic()
+    run = cli("launch", str(topo))
+    took = time.monotonic() - t0
+    assert run.returncode == 3, run.stderr
+    assert f"error: {dead_ip}: cannot connect to root@{dead_ip}:22 after 3 attempts" in run.stderr
+    assert took < 20, took  # 3 x 2 s connect timeout + backoff, not a dist timeout
+    assert hosts_empty(rig4)  # nothing was started anywhere
+    rec = StateStore(deployments.state_dir).require("it-unreachable")
+    assert rec.status == "failed" and rec.failure is not None and rec.failure.host == dead_ip
+
+
+@pytest.mark.timeout(90)
+def test_wrong_interface_on_one_node_fails_fast_naming_it(deployments: Deployments, rig4: HostRig) -> None:
+    nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    nodes[3]["iface"] = "ens-bogus"
+    topo = deployments.topology("it-wrong-iface", nodes=nodes)
+    run = cli("launch", str(topo))
+    done = time.time()
+    assert run.returncode == 4, run.stderr
+    assert f"rank 3 ({rig4.hosts[3].mgmt_ip})" in run.stderr and "Unable to find address for: ens-bogus" in run.stderr
+    assert hosts_empty(rig4)
+    # Measured from the failing node's own exit, not from our start (torch import time varies with load):
+    # the other ranks were stopped at once instead of waiting out dist_timeout_s (20 s).
+    logs = {r: (deployments.tmp / "logs" / f"it-wrong-iface-rank{r}.log").read_text() for r in range(4)}
+    failed_at = exit_record(logs[3])
+    assert failed_at is not None and failed_at[0] != 0
+    assert done - failed_at[1] < 8, done - failed_at[1]
+    for r in range(3):
+        rec = exit_record(logs[r])
+        assert rec is not None and rec[0] == 143, logs[r][-500:]  # SIGTERM from the teardown
+
+
+@pytest.mark.timeout(90)
+def test_unknown_host_key_is_refused_with_how_to_trust_it(deployments: Deployments, rig4: HostRig) -> None:
+    empty = deployments.tmp / "known_hosts"
+    empty.write_text("")
+    topo = deployments.topology("it-hostkey")
+    run = cli("launch", str(topo), "--known-hosts", str(empty))
+    assert run.returncode == 3, run.stderr
+    assert "unknown host key" in run.stderr and "ssh-keyscan -H" in run.stderr
+    assert "--accept-new-host-keys" in run.stderr
+    assert hosts_empty(rig4)
+
+    host = rig4.hosts[0]
+    target = ExecTarget(kind="ssh", host=host.mgmt_ip, user="root", key=str(rig4.key_path),
+                        known_hosts=str(empty), ssh_config=None)
+    trusting = open_executor(target.model_copy(update={"accept_new_host_keys": True}))
+    trusting.connect()
+    trusting.close()
+    assert host.mgmt_ip in empty.read_text()
+    strict = open_executor(target)
+    strict.connect()  # now known
+    strict.close()
+    other_key = rig4.known_hosts_path.read_text().splitlines()[1].split()[1:3]  # h02's key
+    empty.write_text(f"{host.mgmt_ip} {' '.join(other_key)}\n")
+    changed = open_executor(target.model_copy(update={"accept_new_host_keys": True}))
+    with pytest.raises(ExecError, match="HOST KEY CHANGED") as err:
+        changed.connect()
+    assert err.value.host == host.mgmt_ip and "ssh-keygen -R" in (err.value.hint or "")
+    assert os.path.getsize(empty) < 200  # nothing was added
