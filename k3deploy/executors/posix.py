@@ -29,8 +29,9 @@ _WRAPPER = (
 )
 _EXIT_RE = re.compile(re.escape(EXIT_MARK) + r" (\d+) at ([0-9.]+)")
 
-# Fields after the command name in /proc/PID/stat: 1 state, 3 pgrp, 20 starttime.
-_STAT = "sed 's/^.*) //' /proc/{pid}/stat 2>/dev/null"
+# /proc/PID/stat into $1.. with shell builtins only (no fork: these scripts run on every poll):
+# after the command name, field 1 is the state and field 20 the start time.
+_STAT = 'read -r st 2>/dev/null < /proc/{pid}/stat && st=${{st##*")"}} && set -- $st'
 
 
 def sh(script: str) -> str:
@@ -43,20 +44,22 @@ def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
     print `PID STARTTICKS`. A previous log is kept as LOG.1."""
     q = shlex.quote
     log = q(log_path)
+    log_dir = q(posixpath.dirname(log_path) or "/")
     return (
-        f"mkdir -p {q(posixpath.dirname(log_path) or '/')} || exit 96\n"
+        f"[ -d {log_dir} ] || mkdir -p {log_dir} || exit 96\n"
         f"if [ -e {log} ]; then mv -f {log} {log}.1; fi\n"
         f"cd {q(workdir)} || exit 97\n"
         f"{TAG_VAR}={q(tag)} setsid nohup sh -c {q(_WRAPPER)} k3deploy {q(command)} > {log} 2>&1 < /dev/null &\n"
         "p=$!\n"
-        f'echo "$p $({_STAT.format(pid="$p")} | cut -d" " -f20)"\n'
+        f"{_STAT.format(pid='$p')}\n"  # if it fails, ${{20}} is empty: the PID alone still stops it
+        'echo "$p ${20}"\n'
     )
 
 
 def alive_script(pid: int, start_ticks: int | None) -> str:
     """Exit 0 while the process runs (not a zombie) and is the one started at `start_ticks`."""
     check = f' && [ "${{20}}" = {int(start_ticks)} ]' if start_ticks is not None else ""
-    return f'set -- $({_STAT.format(pid=int(pid))})\n[ "$#" -ge 20 ] && [ "$1" != Z ]{check}\n'
+    return f'{_STAT.format(pid=int(pid))} || exit 1\n[ "$#" -ge 20 ] && [ "$1" != Z ]{check}\n'
 
 
 def signal_script(pgid: int, tag: str, sig: int) -> str:

@@ -30,7 +30,7 @@ LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
 
 
 def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
                           timeout=timeout_s, cwd=ROOT)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import CommandResult, ExecOverrides, Executor, ExecTarget, FanOut, targets_for
+from k3deploy.executors import CommandResult, ExecOverrides, ExecTarget, Executor, FanOut, targets_for
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.posix import exit_record
 from k3deploy.executors.ssh import SshExecutor
@@ -59,7 +59,8 @@ def test_detached_start_alive_signal_and_logs(tmp_path: Path) -> None:
     log = str(tmp_path / "logs" / "a.log")
     h = ex.start("echo started; sleep 30 & sleep 30", log, workdir=str(tmp_path), tag="unit-exec.0.a")
     assert h.pid and h.start_ticks and h.log_path == log
-    ps = subprocess.run(["ps", "-o", "pid=,pgid=,sid=", "-p", str(h.pid)], capture_output=True, text=True)
+    ps = subprocess.run(["ps", "-o", "pid=,pgid=,sid=", "-p", str(h.pid)], capture_output=True, text=True,
+                        check=True)
     pid, pgid, sid = map(int, ps.stdout.split())
     assert pid == pgid == sid  # its own session and process group
     assert ex.alive(h)

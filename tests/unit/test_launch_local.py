@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
                           timeout=timeout_s, cwd=ROOT)
 
 

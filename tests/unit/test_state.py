@@ -73,9 +73,8 @@ def test_lock_excludes_other_processes(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     t0 = time.monotonic()
-    with pytest.raises(StateError, match="locked by another"):
-        with store.lock("demo", timeout_s=0.3):
-            pass
+    with pytest.raises(StateError, match="locked by another"), store.lock("demo", timeout_s=0.3):
+        pass
     with store.lock("demo", timeout_s=10):
         waited = time.monotonic() - t0
     holder.wait(10)
