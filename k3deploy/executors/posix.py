@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from k3deploy.errors import ExecError
 from k3deploy.executors.base import TAG_VAR, CommandResult, ProcessHandle
 
-# How long a process-control script may take; they are tiny, so this only bounds a wedged host.
+# How long a process-control script may take; they are tiny, so this only bounds a wedged host (or a
+# silently dropped connection, which otherwise blocks until TCP gives up).
 CONTROL_TIMEOUT_S = 20.0
 _TAG_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
@@ -108,6 +109,7 @@ class ShellExecutor(ABC):
     """Implements start/alive/signal/logs on top of two primitives: run a shell string, stream one."""
 
     host: str
+    control_timeout_s: float = CONTROL_TIMEOUT_S
 
     @abstractmethod
     def connect(self) -> None:
@@ -132,7 +134,7 @@ class ShellExecutor(ABC):
     def start(self, command: str, log_path: str, workdir: str = "/", tag: str = "") -> ProcessHandle:
         """Start `command` detached; the handle names its PID (= process group) and start time."""
         tag = check_tag(tag or "k3deploy")
-        res = self.run(sh(start_script(command, log_path, workdir, tag)), timeout_s=CONTROL_TIMEOUT_S)
+        res = self.run(sh(start_script(command, log_path, workdir, tag)), timeout_s=self.control_timeout_s)
         parts = res.stdout.split()
         if res.exit_code != 0 or not parts or not parts[0].isdigit():
             why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
@@ -146,18 +148,18 @@ class ShellExecutor(ABC):
         """The group leader runs and is the process we started."""
         if handle.pid is None:
             return False
-        return self.run(sh(alive_script(handle.pid, handle.start_ticks)), CONTROL_TIMEOUT_S).exit_code == 0
+        return self.run(sh(alive_script(handle.pid, handle.start_ticks)), self.control_timeout_s).exit_code == 0
 
     def signal(self, handle: ProcessHandle, sig: int) -> bool:
         """Signal the whole process group (guarded by the tag); False when nothing of it is left."""
         if handle.pid is None:
             return False
         script = signal_script(handle.pid, check_tag(handle.tag), sig)
-        return self.run(sh(script), CONTROL_TIMEOUT_S).exit_code == 0
+        return self.run(sh(script), self.control_timeout_s).exit_code == 0
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
         """The last lines of the log."""
-        return self.run(sh(tail_script(handle.log_path, tail_lines)), CONTROL_TIMEOUT_S).stdout
+        return self.run(sh(tail_script(handle.log_path, tail_lines)), self.control_timeout_s).stdout
 
     def follow(
         self, handle: ProcessHandle, tail_lines: int = 10, stop: threading.Event | None = None

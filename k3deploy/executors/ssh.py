@@ -43,6 +43,8 @@ class SshExecutor(ShellExecutor):
     def __init__(self, target: ExecTarget) -> None:
         self.target = target
         self.host = target.host
+        # A host that stops answering mid-deployment is noticed on the scale of the connect timeout.
+        self.control_timeout_s = max(5.0, 2 * target.connect_timeout_s)
         self._endpoint: SshEndpoint | None = None
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
@@ -128,6 +130,7 @@ class SshExecutor(ShellExecutor):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self.close()  # the connection may be dead without knowing it: reconnect next time
                     raise ExecError(f"command timed out after {timeout_s:g} s", host=self.host)
                 select.select([chan], [], [], min(left, 0.5))
             code = chan.recv_exit_status()

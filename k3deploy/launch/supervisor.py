@@ -24,7 +24,7 @@ from k3deploy.launch.state import Attempt, Deployment, Failure, StateStore
 
 POLL_S = 1.0
 # Consecutive polls a host may be unreachable before it counts as failed (one SSH hiccup is not a death).
-UNREACHABLE_POLLS = 3
+UNREACHABLE_POLLS = 2
 OWNER_WAIT_S = 10.0
 
 

@@ -8,16 +8,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
-from k3deploy.errors import StateError
+from k3deploy.errors import ExecError, StateError
+from k3deploy.executors.base import CommandResult
+from k3deploy.executors.local import LocalExecutor
+from k3deploy.executors.target import ExecTarget
 from k3deploy.launch import deploy
 from k3deploy.launch.gang import GroupFailed
 from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.state import StateStore
+from k3deploy.launch.supervisor import Supervisor
 from k3deploy.planning.files import catalog_for, require_feasible
 from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids, wait_for
 
@@ -225,3 +230,56 @@ def _engine_pid(name: str, rank: int) -> int:
         if len(argv) > 1 and argv[1].endswith("fake_engine.py"):  # the wrapper only mentions it
             return pid
     raise AssertionError(f"no engine process for rank {rank}")
+
+
+def test_logs_follow_streams_until_the_deployment_stops(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    store, _ = launch_lib(topo)
+    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "logs", str(topo), "--follow", "--node", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "[1 localhost] fake engine rank 1 up\n"
+        deploy.stop(store, name)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "exited with status 143" in out  # followed to the end of the process
+
+
+class _Unreachable(LocalExecutor):
+    """A local node whose host stops answering once `down` is set."""
+
+    down = False
+
+    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
+        if _Unreachable.down:
+            raise ExecError("cannot connect after 3 attempts: timed out", host=self.host)
+        return super().run(command, timeout_s)
+
+
+def test_supervisor_treats_a_host_gone_silent_as_failed(tmp_path: Path, name: str) -> None:
+    nodes = [{"host": f"n{i}", "ip": f"127.0.0.{i + 1}", "iface": "lo"} for i in range(4)]
+    topo = fake_topology(tmp_path, name, nodes=4, launch={"executor": "local"})
+    doc = yaml.safe_load(topo.read_text())
+    doc["nodes"] = nodes
+    topo.write_text(yaml.safe_dump(doc))
+    store, _ = launch_lib(topo, background=False)  # this test process owns it and supervises in-process
+
+    def factory(target: ExecTarget) -> LocalExecutor:
+        return _Unreachable(target.host) if target.host == "n2" else LocalExecutor(target.host)
+
+    _Unreachable.down = True
+    try:
+        final = Supervisor(store, name, factory=factory, poll_s=0.1).run()
+    finally:
+        _Unreachable.down = False
+    assert final.status == "failed" and final.owner is None
+    assert final.failure is not None and (final.failure.rank, final.failure.host) == (2, "n2")
+    assert final.failure.cause.startswith("unreachable: n2: cannot connect")
+    assert [n.phase for n in final.nodes] == ["stopped", "stopped", "unknown", "stopped"]
+    assert tagged_pids(f"{name}.0.") == tagged_pids(f"{name}.1.") == tagged_pids(f"{name}.3.") == []
+    deploy.stop(store, name)  # the host is back: stop reaches it
+    assert tagged_pids(f"{name}.") == []
