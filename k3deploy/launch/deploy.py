@@ -1,6 +1,7 @@
 """Launch and stop a deployment: the library calls behind `k3deploy launch` and `k3deploy stop`."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -8,20 +9,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from k3deploy.errors import ExecError, StateError
+from k3deploy.errors import ExecError, LaunchError, StateError
 from k3deploy.executors.base import Executor, ProcessHandle
 from k3deploy.executors.fanout import FanOut
 from k3deploy.executors.target import ExecTarget, open_executor
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.procs import Identity
+from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
 
 ExecutorFactory = Callable[[ExecTarget], Executor]
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def open_gang(dep: Deployment, pool: FanOut, factory: ExecutorFactory, on_event: EventSink = ignore) -> Gang:
@@ -152,26 +154,37 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     if not background:
         return store.update(name, lambda d: d.model_copy(update={"owner": Identity.me("attach")}))
     with store.lock(name):
-        proc = spawn_supervisor(store, name)
-        dep = store.require(name).model_copy(update={"owner": Identity(
-            pid=proc.pid, start_ticks=_ticks(proc.pid), role="supervisor")})
-        store.save(dep)
-    return dep
-
-
-def _ticks(pid: int) -> int | None:
-    from k3deploy.launch.procs import start_ticks
-
-    return start_ticks(pid)
+        try:
+            proc = spawn_supervisor(store, name)
+        except OSError as exc:
+            proc = None
+            error = exc
+        if proc is not None:
+            dep = store.require(name).model_copy(update={"owner": Identity(
+                pid=proc.pid, start_ticks=start_ticks(proc.pid), role="supervisor")})
+            store.save(dep)
+            return dep
+    # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
+    with FanOut(len(jobs)) as pool:
+        gang = open_gang(store.require(name), pool, factory, on_event)
+        try:
+            teardown(gang, store, Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}"),
+                     status="failed", release_owner=True)
+        finally:
+            close_gang(gang)
+    raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
 
 
 def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
     """`python -m k3deploy.launch.supervisor STATE_FILE` in its own session, output to a local log."""
     log = store.directory / f"{name}.supervisor.log"
+    env = dict(os.environ)
+    # The same k3deploy as this process, installed or not (the supervisor runs from /).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "k3deploy.launch.supervisor", str(store.path(name))],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, cwd="/",
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, cwd="/", env=env,
         )  # fmt: skip
 
 

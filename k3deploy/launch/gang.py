@@ -119,7 +119,11 @@ class Gang:
             return Probe(job, alive, log)
 
         started = [j for j in self.jobs if j.rank in self.handles]
-        return [o.value for o in self.pool.map(one, started) if o.value is not None]
+        outs = self.pool.map(one, started)
+        for o in outs:
+            if o.error is not None:
+                raise o.error  # a bug, not a host problem: ExecError became a Probe above
+        return [o.value for o in outs if o.value is not None]
 
     def first_failure(self, probes: Sequence[Probe], unreachable_counts: bool = True) -> Failure | None:
         """The node that failed first: earliest exit (a node killed outright, with no exit record, first),
