@@ -1,4 +1,4 @@
-"""What the engine would decide at load time: the MoE kernel it runs and whether the model fits (planner arithmetic)."""
+"""Load-time decisions: the MoE kernel the engine runs and whether the model fits (planner arithmetic)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,15 @@ from k3deploy.sim.serve_config import ServeConfig
 
 Verdict = Literal["ok", "oom", "no_cache", "kv_short"]
 
-BLACKWELL_MXFP4_LINE = "Kimi-K3 on SM100/SM103/SM107: moe_runner_backend=flashinfer_mxfp4 (FlashInfer SiTU kernels)."
+BLACKWELL_MXFP4_LINE = (
+    "Kimi-K3 on SM100/SM103/SM107: moe_runner_backend=flashinfer_mxfp4 (FlashInfer SiTU kernels)."
+)
 VLLM_ACTIVATION = "silu"
 SGLANG_NO_MEMORY = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
-VLLM_NO_CACHE = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-                 "when initializing the engine.")
+VLLM_NO_CACHE = (
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+    "when initializing the engine."
+)
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
 _SSM_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -57,8 +61,12 @@ def moe_choice(cfg: ServeConfig, hw: HardwareSpec, *, wrong_kernel: bool = False
     asked = cfg.moe_backend
     if cfg.mimic == "vllm":
         if wrong_kernel:
-            return MoeChoice("triton", f"No Mxfp4 MoE backend supports activation={VLLM_ACTIVATION}. Falling back "
-                                       "to 'triton' with BF16 activations.", False)
+            return MoeChoice(
+                "triton",
+                f"No Mxfp4 MoE backend supports activation={VLLM_ACTIVATION}. Falling back "
+                "to 'triton' with BF16 activations.",
+                False,
+            )
         used = asked if asked != "auto" else ("flashinfer_trtllm" if hw.native_mxfp4 else "marlin")
         return MoeChoice(used, f"Using '{used}' Mxfp4 MoE backend.", False)
     if wrong_kernel:
@@ -66,7 +74,9 @@ def moe_choice(cfg: ServeConfig, hw: HardwareSpec, *, wrong_kernel: bool = False
         return MoeChoice(used, f"Kimi-K3 on {_sm(hw)}: moe_runner_backend={used} (asked for {asked}).", False)
     if asked == "marlin":
         # Modelled on the Blackwell line: SGLang names the kernel K3's experts run on.
-        return MoeChoice("marlin", f"Kimi-K3 on {_sm(hw)}: moe_runner_backend=marlin (Marlin W4A16 kernels).", False)
+        return MoeChoice(
+            "marlin", f"Kimi-K3 on {_sm(hw)}: moe_runner_backend=marlin (Marlin W4A16 kernels).", False
+        )
     if hw.native_mxfp4 and asked in ("auto", "flashinfer_mxfp4"):
         return MoeChoice("flashinfer_mxfp4", BLACKWELL_MXFP4_LINE, False)
     # SGLang `auto` (or any non-MXFP4 kernel) without FP4 tensor cores dequantizes experts to BF16, silently.
@@ -76,28 +86,45 @@ def moe_choice(cfg: ServeConfig, hw: HardwareSpec, *, wrong_kernel: bool = False
 def _memory_inputs(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, experts_bf16: bool) -> MemoryInputs:
     catalog = load_catalog()
     engine = catalog.engines[cfg.mimic]
-    reserve_gib = hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib
+    reserve_gib = (
+        hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib
+    )
     kv = _KV_DTYPES.get(cfg.kv_cache_dtype, "fp8")  # every other choice is an 8-bit (or smaller) format
     ratio = (cfg.pool_ratio or engine.mamba_full_memory_ratio_default) if cfg.mimic == "sglang" else None
     return MemoryInputs(
-        family=cfg.mimic, engine=engine, reserve_bytes=round(reserve_gib * GIB),
+        family=cfg.mimic,
+        engine=engine,
+        reserve_bytes=round(reserve_gib * GIB),
         mem_fraction=cfg.mem_fraction or engine.default_mem_fraction,
         kv_dtype=kv or model.cache.kv_cache_dtype,
         ssm_dtype=_SSM_DTYPES.get(cfg.ssm_dtype or "", model.cache.ssm_state_dtype),
-        prefix_cache=cfg.prefix_cache, prefix_cache_strategy=cfg.radix_cache_strategy,
-        max_running_requests=cfg.max_running_requests or 1, pool_ratio=ratio, experts_bf16=experts_bf16,
+        prefix_cache=cfg.prefix_cache,
+        prefix_cache_strategy=cfg.radix_cache_strategy,
+        max_running_requests=cfg.max_running_requests or 1,
+        pool_ratio=ratio,
+        experts_bf16=experts_bf16,
     )
 
 
 def engine_shape(cfg: ServeConfig, model: ModelSpec) -> Shape:
     """The parallel shape the flags describe (one sim process = one node = gpus_per_node GPUs)."""
-    return make_shape(cfg.mimic, tp=cfg.tp, ep=cfg.ep, dp=cfg.dp, pp=cfg.pp, dcp=cfg.dcp,
-                      attention_dp=cfg.attention_dp, nnodes=cfg.rendezvous.nnodes,
-                      gpus_per_node=cfg.gpus_per_node, num_experts=model.architecture.num_experts)
+    return make_shape(
+        cfg.mimic,
+        tp=cfg.tp,
+        ep=cfg.ep,
+        dp=cfg.dp,
+        pp=cfg.pp,
+        dcp=cfg.dcp,
+        attention_dp=cfg.attention_dp,
+        nnodes=cfg.rendezvous.nnodes,
+        gpus_per_node=cfg.gpus_per_node,
+        num_experts=model.architecture.num_experts,
+    )
 
 
-def _error(cfg: ServeConfig, verdict: Verdict, b: MemoryBudget, hw: HardwareSpec, ctx: int,
-           moe_layers: int) -> str | None:
+def _error(
+    cfg: ServeConfig, verdict: Verdict, b: MemoryBudget, hw: HardwareSpec, ctx: int, moe_layers: int
+) -> str | None:
     if verdict == "oom":
         return oom_line(b, hw, moe_layers)
     if verdict == "no_cache":
@@ -106,11 +133,14 @@ def _error(cfg: ServeConfig, verdict: Verdict, b: MemoryBudget, hw: HardwareSpec
         if cfg.mimic == "sglang":
             return f"{SGLANG_NO_MEMORY} (max_total_num_tokens={b.kv_tokens} < context_len={ctx})"
         need = ctx * b.mla_kv_bytes_per_token / GIB
-        return (f"ValueError: To serve at least one request with the models's max seq len ({ctx}), ({need:.2f} GiB "
-                f"KV cache is needed, which is larger than the available KV cache memory "
-                f"({b.kv_pool_bytes / GIB:.2f} GiB). Based on the available memory, the estimated maximum model "
-                f"length is {b.kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
-                "when initializing the engine.")
+        return (
+            "ValueError: To serve at least one request with the models's max seq len "
+            f"({ctx}), ({need:.2f} GiB "
+            f"KV cache is needed, which is larger than the available KV cache memory "
+            f"({b.kv_pool_bytes / GIB:.2f} GiB). Based on the available memory, the estimated maximum model "
+            f"length is {b.kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+            "when initializing the engine."
+        )
     return None
 
 
@@ -124,10 +154,13 @@ def oom_line(b: MemoryBudget, hw: HardwareSpec, moe_layers: int = 1) -> str:
         used = b.weights_bytes
         tried = b.usable_bytes - used + b.reserve_bytes
     free = b.usable_bytes - used
-    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried / GIB:.2f} GiB. GPU 0 has a total "
-            f"capacity of {hw.memory_gib:.2f} GiB of which {free / GIB:.2f} GiB is free. Including non-PyTorch memory, "
-            f"this process has {used / GIB:.2f} GiB memory in use. Of the allocated memory {used / GIB:.2f} GiB is "
-            "allocated by PyTorch, and 0.00 GiB is reserved by PyTorch but unallocated.")
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried / GIB:.2f} GiB. "
+        f"GPU 0 has a total capacity of {hw.memory_gib:.2f} GiB of which {free / GIB:.2f} GiB is free. "
+        f"Including non-PyTorch memory, this process has {used / GIB:.2f} GiB memory in use. "
+        f"Of the allocated memory {used / GIB:.2f} GiB is allocated by PyTorch, "
+        "and 0.00 GiB is reserved by PyTorch but unallocated."
+    )
 
 
 def admit(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, *, wrong_kernel: bool = False) -> Admission:
@@ -147,7 +180,15 @@ def admit(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, *, wrong_kernel:
     running = cfg.max_running_requests or b.state_requests
     if cfg.mimic == "sglang":
         running = min(running, b.state_requests) or running
-    return Admission(moe=moe, shape=shape, budget=b, hardware=hw, context_length=ctx,
-                     max_running_requests=max(running, 1), verdict=verdict,
-                     error=_error(cfg, verdict, b, hw, ctx, model.architecture.moe_layers),
-                     kv_dtype=inputs.kv_dtype, ssm_dtype=inputs.ssm_dtype)
+    return Admission(
+        moe=moe,
+        shape=shape,
+        budget=b,
+        hardware=hw,
+        context_length=ctx,
+        max_running_requests=max(running, 1),
+        verdict=verdict,
+        error=_error(cfg, verdict, b, hw, ctx, model.architecture.moe_layers),
+        kv_dtype=inputs.kv_dtype,
+        ssm_dtype=inputs.ssm_dtype,
+    )

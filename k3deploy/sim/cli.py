@@ -60,7 +60,7 @@ def _add_serve(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
         add_help=False,
-        help="run a stand-in engine node (tests and demos only, not a model server) with SGLang's or vLLM's flags",
+        help="run a stand-in engine node with SGLang's or vLLM's flags (tests and demos; not a model server)",
         usage=SERVE_USAGE,
     )
     parser.set_defaults(handler=_run_serve, passthrough=True)
@@ -81,8 +81,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     if mimic is None:
         # No valid --mimic: this parser prints the stand-in's help or argparse's error (exit 0 or 2).
         both = " or ".join(f"{m} {engine_version(m)}" for m in MIMICS)
-        generic = argparse.ArgumentParser(prog=PROG, usage=SERVE_USAGE, description=SERVE_DESCRIPTION.format(engine=both))
-        generic.add_argument("--mimic", choices=MIMICS, required=True, help="the engine whose flags and behaviour to copy")
+        generic = argparse.ArgumentParser(
+            prog=PROG, usage=SERVE_USAGE, description=SERVE_DESCRIPTION.format(engine=both)
+        )
+        generic.add_argument(
+            "--mimic", choices=MIMICS, required=True, help="the engine whose flags and behaviour to copy"
+        )
         generic.parse_args(argv)
         return 2
     from k3deploy.sim.serve import serve_main

@@ -84,13 +84,19 @@ def _try(convert: Callable[[str], Any], text: Any) -> Any:
 class _SwitchAction(argparse.Action):
     """A flag without a value whose negative spellings (--no-X, --disable-X for --enable-X) store False."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, negatives: frozenset[str] = frozenset(),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, negatives: frozenset[str] = frozenset(), **kwargs: Any
+    ) -> None:
         self.negatives = negatives
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, option_string not in self.negatives)
 
 
@@ -99,7 +105,8 @@ def _negatives(flags: list[str]) -> frozenset[str]:
     out = set()
     for flag in flags[1:]:
         swapped = (first.startswith("--enable-") and flag.startswith("--disable-")) or (
-            first.startswith("--disable-") and flag.startswith("--enable-"))
+            first.startswith("--disable-") and flag.startswith("--enable-")
+        )
         if flag.startswith("--no-") or swapped:
             out.add(flag)
     return frozenset(out)
@@ -143,15 +150,28 @@ def build_engine_parser(mimic: Mimic) -> argparse.ArgumentParser:
     """An argparse parser accepting exactly the mimicked engine's flags, plus --mimic."""
     table = flag_table(mimic)
     parser = argparse.ArgumentParser(
-        prog=PROG, usage=SERVE_USAGE, description=SERVE_DESCRIPTION.format(engine=table["engine"]))
-    parser.add_argument("--mimic", choices=MIMICS, required=True, help="the engine whose flags and behaviour to copy")
+        prog=PROG, usage=SERVE_USAGE, description=SERVE_DESCRIPTION.format(engine=table["engine"])
+    )
+    parser.add_argument(
+        "--mimic", choices=MIMICS, required=True, help="the engine whose flags and behaviour to copy"
+    )
     if mimic == "sglang":
         # `sglang serve MODEL` turns the positional into --model-path.
-        parser.add_argument("model_path_positional", nargs="?", metavar="MODEL_PATH", default=None,
-                            help="checkpoint directory with config.json (or use --model-path)")
+        parser.add_argument(
+            "model_path_positional",
+            nargs="?",
+            metavar="MODEL_PATH",
+            default=None,
+            help="checkpoint directory with config.json (or use --model-path)",
+        )
     else:
-        parser.add_argument("model_tag", nargs="?", metavar="MODEL_PATH", default=None,
-                            help="checkpoint directory with config.json")
+        parser.add_argument(
+            "model_tag",
+            nargs="?",
+            metavar="MODEL_PATH",
+            default=None,
+            help="checkpoint directory with config.json",
+        )
     for spec in table["arguments"]:
         _add_argument(parser, spec)
     return parser
@@ -190,8 +210,11 @@ def parse_engine_args(mimic: Mimic, argv: Sequence[str]) -> argparse.Namespace:
 def split_mimic(argv: Sequence[str]) -> Mimic | None:
     """The value of --mimic in argv (None when absent or not one of sglang|vllm)."""
     for i, arg in enumerate(argv):
-        value = arg.partition("=")[2] if arg.startswith("--mimic=") else (
-            argv[i + 1] if arg == "--mimic" and i + 1 < len(argv) else None)
+        value = (
+            arg.partition("=")[2]
+            if arg.startswith("--mimic=")
+            else (argv[i + 1] if arg == "--mimic" and i + 1 < len(argv) else None)
+        )
         if value in MIMICS:
             return value  # type: ignore[return-value]
     return None

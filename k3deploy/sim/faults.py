@@ -1,4 +1,4 @@
-"""Fault injection for tests: K3SIM_FAULT=name[:value][,name[:value]...], optionally only on K3SIM_FAULT_RANK."""
+"""Fault injection for tests: K3SIM_FAULT=name[:seconds][,...], only on K3SIM_FAULT_RANK when set."""
 
 from __future__ import annotations
 

@@ -26,10 +26,36 @@ from k3deploy.sim.tokens import (
 EFFORT_REASONING_WORDS = {"low": 48, "high": 96, "max": 192}
 DEFAULT_EFFORT = "max"
 ANSWER_WORDS = 12
-_FILLER = ("consider", "the", "request", "check", "each", "step", "then", "verify", "that", "answer",
-           "is", "consistent", "with", "what", "was", "asked", "and", "keep", "it", "short")
-_CALL_RE = re.compile(re.escape(TOOL_CALL_BEGIN) + r"(?P<id>.*?)" + re.escape(TOOL_ARGUMENT_BEGIN)
-                      + r"(?P<args>.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
+_FILLER = (
+    "consider",
+    "the",
+    "request",
+    "check",
+    "each",
+    "step",
+    "then",
+    "verify",
+    "that",
+    "answer",
+    "is",
+    "consistent",
+    "with",
+    "what",
+    "was",
+    "asked",
+    "and",
+    "keep",
+    "it",
+    "short",
+)
+_CALL_RE = re.compile(
+    re.escape(TOOL_CALL_BEGIN)
+    + r"(?P<id>.*?)"
+    + re.escape(TOOL_ARGUMENT_BEGIN)
+    + r"(?P<args>.*?)"
+    + re.escape(TOOL_CALL_END),
+    re.DOTALL,
+)
 _WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
@@ -66,8 +92,9 @@ def _fit(words: list[str], count: int, seed: bytes) -> str:
     return " ".join((words + _filler(seed, count))[:count])
 
 
-def wanted_tool(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                tool_choice: Any) -> dict[str, Any] | None:
+def wanted_tool(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, tool_choice: Any
+) -> dict[str, Any] | None:
     """The tool the model calls: named by tool_choice, required, or mentioned in the last user message."""
     if not tools or tool_choice == "none" or not messages or messages[-1].get("role") != "user":
         return None
@@ -102,8 +129,14 @@ def tool_arguments(fn: dict[str, Any], user_text: str) -> dict[str, Any]:
     return {name: _argument(props.get(name, {}), last_word) for name in names}
 
 
-def complete(messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
-             tool_choice: Any = None, effort: str | None = None, max_tokens: int | None = None) -> Completion:
+def complete(
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    effort: str | None = None,
+    max_tokens: int | None = None,
+) -> Completion:
     """The raw completion for a conversation, cut at max_tokens."""
     seed = json.dumps([messages, tools, tool_choice, effort], sort_keys=True, default=str).encode()
     last = messages[-1] if messages else {}
@@ -114,8 +147,10 @@ def complete(messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, An
     fn = wanted_tool(messages, tools, tool_choice)
     if fn is not None:
         args = json.dumps(tool_arguments(fn, asked), ensure_ascii=False)
-        tail = f"{TOOL_SECTION_BEGIN}{TOOL_CALL_BEGIN}functions.{fn.get('name')}:0{TOOL_ARGUMENT_BEGIN}{args}" \
-               f"{TOOL_CALL_END}{TOOL_SECTION_END}"
+        tail = (
+            f"{TOOL_SECTION_BEGIN}{TOOL_CALL_BEGIN}functions.{fn.get('name')}:0{TOOL_ARGUMENT_BEGIN}{args}"
+            f"{TOOL_CALL_END}{TOOL_SECTION_END}"
+        )
     else:
         tail = _fit(["Stand-in", "answer:", *_words(asked)[:6]], ANSWER_WORDS, seed + b"a")
     raw = f"{THINK_OPEN} {reasoning} {THINK_CLOSE}{tail}"
@@ -134,8 +169,14 @@ def _tool_calls(section: str) -> list[dict[str, Any]]:
     for i, m in enumerate(_CALL_RE.finditer(section)):
         call_id = m.group("id").strip()
         name = call_id.split(".", 1)[-1].rsplit(":", 1)[0]
-        calls.append({"id": call_id, "type": "function", "index": i,
-                      "function": {"name": name, "arguments": m.group("args").strip()}})
+        calls.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "index": i,
+                "function": {"name": name, "arguments": m.group("args").strip()},
+            }
+        )
     return calls
 
 
@@ -145,7 +186,7 @@ def parse(c: Completion, *, reasoning_parser: bool, tool_parser: bool) -> Parsed
     reasoning: str | None = None
     finish = c.finish_reason
     if reasoning_parser and c.raw.startswith(THINK_OPEN):
-        body = c.raw[len(THINK_OPEN):]
+        body = c.raw[len(THINK_OPEN) :]
         reasoning, closed, rest = body.partition(THINK_CLOSE)
         reasoning = reasoning.strip()
         content = rest if closed else None
@@ -156,4 +197,6 @@ def parse(c: Completion, *, reasoning_parser: bool, tool_parser: bool) -> Parsed
         if calls:
             content = before.strip() or None
             finish = "tool_calls" if finish == "stop" else finish
-    return ParsedMessage(content=content or None, reasoning=reasoning or None, tool_calls=calls, finish_reason=finish)
+    return ParsedMessage(
+        content=content or None, reasoning=reasoning or None, tool_calls=calls, finish_reason=finish
+    )

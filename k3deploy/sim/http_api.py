@@ -1,4 +1,4 @@
-"""The engine's HTTP surface on stdlib ThreadingHTTPServer: the head's API, or an SGLang worker's dummy /health."""
+"""The engine's HTTP surface on ThreadingHTTPServer: the head's API, or an SGLang worker's dummy /health."""
 
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ class _Handler(BaseHTTPRequestHandler):
         """Silence the stdlib's own access log (uvicorn's is written in _send)."""
 
     def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-        data = body if isinstance(body, bytes) else (
-            body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        data = (
+            body
+            if isinstance(body, bytes)
+            else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+        )
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -67,7 +70,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(min(length, MAX_BODY_BYTES)) if length else b""
         path = self.path.split("?", 1)[0]
         if path != "/v1/chat/completions":
-            status, body, kind = self.api.get(path) if path == "/ping" else (404, NOT_FOUND, "application/json")
+            status, body, kind = (
+                self.api.get(path) if path == "/ping" else (404, NOT_FOUND, "application/json")
+            )
             self._send(status, body, kind)
             return
         service = self.api.service
@@ -92,8 +97,14 @@ class _Handler(BaseHTTPRequestHandler):
 class ApiServer:
     """Routes and the listening socket; `service` is None on an SGLang worker (dummy /health only)."""
 
-    def __init__(self, service: ChatService | None, log: EngineLog, host: str, port: int,
-                 server_info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        service: ChatService | None,
+        log: EngineLog,
+        host: str,
+        port: int,
+        server_info: dict[str, Any] | None = None,
+    ) -> None:
         self.service = service
         self.log = log
         self.server_info = server_info or {}
@@ -118,10 +129,14 @@ class ApiServer:
         json_type = "application/json"
         s = self.service
         if s is None:  # SGLang worker nodes: a dummy health server that always says yes
-            return (200, b"", "text/plain") if path in ("/health", "/health_generate") else (404, NOT_FOUND, json_type)
+            return (
+                (200, b"", "text/plain")
+                if path in ("/health", "/health_generate")
+                else (404, NOT_FOUND, json_type)
+            )
         sglang = s.cfg.mimic == "sglang"
         healthy = s.state == "ready" or (sglang and s.state == "stalled")
-        if path in ("/health", "/ping") and (sglang or path == "/health" or s.cfg.mimic == "vllm"):
+        if path == "/health" or (path == "/ping" and not sglang):
             return (200, b"", "text/plain") if healthy else (503, b"", "text/plain")
         if sglang and path in ("/health_generate", "/ready"):
             if path == "/health_generate" and s.state == "stalled":
@@ -135,11 +150,21 @@ class ApiServer:
         if path == "/metrics" and (s.cfg.metrics or not sglang):
             body = render_metrics(s.cfg.mimic, s.stats, s.cfg.served_model_name)
             return 200, body, "text/plain; version=0.0.4; charset=utf-8"
-        if path in ("/server_info", "/get_server_info") and (sglang or os.environ.get("VLLM_SERVER_DEV_MODE") == "1"):
+        if path in ("/server_info", "/get_server_info") and (
+            sglang or os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+        ):
             return 200, self.server_info, json_type
         if sglang and path in ("/model_info", "/get_model_info"):
-            return 200, {"model_path": s.cfg.model_path, "tokenizer_path": s.cfg.model_path, "is_generation": True,
-                         "preferred_sampling_params": None}, json_type
+            return (
+                200,
+                {
+                    "model_path": s.cfg.model_path,
+                    "tokenizer_path": s.cfg.model_path,
+                    "is_generation": True,
+                    "preferred_sampling_params": None,
+                },
+                json_type,
+            )
         if not sglang and path == "/version":
             return 200, {"version": s.cfg.version}, json_type
         return 404, NOT_FOUND, json_type

@@ -59,7 +59,9 @@ class SimNode:
                 match = regex.search(self.text())  # it may have logged the line just before exiting
                 if match:
                     return match
-                raise NodeTimeout(f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n{self._tail()}")
+                raise NodeTimeout(
+                    f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n{self._tail()}"
+                )
             time.sleep(POLL_S)
         raise NodeTimeout(f"{self.name}: no /{pattern}/ within {timeout_s} s:\n{self._tail()}")
 
@@ -84,16 +86,23 @@ class SimNode:
                 pass
 
 
-def start_node(name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> SimNode:
+def start_node(
+    name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> SimNode:
     """Start `python -m k3deploy.sim serve ARGV` in a new session with its output in log_path."""
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), full_env.get("PYTHONPATH")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
-        popen = subprocess.Popen([sys.executable, "-m", "k3deploy.sim", "serve", *argv], stdout=log,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                 start_new_session=True)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "k3deploy.sim", "serve", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
+        )
     return SimNode(name=name, popen=popen, log_path=log_path)
 
 
@@ -102,20 +111,71 @@ def node_ip(rank: int) -> str:
     return f"127.0.0.{rank + 1}"
 
 
-def sglang_node_argv(model_path: Path | str, *, rank: int, nnodes: int, dist_port: int, http_port: int,
-                     timeout_s: int = 30, extra: Sequence[str] = ()) -> list[str]:
+def sglang_node_argv(
+    model_path: Path | str,
+    *,
+    rank: int,
+    nnodes: int,
+    dist_port: int,
+    http_port: int,
+    timeout_s: int = 30,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The SGLang command line k3deploy renders for node `rank` of a loopback cluster (tp = nnodes)."""
-    return ["--mimic", "sglang", str(model_path), "--tp-size", str(nnodes), "--ep-size", str(nnodes),
-            "--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", f"{node_ip(0)}:{dist_port}",
-            "--dist-timeout", str(timeout_s), "--host", "0.0.0.0", "--port", str(http_port), *extra]
+    return [
+        "--mimic",
+        "sglang",
+        str(model_path),
+        "--tp-size",
+        str(nnodes),
+        "--ep-size",
+        str(nnodes),
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(rank),
+        "--dist-init-addr",
+        f"{node_ip(0)}:{dist_port}",
+        "--dist-timeout",
+        str(timeout_s),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(http_port),
+        *extra,
+    ]
 
 
-def vllm_node_argv(model_path: Path | str, *, rank: int, nnodes: int, dist_port: int, http_port: int,
-                   extra: Sequence[str] = ()) -> list[str]:
+def vllm_node_argv(
+    model_path: Path | str,
+    *,
+    rank: int,
+    nnodes: int,
+    dist_port: int,
+    http_port: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """vLLM's multi-node form (one TP group across nodes; --headless on workers)."""
-    argv = ["--mimic", "vllm", str(model_path), "--tensor-parallel-size", str(nnodes), "--nnodes", str(nnodes),
-            "--node-rank", str(rank), "--master-addr", node_ip(0), "--master-port", str(dist_port),
-            "--host", "0.0.0.0", "--port", str(http_port), *extra]
+    argv = [
+        "--mimic",
+        "vllm",
+        str(model_path),
+        "--tensor-parallel-size",
+        str(nnodes),
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        node_ip(0),
+        "--master-port",
+        str(dist_port),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(http_port),
+        *extra,
+    ]
     return argv + (["--headless"] if rank > 0 else [])
 
 

@@ -1,4 +1,4 @@
-"""Log lines in the mimicked engine's own format: SGLang's `[time DPx PPx TPx EPx]`, vLLM's `INFO mm-dd hh:mm:ss [file:line]`."""
+"""Log lines in the engine's format: SGLang `[time DPx PPx TPx EPx]`, vLLM `INFO mm-dd hh:mm:ss [file:n]`."""
 
 from __future__ import annotations
 
@@ -27,16 +27,23 @@ class Ranks:
     world_size: int
 
 
-def first_gpu_ranks(node_rank: int, gpus_per_node: int, *, tp: int, pp: int, ep: int, dp: int,
-                    attention_dp: bool, nnodes: int) -> Ranks:
+def first_gpu_ranks(
+    node_rank: int, gpus_per_node: int, *, tp: int, pp: int, ep: int, dp: int, attention_dp: bool, nnodes: int
+) -> Ranks:
     """Ranks of GPU 0 of a node when GPUs are numbered node by node, TP fastest."""
     world_rank = node_rank * gpus_per_node
     tp_rank = world_rank % tp
     pp_rank = (world_rank // tp) % pp
     ep_rank = tp_rank // max(tp // max(ep, 1), 1)
     dp_rank = tp_rank // max(tp // dp, 1) if attention_dp else (world_rank // (tp * pp)) % max(dp, 1)
-    return Ranks(dp=dp_rank, pp=pp_rank, tp=tp_rank, ep=ep_rank, world_rank=world_rank,
-                 world_size=gpus_per_node * nnodes)
+    return Ranks(
+        dp=dp_rank,
+        pp=pp_rank,
+        tp=tp_rank,
+        ep=ep_rank,
+        world_rank=world_rank,
+        world_size=gpus_per_node * nnodes,
+    )
 
 
 class EngineLog:
@@ -62,7 +69,9 @@ class EngineLog:
         proc = "APIServer" if source == "server" else f"EngineCore_DP{self.ranks.dp}"
         return f"({proc} pid={self._pid}) {level} {stamp} [{where}] "
 
-    def line(self, message: str, *, source: Source = "rank", level: Level = "INFO", where: str = "core.py:100") -> None:
+    def line(
+        self, message: str, *, source: Source = "rank", level: Level = "INFO", where: str = "core.py:100"
+    ) -> None:
         """Write one message (each physical line gets the prefix)."""
         prefix = self._prefix(source, level, where)
         text = "".join(f"{prefix}{part}\n" for part in message.split("\n"))

@@ -17,15 +17,27 @@ INDEX_FILE = "model.safetensors.index.json"
 _SOURCE = "k3deploy.sim: read from config.json"
 # Architecture field -> key inside text_config (or inside its linear_attn_config when prefixed "lin.").
 _FIELDS = {
-    "num_hidden_layers": "num_hidden_layers", "first_k_dense_replace": "first_k_dense_replace",
-    "kda_layers": "lin.kda_layers", "full_attn_layers": "lin.full_attn_layers", "hidden_size": "hidden_size",
-    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
-    "kda_num_heads": "lin.num_heads", "kda_head_dim": "lin.head_dim",
-    "short_conv_kernel_size": "lin.short_conv_kernel_size", "q_lora_rank": "q_lora_rank",
-    "kv_lora_rank": "kv_lora_rank", "qk_rope_head_dim": "qk_rope_head_dim", "qk_nope_head_dim": "qk_nope_head_dim",
-    "v_head_dim": "v_head_dim", "vocab_size": "vocab_size", "num_experts": "num_experts",
-    "num_experts_per_token": "num_experts_per_token", "num_shared_experts": "num_shared_experts",
-    "moe_intermediate_size": "moe_intermediate_size", "routed_expert_hidden_size": "routed_expert_hidden_size",
+    "num_hidden_layers": "num_hidden_layers",
+    "first_k_dense_replace": "first_k_dense_replace",
+    "kda_layers": "lin.kda_layers",
+    "full_attn_layers": "lin.full_attn_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_key_value_heads",
+    "kda_num_heads": "lin.num_heads",
+    "kda_head_dim": "lin.head_dim",
+    "short_conv_kernel_size": "lin.short_conv_kernel_size",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "vocab_size": "vocab_size",
+    "num_experts": "num_experts",
+    "num_experts_per_token": "num_experts_per_token",
+    "num_shared_experts": "num_shared_experts",
+    "moe_intermediate_size": "moe_intermediate_size",
+    "routed_expert_hidden_size": "routed_expert_hidden_size",
     "max_position_embeddings": "max_position_embeddings",
 }
 
@@ -40,7 +52,9 @@ def read_config(model_path: str | Path) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ModelError(f"OSError: {model_path} does not appear to have a file named {CONFIG_FILE}.") from exc
+        raise ModelError(
+            f"OSError: {model_path} does not appear to have a file named {CONFIG_FILE}."
+        ) from exc
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read {path}: {exc}") from exc
     return data
@@ -69,9 +83,13 @@ def config_for(model: ModelSpec) -> dict[str, Any]:
         else:
             text[key] = value
     fmt = "mxfp4-pack-quantized" if model.weights.expert_format == "mxfp4" else model.weights.expert_format
-    return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": arch.model_type,
-            "_name_or_path": model.hub_repo, "text_config": text,
-            "quantization_config": {"quant_method": "compressed-tensors", "format": fmt, "group_size": 32}}
+    return {
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": arch.model_type,
+        "_name_or_path": model.hub_repo,
+        "text_config": text,
+        "quantization_config": {"quant_method": "compressed-tensors", "format": fmt, "group_size": 32},
+    }
 
 
 def _expert_format(config: Mapping[str, Any]) -> str:
@@ -86,14 +104,28 @@ def _ad_hoc(config: dict[str, Any], fields: dict[str, Any]) -> ModelSpec:
     sizes = payload_bytes(config)
     numeric = [k for k, v in fields.items() if not isinstance(v, str)]
     arch = Architecture(**fields, sources=dict.fromkeys(numeric, _SOURCE))
-    weights = Weights(expert_format="mxfp4", expert_bits_per_weight=4.25, total_bytes=sizes["total"],
-                      routed_expert_bytes=sizes["routed_experts"], shard_count=1,
-                      sources=dict.fromkeys(("expert_bits_per_weight", "total_bytes", "routed_expert_bytes",
-                                             "shard_count"), _SOURCE))
+    weights = Weights(
+        expert_format="mxfp4",
+        expert_bits_per_weight=4.25,
+        total_bytes=sizes["total"],
+        routed_expert_bytes=sizes["routed_experts"],
+        shard_count=1,
+        sources=dict.fromkeys(
+            ("expert_bits_per_weight", "total_bytes", "routed_expert_bytes", "shard_count"), _SOURCE
+        ),
+    )
     cache = CacheDtypes(kv_cache_dtype="bf16", ssm_state_dtype="fp32", conv_state_dtype="bf16", sources={})
     name = str(config.get("_name_or_path") or "k3-shaped")
-    return ModelSpec(id=name, name=name, hub_repo=name, architecture=arch, weights=weights, cache=cache,
-                     sources={"total": _SOURCE})
+    return ModelSpec(
+        id=name,
+        name=name,
+        hub_repo=name,
+        architecture=arch,
+        weights=weights,
+        cache=cache,
+        quantization=None,
+        sources={"total": _SOURCE},
+    )
 
 
 def model_spec(config: dict[str, Any]) -> ModelSpec:
@@ -103,8 +135,9 @@ def model_spec(config: dict[str, Any]) -> ModelSpec:
         missing = sorted(k for k, v in fields.items() if v is None)
         raise ModelError(f"config.json is not a Kimi K3 config (missing {', '.join(missing)})")
     name, fmt = config.get("_name_or_path"), _expert_format(config)
-    matches = [m for m in load_catalog().models.values()
-               if m.architecture.model_dump(exclude={"sources"}) == fields]
+    matches = [
+        m for m in load_catalog().models.values() if m.architecture.model_dump(exclude={"sources"}) == fields
+    ]
     matches.sort(key=lambda m: (name not in (m.id, m.hub_repo), m.weights.expert_format != fmt))
     return matches[0] if matches else _ad_hoc(config, fields)
 
@@ -114,7 +147,9 @@ def hardware(env: Mapping[str, str]) -> HardwareSpec:
     gpu = env.get(GPU_ENV) or DEFAULT_GPU
     catalog = load_catalog()
     if gpu not in catalog.hardware:
-        raise ModelError(f"{GPU_ENV}={gpu} is not a hardware catalog id (known: {', '.join(sorted(catalog.hardware))})")
+        raise ModelError(
+            f"{GPU_ENV}={gpu} is not a hardware catalog id (known: {', '.join(sorted(catalog.hardware))})"
+        )
     return catalog.hardware[gpu]
 
 

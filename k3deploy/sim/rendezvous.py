@@ -75,8 +75,10 @@ class NodeGroup:
 
     def describe(self) -> str:
         """Where this node rendezvouses, for error lines."""
-        return (f"node rank {self.rdv.node_rank} of {self.rdv.nnodes} at {self.init_method} "
-                f"({IFNAME_ENV}={self.ifname})")
+        return (
+            f"node rank {self.rdv.node_rank} of {self.rdv.nnodes} at {self.init_method} "
+            f"({IFNAME_ENV}={self.ifname})"
+        )
 
     def _timeout(self, seconds: float) -> datetime.timedelta:
         return datetime.timedelta(seconds=max(seconds, 0.1))
@@ -95,8 +97,13 @@ class NodeGroup:
             self.load()
         torch, dist = self._torch, self._dist
         rdv = self.rdv
-        dist.init_process_group("gloo", init_method=self.init_method, rank=rdv.node_rank,
-                                world_size=rdv.nnodes, timeout=self._timeout(rdv.timeout_s))
+        dist.init_process_group(
+            "gloo",
+            init_method=self.init_method,
+            rank=rdv.node_rank,
+            world_size=rdv.nnodes,
+            timeout=self._timeout(rdv.timeout_s),
+        )
         value = torch.tensor([float(rdv.node_rank + 1)])
         dist.all_reduce(value, async_op=True).wait(self._timeout(rdv.timeout_s))
         return float(value.item())
@@ -108,17 +115,20 @@ class NodeGroup:
         work.wait(self._timeout(timeout_s))
         return int(value.item())
 
-    def start_heartbeat(self, on_lost: Callable[[int, str], None]) -> threading.Thread:
+    def start_heartbeat(self, on_lost: Callable[[int, str], None], lifetime_s: float) -> threading.Thread:
         """Beat head <-> each worker in a daemon thread; on_lost(rank, cause) once, then the beat stops."""
         target = self._beat_head if self.rdv.node_rank == 0 else self._beat_worker
-        thread = threading.Thread(target=target, args=(on_lost,), name="k3sim-heartbeat", daemon=True)
+        deadline = time.monotonic() + lifetime_s
+        thread = threading.Thread(
+            target=target, args=(on_lost, deadline), name="k3sim-heartbeat", daemon=True
+        )
         thread.start()
         return thread
 
-    def _beat_head(self, on_lost: Callable[[int, str], None]) -> None:
+    def _beat_head(self, on_lost: Callable[[int, str], None], deadline: float) -> None:
         dist, beat = self._dist, self._torch.zeros(1)
         wait = self._timeout(WORKER_SILENCE_S)
-        while True:  # lives as long as the server; ends at the first lost worker
+        while time.monotonic() < deadline:  # the server's lifetime; ends early at the first lost worker
             for rank in range(1, self.rdv.nnodes):
                 try:
                     dist.irecv(beat, src=rank).wait(wait)
@@ -128,10 +138,10 @@ class NodeGroup:
                     return
             time.sleep(HEARTBEAT_INTERVAL_S)
 
-    def _beat_worker(self, on_lost: Callable[[int, str], None]) -> None:
+    def _beat_worker(self, on_lost: Callable[[int, str], None], deadline: float) -> None:
         dist, beat = self._dist, self._torch.zeros(1)
         wait = self._timeout(HEAD_SILENCE_S)
-        while True:  # lives as long as the server; ends when the head is gone
+        while time.monotonic() < deadline:  # the server's lifetime; ends early when the head is gone
             try:
                 dist.isend(beat, dst=0).wait(wait)
                 dist.irecv(beat, src=0).wait(wait)

@@ -130,19 +130,40 @@ def _sglang(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     strategy = "extra_buffer" if ns.mamba_radix_cache_strategy == "auto" else ns.mamba_radix_cache_strategy
     node_ip = env.get("SGLANG_HOST_IP") or env.get("HOST_IP")
     return ServeConfig(
-        mimic="sglang", version=engine_version("sglang"), model_path=ns.model_path,
-        served_model_name=ns.served_model_name or ns.model_path, bind_host=bind_address(ns.host, node_ip),
-        port=ns.port, serves_api=rank == 0, dummy_health=rank > 0,
+        mimic="sglang",
+        version=engine_version("sglang"),
+        model_path=ns.model_path,
+        served_model_name=ns.served_model_name or ns.model_path,
+        bind_host=bind_address(ns.host, node_ip),
+        port=ns.port,
+        serves_api=rank == 0,
+        dummy_health=rank > 0,
         rendezvous=Rendezvous(host, port, rank, nnodes, timeout_s),
-        tp=ns.tp_size, ep=ns.ep_size, pp=ns.pp_size, dp=dp, dcp=ns.dcp_size, attention_dp=attention_dp,
-        gpus_per_node=max(1, gpus // max(nnodes, 1)), mem_fraction=ns.mem_fraction_static,
-        context_length=ns.context_length, max_running_requests=ns.max_running_requests,
-        pool_ratio=ns.mamba_full_memory_ratio, kv_cache_dtype=ns.kv_cache_dtype, ssm_dtype=ns.mamba_ssm_dtype,
-        prefix_cache=not ns.disable_radix_cache, radix_cache_strategy=strategy, prefix_match_unit=None,
-        moe_backend=ns.moe_runner_backend, decode_attention_backend=ns.decode_attention_backend,
-        reasoning_parser=ns.reasoning_parser, tool_parser=ns.tool_call_parser, auto_tool_choice=True,
-        cache_report=ns.enable_cache_report, metrics=ns.enable_metrics,
-        chunked_prefill_size=ns.chunked_prefill_size, max_prefill_tokens=ns.max_prefill_tokens,
+        tp=ns.tp_size,
+        ep=ns.ep_size,
+        pp=ns.pp_size,
+        dp=dp,
+        dcp=ns.dcp_size,
+        attention_dp=attention_dp,
+        gpus_per_node=max(1, gpus // max(nnodes, 1)),
+        mem_fraction=ns.mem_fraction_static,
+        context_length=ns.context_length,
+        max_running_requests=ns.max_running_requests,
+        pool_ratio=ns.mamba_full_memory_ratio,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        ssm_dtype=ns.mamba_ssm_dtype,
+        prefix_cache=not ns.disable_radix_cache,
+        radix_cache_strategy=strategy,
+        prefix_match_unit=None,
+        moe_backend=ns.moe_runner_backend,
+        decode_attention_backend=ns.decode_attention_backend,
+        reasoning_parser=ns.reasoning_parser,
+        tool_parser=ns.tool_call_parser,
+        auto_tool_choice=True,
+        cache_report=ns.enable_cache_report,
+        metrics=ns.enable_metrics,
+        chunked_prefill_size=ns.chunked_prefill_size,
+        max_prefill_tokens=ns.max_prefill_tokens,
         args={k: _jsonable(v) for k, v in vars(ns).items() if k != "model_path_positional"},
     )
 
@@ -152,31 +173,47 @@ def _check_vllm_parsers(ns: argparse.Namespace) -> None:
     for dest, what in (("reasoning_parser", "reasoning parser"), ("tool_call_parser", "tool call parser")):
         name = getattr(ns, dest)
         if name and name not in registries[dest]:
-            raise ConfigError(f"KeyError: 'invalid {what}: {name} (chose from {{ {','.join(registries[dest])} }})'")
+            raise ConfigError(
+                f"KeyError: 'invalid {what}: {name} (chose from {{ {','.join(registries[dest])} }})'"
+            )
     if ns.enable_auto_tool_choice and not ns.tool_call_parser:
         raise ConfigError("TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser")
 
 
 def _vllm_rendezvous(ns: argparse.Namespace, env: Mapping[str, str]) -> Rendezvous:
-    timeout_s = float(ns.distributed_timeout_seconds or env.get("VLLM_ENGINE_READY_TIMEOUT_S")
-                      or VLLM_DEFAULT_READY_TIMEOUT_S)
+    timeout_s = float(
+        ns.distributed_timeout_seconds
+        or env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+        or VLLM_DEFAULT_READY_TIMEOUT_S
+    )
     dp_form = ns.data_parallel_size_local is not None or ns.data_parallel_address is not None
     if ns.nnodes > 1:
         if dp_form and ns.headless and ns.data_parallel_size_local % ns.nnodes:
-            raise ConfigError(f"ValueError: data_parallel_size_local ({ns.data_parallel_size_local}) must be divisible "
-                              f"by nnodes ({ns.nnodes})")
+            raise ConfigError(
+                f"ValueError: data_parallel_size_local ({ns.data_parallel_size_local}) must be divisible "
+                f"by nnodes ({ns.nnodes})"
+            )
         world = ns.data_parallel_size * ns.pipeline_parallel_size * ns.tensor_parallel_size
         if world % ns.nnodes:
-            raise ConfigError(f"ValueError: world size DP x PP x TP ({world}) must be divisible by nnodes ({ns.nnodes})")
+            raise ConfigError(
+                f"ValueError: world size DP x PP x TP ({world}) must be divisible by nnodes ({ns.nnodes})"
+            )
         return Rendezvous(ns.master_addr, ns.master_port, ns.node_rank, ns.nnodes, timeout_s)
     if dp_form:
         local = ns.data_parallel_size_local or ns.data_parallel_size
         if ns.data_parallel_size % local:
-            raise ConfigError(f"ValueError: data_parallel_size ({ns.data_parallel_size}) must be divisible by "
-                              f"data_parallel_size_local ({local})")
+            raise ConfigError(
+                f"ValueError: data_parallel_size ({ns.data_parallel_size}) must be divisible by "
+                f"data_parallel_size_local ({local})"
+            )
         start = ns.data_parallel_start_rank or 0
-        return Rendezvous(ns.data_parallel_address or "127.0.0.1", ns.data_parallel_rpc_port
-                          or VLLM_DEFAULT_DP_RPC_PORT, start // local, ns.data_parallel_size // local, timeout_s)
+        return Rendezvous(
+            ns.data_parallel_address or "127.0.0.1",
+            ns.data_parallel_rpc_port or VLLM_DEFAULT_DP_RPC_PORT,
+            start // local,
+            ns.data_parallel_size // local,
+            timeout_s,
+        )
     return Rendezvous("127.0.0.1", 0, 0, 1, timeout_s)
 
 
@@ -190,18 +227,40 @@ def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     max_len = ns.max_model_len if ns.max_model_len and ns.max_model_len > 0 else None
     ssm = None if ns.mamba_ssm_cache_dtype == "auto" else ns.mamba_ssm_cache_dtype
     return ServeConfig(
-        mimic="vllm", version=engine_version("vllm"), model_path=ns.model_tag, served_model_name=served,
-        bind_host=bind_address(ns.host, env.get("VLLM_HOST_IP")), port=ns.port, serves_api=not ns.headless,
-        dummy_health=False, rendezvous=rdv, tp=tp, ep=tp * dp if ns.enable_expert_parallel else 1, pp=pp, dp=dp,
-        dcp=ns.decode_context_parallel_size, attention_dp=False, gpus_per_node=max(1, gpus),
-        mem_fraction=ns.gpu_memory_utilization, context_length=max_len,
-        max_running_requests=ns.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS, pool_ratio=None,
-        kv_cache_dtype=ns.kv_cache_dtype, ssm_dtype=ssm, prefix_cache=ns.enable_prefix_caching is True,
-        radix_cache_strategy="enabled", prefix_match_unit=int(ns.prefix_match_unit) if ns.prefix_match_unit
-        else None, moe_backend=ns.moe_backend, decode_attention_backend=ns.attention_backend,
-        reasoning_parser=ns.reasoning_parser or None, tool_parser=ns.tool_call_parser,
-        auto_tool_choice=ns.enable_auto_tool_choice, cache_report=ns.enable_prompt_tokens_details, metrics=True,
-        chunked_prefill_size=ns.max_num_batched_tokens, max_prefill_tokens=ns.max_num_batched_tokens,
+        mimic="vllm",
+        version=engine_version("vllm"),
+        model_path=ns.model_tag,
+        served_model_name=served,
+        bind_host=bind_address(ns.host, env.get("VLLM_HOST_IP")),
+        port=ns.port,
+        serves_api=not ns.headless,
+        dummy_health=False,
+        rendezvous=rdv,
+        tp=tp,
+        ep=tp * dp if ns.enable_expert_parallel else 1,
+        pp=pp,
+        dp=dp,
+        dcp=ns.decode_context_parallel_size,
+        attention_dp=False,
+        gpus_per_node=max(1, gpus),
+        mem_fraction=ns.gpu_memory_utilization,
+        context_length=max_len,
+        max_running_requests=ns.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS,
+        pool_ratio=None,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        ssm_dtype=ssm,
+        prefix_cache=ns.enable_prefix_caching is True,
+        radix_cache_strategy="enabled",
+        prefix_match_unit=int(ns.prefix_match_unit) if ns.prefix_match_unit else None,
+        moe_backend=ns.moe_backend,
+        decode_attention_backend=ns.attention_backend,
+        reasoning_parser=ns.reasoning_parser or None,
+        tool_parser=ns.tool_call_parser,
+        auto_tool_choice=ns.enable_auto_tool_choice,
+        cache_report=ns.enable_prompt_tokens_details,
+        metrics=True,
+        chunked_prefill_size=ns.max_num_batched_tokens,
+        max_prefill_tokens=ns.max_num_batched_tokens,
         args={k: _jsonable(v) for k, v in vars(ns).items()},
     )
 

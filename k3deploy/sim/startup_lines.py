@@ -1,4 +1,4 @@
-"""The mimicked engine's start-up messages (format strings from the engines' sources), filled from the admission."""
+"""The mimicked engine's start-up messages (its own format strings), filled from the admission."""
 
 from __future__ import annotations
 
@@ -11,12 +11,21 @@ from k3deploy.sim.serve_config import ServeConfig
 MODEL_CLASS = "KimiK3ForConditionalGeneration"
 SGLANG_DEFAULT_CHUNKED_PREFILL = 8192
 FLASHMLA_PAGE_LINE = "FlashMLA only supports a page_size of 64, change page_size to 64."
-_TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.float8_e4m3fn", "fp32": "torch.float32"}
+_TORCH_DTYPES = {
+    "bf16": "torch.bfloat16",
+    "fp16": "torch.float16",
+    "fp8": "torch.float8_e4m3fn",
+    "fp32": "torch.float32",
+}
 _TRACEBACK = {
-    "sglang": ('  File "sglang/srt/managers/scheduler.py", line 3012, in run_scheduler_process\n'
-               '  File "sglang/srt/model_executor/model_runner.py", line 862, in load_model'),
-    "vllm": ('  File "vllm/v1/engine/core.py", line 726, in run_engine_core\n'
-             '  File "vllm/v1/worker/gpu_model_runner.py", line 3120, in load_model'),
+    "sglang": (
+        '  File "sglang/srt/managers/scheduler.py", line 3012, in run_scheduler_process\n'
+        '  File "sglang/srt/model_executor/model_runner.py", line 862, in load_model'
+    ),
+    "vllm": (
+        '  File "vllm/v1/engine/core.py", line 726, in run_engine_core\n'
+        '  File "vllm/v1/worker/gpu_model_runner.py", line 3120, in load_model'
+    ),
 }
 
 
@@ -36,8 +45,11 @@ def server_args_line(cfg: ServeConfig) -> str:
 
 def failure_block(cfg: ServeConfig, exception_line: str) -> str:
     """The engine's crash report: its heading, a short traceback and the exception line."""
-    heading = "Scheduler hit an exception: Traceback (most recent call last):" if cfg.mimic == "sglang" else (
-        "EngineCore failed to start.\nTraceback (most recent call last):")
+    heading = (
+        "Scheduler hit an exception: Traceback (most recent call last):"
+        if cfg.mimic == "sglang"
+        else ("EngineCore failed to start.\nTraceback (most recent call last):")
+    )
     return f"{heading}\n{_TRACEBACK[cfg.mimic]}\n{exception_line}"
 
 
@@ -45,19 +57,25 @@ def vllm_headless_line(cfg: ServeConfig) -> str:
     """vLLM's headless launch line for the multi-node form in use."""
     host = cfg.rendezvous.host
     if int(cfg.args.get("nnodes", 1) or 1) > 1:
-        return (f"Launching vLLM (v{cfg.version}) headless multiproc executor, with head node address {host} "
-                "for torch.distributed process group.")
+        return (
+            f"Launching vLLM (v{cfg.version}) headless multiproc executor, with head node address {host} "
+            "for torch.distributed process group."
+        )
     local = cfg.args.get("data_parallel_size_local") or 1
     return f"Launching {local} data parallel engine(s) in headless mode, with head node address {host}."
 
 
 def vllm_rank_lines(cfg: ServeConfig, ranks: Ranks, init_method: str) -> list[str]:
     """vLLM's world and rank-assignment lines for the node's first GPU."""
-    world = (f"world_size={ranks.world_size} rank={ranks.world_rank} local_rank=0 "
-             f"distributed_init_method={init_method} backend=gloo")
-    assigned = (f"rank {ranks.world_rank} in world size {ranks.world_size} is assigned as DP rank {ranks.dp}, "
-                f"PP rank {ranks.pp}, PCP rank 0, TP rank {ranks.tp}, ETP rank 0, EP rank {ranks.ep}, "
-                f"EPLB rank {ranks.ep}")
+    world = (
+        f"world_size={ranks.world_size} rank={ranks.world_rank} local_rank=0 "
+        f"distributed_init_method={init_method} backend=gloo"
+    )
+    assigned = (
+        f"rank {ranks.world_rank} in world size {ranks.world_size} is assigned as DP rank {ranks.dp}, "
+        f"PP rank {ranks.pp}, PCP rank 0, TP rank {ranks.tp}, ETP rank 0, EP rank {ranks.ep}, "
+        f"EPLB rank {ranks.ep}"
+    )
     return [world, assigned]
 
 
@@ -68,30 +86,40 @@ def vllm_ep_line(adm: Admission, ranks: Ranks, model: ModelSpec) -> str | None:
         return None
     local = experts // ep
     first = ranks.ep * local
-    return (f"[EP Rank {ranks.ep}/{ep}] Expert parallelism is enabled. Expert placement strategy: linear. "
-            f"Local/global number of experts: {local}/{experts}. Experts local to global index map: "
-            f"0->{first}, ..., {local - 1}->{first + local - 1}.")
+    return (
+        f"[EP Rank {ranks.ep}/{ep}] Expert parallelism is enabled. Expert placement strategy: linear. "
+        f"Local/global number of experts: {local}/{experts}. Experts local to global index map: "
+        f"0->{first}, ..., {local - 1}->{first + local - 1}."
+    )
 
 
 def vllm_block_line(adm: Admission) -> str:
     """vLLM's hybrid-cache block size line."""
-    return (f"Setting attention block size to {adm.budget.block_tokens} tokens to ensure that attention page size "
-            "is >= mamba page size.")
+    return (
+        f"Setting attention block size to {adm.budget.block_tokens} tokens to ensure that attention page "
+        "size "
+        "is >= mamba page size."
+    )
 
 
 def vllm_load_lines(adm: Admission, elapsed_s: float) -> list[str]:
     """vLLM's model-loading and available-KV-memory lines."""
     b = adm.budget
-    return [f"Model loading took {b.weights_bytes / GIB:.4f} GiB memory and {elapsed_s:.6f} seconds",
-            f"Available KV cache memory: {_gb(b.kv_pool_bytes + b.state_pool_bytes)} GiB"]
+    return [
+        f"Model loading took {b.weights_bytes / GIB:.4f} GiB memory and {elapsed_s:.6f} seconds",
+        f"Available KV cache memory: {_gb(b.kv_pool_bytes + b.state_pool_bytes)} GiB",
+    ]
 
 
 def vllm_kv_size_line(adm: Admission) -> str:
     """vLLM's KV capacity line."""
     b = adm.budget
     concurrency = b.kv_tokens / adm.context_length if adm.context_length else 0.0
-    return (f"GPU KV cache size: {b.kv_tokens:,} tokens, Maximum concurrency for {adm.context_length:,} tokens per "
-            f"request: {concurrency:.2f}x")
+    return (
+        f"GPU KV cache size: {b.kv_tokens:,} tokens, Maximum concurrency for "
+        f"{adm.context_length:,} tokens per "
+        f"request: {concurrency:.2f}x"
+    )
 
 
 def sglang_load_begin(adm: Admission) -> str:
@@ -102,8 +130,10 @@ def sglang_load_begin(adm: Admission) -> str:
 def sglang_load_end(adm: Admission, elapsed_s: float) -> str:
     """SGLang's weight-load end line."""
     b = adm.budget
-    return (f"Load weight end. elapsed={elapsed_s:.2f} s, type={MODEL_CLASS}, avail mem="
-            f"{_gb(b.usable_bytes - b.weights_bytes)} GB, mem usage={_gb(b.weights_bytes)} GB.")
+    return (
+        f"Load weight end. elapsed={elapsed_s:.2f} s, type={MODEL_CLASS}, avail mem="
+        f"{_gb(b.usable_bytes - b.weights_bytes)} GB, mem usage={_gb(b.weights_bytes)} GB."
+    )
 
 
 def sglang_cache_lines(adm: Admission, model: ModelSpec) -> list[str]:
@@ -111,20 +141,27 @@ def sglang_cache_lines(adm: Admission, model: ModelSpec) -> list[str]:
     b, arch = adm.budget, model.architecture
     slots = b.state_pool_bytes // b.kda_state_bytes_per_slot if b.kda_state_bytes_per_slot else 0
     heads = arch.kda_num_heads // adm.shape.attn_tp
-    ssm_per_slot = len(arch.kda_layers) * heads * arch.kda_head_dim ** 2 * DTYPE_BYTES[adm.ssm_dtype]
+    ssm_per_slot = len(arch.kda_layers) * heads * arch.kda_head_dim**2 * DTYPE_BYTES[adm.ssm_dtype]
     ssm = slots * ssm_per_slot
     conv = slots * b.kda_state_bytes_per_slot - ssm
-    mamba = (f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: {_gb(conv)}GB, "
-             f"ssm_state size: {_gb(ssm)}GB")
-    kv = (f"KV Cache is allocated. dtype: {_TORCH_DTYPES.get(adm.kv_dtype, adm.kv_dtype)}, #tokens: {b.kv_tokens}, "
-          f"KV size: {_gb(b.kv_pool_bytes)} GB")
+    mamba = (
+        f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: {_gb(conv)}GB, "
+        f"ssm_state size: {_gb(ssm)}GB"
+    )
+    kv = (
+        f"KV Cache is allocated. dtype: {_TORCH_DTYPES.get(adm.kv_dtype, adm.kv_dtype)}, "
+        f"#tokens: {b.kv_tokens}, "
+        f"KV size: {_gb(b.kv_pool_bytes)} GB"
+    )
     return [mamba, kv]
 
 
 def sglang_summary_line(cfg: ServeConfig, adm: Admission) -> str:
     """SGLang's pool summary line."""
     b = adm.budget
-    return (f"max_total_num_tokens={b.kv_tokens}, chunked_prefill_size="
-            f"{cfg.chunked_prefill_size or SGLANG_DEFAULT_CHUNKED_PREFILL}, max_prefill_tokens="
-            f"{cfg.max_prefill_tokens}, max_running_requests={adm.max_running_requests}, context_len="
-            f"{adm.context_length}, available_gpu_mem={_gb(max(b.headroom_bytes, 0))} GB")
+    return (
+        f"max_total_num_tokens={b.kv_tokens}, chunked_prefill_size="
+        f"{cfg.chunked_prefill_size or SGLANG_DEFAULT_CHUNKED_PREFILL}, max_prefill_tokens="
+        f"{cfg.max_prefill_tokens}, max_running_requests={adm.max_running_requests}, context_len="
+        f"{adm.context_length}, available_gpu_mem={_gb(max(b.headroom_bytes, 0))} GB"
+    )

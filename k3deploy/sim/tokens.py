@@ -53,7 +53,9 @@ def message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return " ".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
     return str(content)
 
 
@@ -84,11 +86,15 @@ class Prompt:
     boundaries: list[int]
 
 
-def render_prompt(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Prompt:
+def render_prompt(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> Prompt:
     """Apply the chat template: tool declarations, one block per message, then the assistant's turn."""
     parts: list[str] = []
     if tools:
-        parts.append(f"<|im_system|>tool_declare<|im_middle|>{json.dumps(list(tools), sort_keys=True)}<|im_end|>")
+        parts.append(
+            f"<|im_system|>tool_declare<|im_middle|>{json.dumps(list(tools), sort_keys=True)}<|im_end|>"
+        )
     parts += [_message_block(m) for m in messages]
     ids: list[int] = []
     boundaries: list[int] = []

@@ -12,16 +12,44 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, free_ports, node_env, node_ip, sglang_node_argv
 
 NNODES = 4
-FLAGS = ["--context-length", "32768", "--max-running-requests", "16", "--mem-fraction-static", "0.85",
-         "--kv-cache-dtype", "bf16", "--mamba-ssm-dtype", "float32", "--reasoning-parser", "kimi_k3",
-         "--tool-call-parser", "kimi_k3", "--enable-cache-report", "--enable-metrics"]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+FLAGS = [
+    "--context-length",
+    "32768",
+    "--max-running-requests",
+    "16",
+    "--mem-fraction-static",
+    "0.85",
+    "--kv-cache-dtype",
+    "bf16",
+    "--mamba-ssm-dtype",
+    "float32",
+    "--reasoning-parser",
+    "kimi_k3",
+    "--tool-call-parser",
+    "kimi_k3",
+    "--enable-cache-report",
+    "--enable-metrics",
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 LONG_QUESTION = " ".join(f"word{i % 97}" for i in range(1100)) + " so what is the summary?"
 
 
@@ -49,8 +77,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with NodeSet(tmp_path_factory.mktemp("logs")) as nodes:
         started = time.monotonic()
         for rank in range(NNODES):  # all at once: each spends ~2 s CPU importing torch
-            argv = sglang_node_argv(model, rank=rank, nnodes=NNODES, dist_port=dist_port, http_port=http_port,
-                                    timeout_s=60, extra=FLAGS)
+            argv = sglang_node_argv(
+                model,
+                rank=rank,
+                nnodes=NNODES,
+                dist_port=dist_port,
+                http_port=http_port,
+                timeout_s=60,
+                extra=FLAGS,
+            )
             nodes.start(f"node{rank}", argv, node_env("sglang", rank))
         nodes.nodes[0].wait_for(r"The server is fired up and ready to roll!", 90)
         ready_s = time.monotonic() - started
@@ -66,13 +101,23 @@ def test_four_ranks_rendezvous_over_gloo(cluster: Cluster) -> None:
         log = node.text()
         assert f"torch.distributed gloo group up at tcp://127.0.0.1:{cluster.dist_port}: world_size=4 " in log
         assert f"node_rank={rank}, all_reduce sum=10 as expected" in log
-        assert re.search(rf"\[[\d :-]+ DP0 PP0 TP{rank} EP{rank}\] Init parallel ends\. elapsed=\d+\.\d\d s", log)
-        assert "Kimi-K3 on SM100/SM103/SM107: moe_runner_backend=flashinfer_mxfp4 (FlashInfer SiTU kernels)." in log
-        assert re.search(r"Load weight end\. elapsed=\d+\.\d\d s, type=KimiK3ForConditionalGeneration, avail mem=", log)
+        assert re.search(
+            rf"\[[\d :-]+ DP0 PP0 TP{rank} EP{rank}\] Init parallel ends\. elapsed=\d+\.\d\d s", log
+        )
+        assert (
+            "Kimi-K3 on SM100/SM103/SM107: moe_runner_backend=flashinfer_mxfp4 (FlashInfer SiTU kernels)."
+            in log
+        )
+        assert re.search(
+            r"Load weight end\. elapsed=\d+\.\d\d s, type=KimiK3ForConditionalGeneration, avail mem=", log
+        )
         assert re.search(r"KV Cache is allocated\. dtype: torch\.bfloat16, #tokens: \d+, KV size: ", log)
         assert "Mamba Cache is allocated. max_mamba_cache_size: " in log
-        assert re.search(r"max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-                         r"max_running_requests=16, context_len=32768, available_gpu_mem=", log)
+        assert re.search(
+            r"max_total_num_tokens=\d+, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            r"max_running_requests=16, context_len=32768, available_gpu_mem=",
+            log,
+        )
         assert node.popen.poll() is None
 
 
@@ -99,8 +144,10 @@ def test_head_routes(cluster: Cluster) -> None:
 @pytest.mark.timeout(60)
 def test_reasoning_is_split_into_reasoning_content(cluster: Cluster) -> None:
     reply = cluster.client().chat.completions.create(
-        model="kimi-k3", messages=[{"role": "user", "content": "Why is the sky blue?"}],
-        extra_body={"reasoning_effort": "low"})
+        model="kimi-k3",
+        messages=[{"role": "user", "content": "Why is the sky blue?"}],
+        extra_body={"reasoning_effort": "low"},
+    )
     msg = reply.choices[0].message
     assert getattr(msg, "reasoning_content", "").startswith("The user asks: Why is the sky blue?")
     assert msg.content and "<|open|>think" not in msg.content and "<|close|>think" not in msg.content
@@ -113,12 +160,16 @@ def test_reasoning_is_split_into_reasoning_content(cluster: Cluster) -> None:
 @pytest.mark.timeout(60)
 def test_tool_calls_come_back_structured(cluster: Cluster) -> None:
     reply = cluster.client().chat.completions.create(
-        model="kimi-k3", tools=TOOLS,  # type: ignore[arg-type]
-        messages=[{"role": "user", "content": "Use get_weather to check Berlin"}])
+        model="kimi-k3",
+        tools=TOOLS,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "Use get_weather to check Berlin"}],
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.tool_calls and choice.message.tool_calls[0].function.name == "get_weather"
-    assert choice.message.tool_calls[0].function.arguments == '{"city": "Berlin"}'
+    assert choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall) and call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Berlin"}'
 
 
 @pytest.mark.timeout(60)
@@ -128,8 +179,11 @@ def test_second_turn_hits_the_prefix_cache(cluster: Cluster) -> None:
     first = client.chat.completions.create(model="kimi-k3", messages=turn1)  # type: ignore[arg-type]
     assert first.usage and first.usage.prompt_tokens_details
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content},
-             {"role": "user", "content": "Shorter, please."}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Shorter, please."},
+    ]
     second = client.chat.completions.create(model="kimi-k3", messages=turn2)  # type: ignore[arg-type]
     assert second.usage and second.usage.prompt_tokens_details
     assert second.usage.prompt_tokens_details.cached_tokens == 1024
@@ -139,8 +193,11 @@ def test_second_turn_hits_the_prefix_cache(cluster: Cluster) -> None:
 @pytest.mark.timeout(60)
 def test_streaming_with_usage(cluster: Cluster) -> None:
     stream = cluster.client().chat.completions.create(
-        model="kimi-k3", messages=[{"role": "user", "content": "Count to three"}], stream=True,
-        stream_options={"include_usage": True})
+        model="kimi-k3",
+        messages=[{"role": "user", "content": "Count to three"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     reasoning, content, usage = "", "", None
     for chunk in stream:
         if chunk.usage is not None:
@@ -155,14 +212,19 @@ def test_streaming_with_usage(cluster: Cluster) -> None:
 @pytest.mark.timeout(60)
 def test_request_longer_than_the_context_is_rejected(cluster: Cluster) -> None:
     with pytest.raises(openai.BadRequestError, match=r"exceeds the maximum allowed length \(32767 tokens\)"):
-        cluster.client().chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "w " * 33000}])
+        cluster.client().chat.completions.create(
+            model="kimi-k3", messages=[{"role": "user", "content": "w " * 33000}]
+        )
 
 
 @pytest.mark.timeout(60)
 def test_metrics_count_what_was_served(cluster: Cluster) -> None:
     cluster.client().chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}])
     text = httpx.get(f"{cluster.url}/metrics", timeout=5).text
-    values = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(sglang:\w+)\{[^}]*\} (\S+)$", text, re.MULTILINE)}
+    values = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^(sglang:\w+)\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    }
     assert values["sglang:prompt_tokens_total"] > 0 and values["sglang:generation_tokens_total"] > 0
     assert values["sglang:cached_tokens_total"] >= 1024 and 0 < values["sglang:cache_hit_rate"] < 1
     assert values["sglang:num_running_reqs"] == 0 and values["sglang:num_queue_reqs"] == 0
@@ -173,13 +235,19 @@ def test_metrics_count_what_was_served(cluster: Cluster) -> None:
 def test_worker_death_is_logged_while_the_head_keeps_its_health(cluster: Cluster) -> None:
     head = cluster.nodes.nodes[0]
     cluster.nodes.nodes[3].kill()
-    head.wait_for(r"Lost node rank 3: RuntimeError: Connection closed by peer .*The scheduler is stuck in a "
-                  r"collective", 15)
+    head.wait_for(
+        r"Lost node rank 3: RuntimeError: Connection closed by peer .*The scheduler is stuck in a "
+        r"collective",
+        15,
+    )
     # As SGLang's head: /health still answers, generation never finishes (the supervisor stops the group).
     assert httpx.get(f"{cluster.url}/health", timeout=5).status_code == 200
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{cluster.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
-                   timeout=2)
+        httpx.post(
+            f"{cluster.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            timeout=2,
+        )
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""Failure behaviour: wrong Gloo interface, unreachable head, every K3SIM_FAULT mode, and memory admission with
+"""Failures: wrong Gloo interface, unreachable head, every K3SIM_FAULT mode, and memory admission with
 the real K3 config on a declared H100 (Hopper `auto` upcasts to BF16 and runs out of memory; marlin fits).
 
 All processes start together in one fixture (they are independent), so their torch imports overlap."""
@@ -22,8 +22,22 @@ from k3deploy.sim.model_info import config_for
 IFNAME_TIMEOUT_S = 30
 UNREACHABLE_TIMEOUT_S = 3
 HANG_TIMEOUT_S = 4
-K3_FLAGS = ["--tp-size", "32", "--ep-size", "32", "--context-length", "131072", "--max-running-requests", "16",
-            "--mem-fraction-static", "0.85", "--kv-cache-dtype", "bf16", "--mamba-ssm-dtype", "float32"]
+K3_FLAGS = [
+    "--tp-size",
+    "32",
+    "--ep-size",
+    "32",
+    "--context-length",
+    "131072",
+    "--max-running-requests",
+    "16",
+    "--mem-fraction-static",
+    "0.85",
+    "--kv-cache-dtype",
+    "bf16",
+    "--mamba-ssm-dtype",
+    "float32",
+]
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)|^\(\w+ pid=\d+\) \w+ (\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
@@ -39,8 +53,18 @@ def stamp(node: SimNode, text: str) -> datetime.datetime:
 
 
 def sglang_single(model: Path, port: int, *extra: str) -> list[str]:
-    return ["--mimic", "sglang", str(model), "--host", "127.0.0.1", "--port", str(port), "--context-length", "32768",
-            *extra]
+    return [
+        "--mimic",
+        "sglang",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--context-length",
+        "32768",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +77,103 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimNod
     lo = {"GLOO_SOCKET_IFNAME": "lo"}
     with NodeSet(tmp_path_factory.mktemp("logs")) as ns:
         dist = next(ports)
-        pair = ["--nnodes", "2", "--tp-size", "2", "--dist-init-addr", f"127.0.0.1:{dist}", "--dist-timeout",
-                str(IFNAME_TIMEOUT_S)]
+        pair = [
+            "--nnodes",
+            "2",
+            "--tp-size",
+            "2",
+            "--dist-init-addr",
+            f"127.0.0.1:{dist}",
+            "--dist-timeout",
+            str(IFNAME_TIMEOUT_S),
+        ]
         ns.start("ifname-head", sglang_single(tiny, next(ports), *pair, "--node-rank", "0"), lo)
-        ns.start("ifname-worker", sglang_single(tiny, next(ports), *pair, "--node-rank", "1"),
-                 {"GLOO_SOCKET_IFNAME": "nosuch0"})
-        ns.start("unreachable", sglang_single(
-            tiny, next(ports), "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", f"127.0.0.9:{next(ports)}",
-            "--dist-timeout", str(UNREACHABLE_TIMEOUT_S)), lo)
-        hang_env = {**lo, "K3SIM_FAULT": "hang_at_rendezvous:120", "K3SIM_FAULT_RANK": "1",
-                    "VLLM_ENGINE_READY_TIMEOUT_S": str(HANG_TIMEOUT_S)}
+        ns.start(
+            "ifname-worker",
+            sglang_single(tiny, next(ports), *pair, "--node-rank", "1"),
+            {"GLOO_SOCKET_IFNAME": "nosuch0"},
+        )
+        ns.start(
+            "unreachable",
+            sglang_single(
+                tiny,
+                next(ports),
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--dist-init-addr",
+                f"127.0.0.9:{next(ports)}",
+                "--dist-timeout",
+                str(UNREACHABLE_TIMEOUT_S),
+            ),
+            lo,
+        )
+        hang_env = {
+            **lo,
+            "K3SIM_FAULT": "hang_at_rendezvous:120",
+            "K3SIM_FAULT_RANK": "1",
+            "VLLM_ENGINE_READY_TIMEOUT_S": str(HANG_TIMEOUT_S),
+        }
         master, http = next(ports), next(ports)
         for rank in range(2):
-            argv = ["--mimic", "vllm", str(tiny), "-tp", "2", "--nnodes", "2", "--node-rank", str(rank),
-                    "--master-addr", "127.0.0.1", "--master-port", str(master), "--port", str(http),
-                    "--host", "127.0.0.1", *(["--headless"] if rank else [])]
+            argv = [
+                "--mimic",
+                "vllm",
+                str(tiny),
+                "-tp",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(master),
+                "--port",
+                str(http),
+                "--host",
+                "127.0.0.1",
+                *(["--headless"] if rank else []),
+            ]
             ns.start(f"hang{rank}", argv, hang_env)
         ns.start("crash", sglang_single(tiny, next(ports)), {**lo, "K3SIM_FAULT": "crash_after_load"})
-        ns.start("oom", ["--mimic", "vllm", str(tiny), "--host", "127.0.0.1", "--port", str(next(ports))],
-                 {**lo, "K3SIM_FAULT": "oom"})
-        ns.start("wrong-kernel", sglang_single(tiny, next(ports), "--moe-runner-backend", "marlin"),
-                 {**lo, "K3SIM_FAULT": "wrong_kernel"})
+        ns.start(
+            "oom",
+            ["--mimic", "vllm", str(tiny), "--host", "127.0.0.1", "--port", str(next(ports))],
+            {**lo, "K3SIM_FAULT": "oom"},
+        )
+        ns.start(
+            "wrong-kernel",
+            sglang_single(tiny, next(ports), "--moe-runner-backend", "marlin"),
+            {**lo, "K3SIM_FAULT": "wrong_kernel"},
+        )
         ns.start("slow", sglang_single(tiny, next(ports)), {**lo, "K3SIM_FAULT": "slow_load:2"})
         hopper = {**lo, "K3SIM_GPU": "h100-80gb"}
-        ns.start("k3-auto", ["--mimic", "sglang", str(k3), "--host", "127.0.0.1", "--port", str(next(ports)),
-                             *K3_FLAGS], hopper)
-        ns.start("k3-marlin", ["--mimic", "sglang", str(k3), "--host", "127.0.0.1", "--port", str(next(ports)),
-                               *K3_FLAGS, "--moe-runner-backend", "marlin", "--decode-attention-backend", "flashmla"],
-                 hopper)
+        ns.start(
+            "k3-auto",
+            ["--mimic", "sglang", str(k3), "--host", "127.0.0.1", "--port", str(next(ports)), *K3_FLAGS],
+            hopper,
+        )
+        ns.start(
+            "k3-marlin",
+            [
+                "--mimic",
+                "sglang",
+                str(k3),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(next(ports)),
+                *K3_FLAGS,
+                "--moe-runner-backend",
+                "marlin",
+                "--decode-attention-backend",
+                "flashmla",
+            ],
+            hopper,
+        )
         yield {n.name: n for n in ns.nodes}
 
 
@@ -88,8 +181,11 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimNod
 def test_wrong_gloo_socket_ifname_fails_with_a_clear_line(nodes: dict[str, SimNode]) -> None:
     worker = nodes["ifname-worker"]
     assert worker.wait_exit(90) != 0
-    line = worker.wait_for(r"Rendezvous failed: node rank 1 of 2 at tcp://127\.0\.0\.1:\d+ "
-                           r"\(GLOO_SOCKET_IFNAME=nosuch0\): .*nosuch0.*", 1).group(0)
+    line = worker.wait_for(
+        r"Rendezvous failed: node rank 1 of 2 at tcp://127\.0\.0\.1:\d+ "
+        r"\(GLOO_SOCKET_IFNAME=nosuch0\): .*nosuch0.*",
+        1,
+    ).group(0)
     assert "Unable to find address for: nosuch0" in line
     took = stamp(worker, "Rendezvous failed") - stamp(worker, "Init parallel begin.")
     assert took.total_seconds() <= IFNAME_TIMEOUT_S
@@ -99,8 +195,11 @@ def test_wrong_gloo_socket_ifname_fails_with_a_clear_line(nodes: dict[str, SimNo
 def test_unreachable_head_fails_after_the_configured_timeout(nodes: dict[str, SimNode]) -> None:
     node = nodes["unreachable"]
     assert node.wait_exit(90) != 0
-    node.wait_for(r"Rendezvous failed: node rank 1 of 2 at tcp://127\.0\.0\.9:\d+ \(GLOO_SOCKET_IFNAME=lo\) did not "
-                  rf"complete within {UNREACHABLE_TIMEOUT_S} s \(the configured timeout\)", 1)
+    node.wait_for(
+        r"Rendezvous failed: node rank 1 of 2 at tcp://127\.0\.0\.9:\d+ \(GLOO_SOCKET_IFNAME=lo\) did not "
+        rf"complete within {UNREACHABLE_TIMEOUT_S} s \(the configured timeout\)",
+        1,
+    )
     took = (stamp(node, "Rendezvous failed") - stamp(node, "Init parallel begin.")).total_seconds()
     assert UNREACHABLE_TIMEOUT_S - 1 <= took <= UNREACHABLE_TIMEOUT_S + 2
 
@@ -121,7 +220,9 @@ def test_crash_after_load(nodes: dict[str, SimNode]) -> None:
     node = nodes["crash"]
     assert node.wait_exit(90) == 1
     log = node.text()
-    assert log.index("Load weight end.") < log.index("Scheduler hit an exception: Traceback (most recent call last):")
+    assert log.index("Load weight end.") < log.index(
+        "Scheduler hit an exception: Traceback (most recent call last):"
+    )
     assert "RuntimeError: k3sim fault injection: crash_after_load" in log and "fired up" not in log
 
 
@@ -141,7 +242,7 @@ def test_wrong_kernel_logs_another_moe_backend(nodes: dict[str, SimNode]) -> Non
     node.wait_for(r"fired up and ready", 90)
     log = node.text()
     assert "moe_runner_backend=triton (asked for marlin)" in log and "Marlin W4A16" not in log
-    port = node.popen.args[node.popen.args.index("--port") + 1]  # type: ignore[union-attr, index]
+    port = node.wait_for(r"port=(\d+)", 1).group(1)
     info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).json()
     assert info["moe_runner_backend"] == "triton"
 
@@ -160,8 +261,11 @@ def test_k3_on_hopper_with_auto_upcasts_and_runs_out_of_memory(nodes: dict[str, 
     assert node.wait_exit(90) == 1
     log = node.text()
     assert "moe_runner_backend=" not in log.split("Load weight begin.")[1]  # silent, as the real engine
-    assert re.search(r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate [\d.]+ GiB\. GPU 0 has a "
-                     r"total capacity of 79\.65 GiB", log)
+    assert re.search(
+        r"torch\.OutOfMemoryError: CUDA out of memory\. Tried to allocate [\d.]+ GiB\. GPU 0 has a "
+        r"total capacity of 79\.65 GiB",
+        log,
+    )
     assert "Load weight end." not in log
 
 

@@ -11,16 +11,43 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, node_ip
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 LONG_QUESTION = " ".join(f"word{i % 97}" for i in range(1100)) + " so what is the summary?"
-VLLM_FULL = ["--max-model-len", "32768", "--max-num-seqs", "16", "--gpu-memory-utilization", "0.92",
-             "--enable-prefix-caching", "--enable-prompt-tokens-details", "--reasoning-parser", "kimi_k3",
-             "--tool-call-parser", "kimi_k3", "--enable-auto-tool-choice", "--served-model-name", "kimi-k3"]
+VLLM_FULL = [
+    "--max-model-len",
+    "32768",
+    "--max-num-seqs",
+    "16",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--enable-prefix-caching",
+    "--enable-prompt-tokens-details",
+    "--reasoning-parser",
+    "kimi_k3",
+    "--tool-call-parser",
+    "kimi_k3",
+    "--enable-auto-tool-choice",
+    "--served-model-name",
+    "kimi-k3",
+]
 
 
 @dataclass
@@ -46,21 +73,75 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
     rpc, vllm_port, sglang_bare_port, vllm_bare_port = free_ports(4)
     with NodeSet(tmp_path_factory.mktemp("logs")) as ns:
         for rank in range(2):
-            argv = ["--mimic", "vllm", str(model), "-tp", "1", "-dp", "2", "-dpl", "1", "-dpr", str(rank),
-                    "-dpa", node_ip(0), "-dpp", str(rpc), "--host", "0.0.0.0", "--port", str(vllm_port), *VLLM_FULL]
-            ns.start(f"vllm{rank}", argv + (["--headless"] if rank else []),
-                     node_env("vllm", rank, VLLM_ENGINE_READY_TIMEOUT_S="60"))
+            argv = [
+                "--mimic",
+                "vllm",
+                str(model),
+                "-tp",
+                "1",
+                "-dp",
+                "2",
+                "-dpl",
+                "1",
+                "-dpr",
+                str(rank),
+                "-dpa",
+                node_ip(0),
+                "-dpp",
+                str(rpc),
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(vllm_port),
+                *VLLM_FULL,
+            ]
+            ns.start(
+                f"vllm{rank}",
+                argv + (["--headless"] if rank else []),
+                node_env("vllm", rank, VLLM_ENGINE_READY_TIMEOUT_S="60"),
+            )
         # Single nodes on 127.0.0.5/6 with the parser and cache flags left out.
-        sglang_bare = ns.start("sglang-bare", ["--mimic", "sglang", str(model), "--host", "0.0.0.0", "--port",
-                                               str(sglang_bare_port), "--context-length", "32768"],
-                               {"SGLANG_HOST_IP": "127.0.0.5", "GLOO_SOCKET_IFNAME": "lo"})
-        vllm_bare = ns.start("vllm-bare", ["--mimic", "vllm", str(model), "--port", str(vllm_bare_port),
-                                           "--max-model-len", "32768", "--enable-prompt-tokens-details"],
-                             {"VLLM_HOST_IP": "127.0.0.6", "GLOO_SOCKET_IFNAME": "lo"})
+        sglang_bare = ns.start(
+            "sglang-bare",
+            [
+                "--mimic",
+                "sglang",
+                str(model),
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(sglang_bare_port),
+                "--context-length",
+                "32768",
+            ],
+            {"SGLANG_HOST_IP": "127.0.0.5", "GLOO_SOCKET_IFNAME": "lo"},
+        )
+        vllm_bare = ns.start(
+            "vllm-bare",
+            [
+                "--mimic",
+                "vllm",
+                str(model),
+                "--port",
+                str(vllm_bare_port),
+                "--max-model-len",
+                "32768",
+                "--enable-prompt-tokens-details",
+            ],
+            {"VLLM_HOST_IP": "127.0.0.6", "GLOO_SOCKET_IFNAME": "lo"},
+        )
         for node in ns.nodes:
             node.wait_for(r"Starting vLLM server on|fired up and ready|GPU KV cache size", 90)
-        yield Nodes(ns.nodes[0], ns.nodes[1], vllm_port, sglang_bare, sglang_bare_port, vllm_bare, vllm_bare_port,
-                    model)
+        yield Nodes(
+            ns.nodes[0],
+            ns.nodes[1],
+            vllm_port,
+            sglang_bare,
+            sglang_bare_port,
+            vllm_bare,
+            vllm_bare_port,
+            model,
+        )
 
 
 @pytest.mark.timeout(120)
@@ -68,12 +149,19 @@ def test_vllm_data_parallel_nodes_rendezvous(nodes: Nodes) -> None:
     for rank, node in enumerate((nodes.vllm_head, nodes.vllm_worker)):
         log = node.text()
         assert "gloo group up at tcp://127.0.0.1:" in log and f"node_rank={rank}, all_reduce sum=3" in log
-        assert re.search(r"\(EngineCore_DP\d pid=\d+\) INFO \d\d-\d\d [\d:]+ \[parallel_state\.py:\d+\] world_size=2 "
-                         rf"rank={rank} local_rank=0 distributed_init_method=tcp://127\.0\.0\.1:\d+ backend=gloo", log)
+        assert re.search(
+            r"\(EngineCore_DP\d pid=\d+\) INFO \d\d-\d\d [\d:]+ \[parallel_state\.py:\d+\] world_size=2 "
+            rf"rank={rank} local_rank=0 distributed_init_method=tcp://127\.0\.0\.1:\d+ backend=gloo",
+            log,
+        )
         assert "Using 'flashinfer_trtllm' Mxfp4 MoE backend." in log
-        assert re.search(r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 32,768 tokens per request: ", log)
-    assert ("Launching 1 data parallel engine(s) in headless mode, with head node address 127.0.0.1."
-            in nodes.vllm_worker.text())
+        assert re.search(
+            r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 32,768 tokens per request: ", log
+        )
+    assert (
+        "Launching 1 data parallel engine(s) in headless mode, with head node address 127.0.0.1."
+        in nodes.vllm_worker.text()
+    )
     assert "Starting vLLM server on http://127.0.0.1:" in nodes.vllm_head.text()
 
 
@@ -95,20 +183,40 @@ def test_vllm_reasoning_tools_cache_and_metrics(nodes: Nodes) -> None:
     msg = reply.choices[0].message
     assert getattr(msg, "reasoning", "").startswith("The user asks: Why?")
     assert getattr(msg, "reasoning_content", None) is None and "<|open|>" not in (msg.content or "")
-    call = c.chat.completions.create(model="kimi-k3", tools=TOOLS,  # type: ignore[arg-type]
-                                     messages=[{"role": "user", "content": "get_weather in Oslo"}])
+    call = c.chat.completions.create(
+        model="kimi-k3",
+        tools=TOOLS,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "get_weather in Oslo"}],
+    )
     assert call.choices[0].finish_reason == "tool_calls"
-    assert call.choices[0].message.tool_calls and call.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert call.choices[0].message.tool_calls
+    first_call = call.choices[0].message.tool_calls[0]
+    assert (
+        isinstance(first_call, ChatCompletionMessageFunctionToolCall)
+        and first_call.function.name == "get_weather"
+    )
     turn1 = [{"role": "user", "content": LONG_QUESTION}]
     first = c.chat.completions.create(model="kimi-k3", messages=turn1)  # type: ignore[arg-type]
-    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "?"},
+    ]
     second = c.chat.completions.create(model="kimi-k3", messages=turn2)  # type: ignore[arg-type]
     assert second.usage and second.usage.prompt_tokens_details
     assert second.usage.prompt_tokens_details.cached_tokens == 1024
     text = httpx.get(f"http://127.0.0.1:{nodes.vllm_port}/metrics", timeout=5).text
-    assert re.search(r'^vllm:prefix_cache_hits_total\{engine="0",model_name="kimi-k3"\} 1024\.0$', text, re.MULTILINE)
-    for name in ("vllm:prefix_cache_queries_total", "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+    assert re.search(
+        r'^vllm:prefix_cache_hits_total\{engine="0",model_name="kimi-k3"\} 1024\.0$', text, re.MULTILINE
+    )
+    for name in (
+        "vllm:prefix_cache_queries_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ):
         assert f"\n{name}{{" in text
 
 
@@ -117,13 +225,22 @@ def test_sglang_without_parsers_cache_report_or_metrics(nodes: Nodes) -> None:
     c = client(nodes.sglang_bare_port, "127.0.0.5")
     reply = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Why?"}])
     msg = reply.choices[0].message
-    assert msg.content and msg.content.startswith("<|open|>think<|sep|>") and "<|close|>think<|sep|>" in msg.content
+    assert (
+        msg.content
+        and msg.content.startswith("<|open|>think<|sep|>")
+        and "<|close|>think<|sep|>" in msg.content
+    )
     assert getattr(msg, "reasoning_content", None) is None
     assert reply.usage and reply.usage.prompt_tokens_details is None  # no --enable-cache-report
-    tools = c.chat.completions.create(model="x", tools=TOOLS,  # type: ignore[arg-type]
-                                      messages=[{"role": "user", "content": "get_weather in Oslo"}])
+    tools = c.chat.completions.create(
+        model="x",
+        tools=TOOLS,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "get_weather in Oslo"}],
+    )
     assert tools.choices[0].finish_reason == "stop" and not tools.choices[0].message.tool_calls
-    assert "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0" in (tools.choices[0].message.content or "")
+    assert "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0" in (
+        tools.choices[0].message.content or ""
+    )
     assert httpx.get(f"http://127.0.0.5:{nodes.sglang_bare_port}/metrics", timeout=5).status_code == 404
 
 
@@ -131,14 +248,29 @@ def test_sglang_without_parsers_cache_report_or_metrics(nodes: Nodes) -> None:
 def test_vllm_without_parsers_auto_tool_choice_or_prefix_caching(nodes: Nodes) -> None:
     c = client(nodes.vllm_bare_port, "127.0.0.6")
     model = str(nodes.model)
-    msg = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Why?"}]).choices[0].message
-    assert msg.content and msg.content.startswith("<|open|>think<|sep|>") and getattr(msg, "reasoning", None) is None
+    msg = (
+        c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Why?"}])
+        .choices[0]
+        .message
+    )
+    assert (
+        msg.content
+        and msg.content.startswith("<|open|>think<|sep|>")
+        and getattr(msg, "reasoning", None) is None
+    )
     with pytest.raises(openai.BadRequestError, match='"auto" tool choice requires --enable-auto-tool-choice'):
-        c.chat.completions.create(model=model, tools=TOOLS,  # type: ignore[arg-type]
-                                  messages=[{"role": "user", "content": "get_weather in Oslo"}])
+        c.chat.completions.create(
+            model=model,
+            tools=TOOLS,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "get_weather in Oslo"}],
+        )
     turn1 = [{"role": "user", "content": LONG_QUESTION}]
     first = c.chat.completions.create(model=model, messages=turn1)  # type: ignore[arg-type]
-    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "?"},
+    ]
     second = c.chat.completions.create(model=model, messages=turn2)  # type: ignore[arg-type]
     assert second.usage and second.usage.prompt_tokens_details
     assert second.usage.prompt_tokens_details.cached_tokens == 0  # K3 on vLLM needs --enable-prefix-caching
@@ -148,9 +280,13 @@ def test_vllm_without_parsers_auto_tool_choice_or_prefix_caching(nodes: Nodes) -
 def test_vllm_head_reports_a_dead_worker(nodes: Nodes) -> None:
     assert all(n.popen.poll() is None for n in (nodes.vllm_head, nodes.sglang_bare, nodes.vllm_bare))
     nodes.vllm_worker.kill()
-    nodes.vllm_head.wait_for(r"Worker on node rank 1 died unexpectedly \(RuntimeError: Connection closed by peer", 15)
+    nodes.vllm_head.wait_for(
+        r"Worker on node rank 1 died unexpectedly \(RuntimeError: Connection closed by peer", 15
+    )
     # vLLM's engine core is dead: /health turns 503 and requests fail, while the process waits to be stopped.
     assert httpx.get(f"http://127.0.0.1:{nodes.vllm_port}/health", timeout=5).status_code == 503
     with pytest.raises(openai.InternalServerError, match="EngineCore encountered an issue"):
-        client(nodes.vllm_port).chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "hi"}])
+        client(nodes.vllm_port).chat.completions.create(
+            model="kimi-k3", messages=[{"role": "user", "content": "hi"}]
+        )
     assert nodes.vllm_head.popen.poll() is None

@@ -1,4 +1,4 @@
-"""Load-time decisions: MoE kernel and its log line per accelerator, memory admission from planner arithmetic."""
+"""Load-time decisions: the MoE kernel and its log line per accelerator, admission by planner arithmetic."""
 
 from __future__ import annotations
 
@@ -14,12 +14,19 @@ from k3deploy.sim.tiny_config import tiny_config
 
 pytestmark = pytest.mark.timeout(30)
 
-K3_SGLANG = ("--tp-size 32 --ep-size 32 --nnodes 4 --node-rank 0 --dist-init-addr 10.0.0.1:29500 "
-             "--mem-fraction-static 0.85 --context-length 131072 --max-running-requests 16")
-K3_VLLM = "--tensor-parallel-size 32 --enable-expert-parallel --nnodes 4 --master-addr 10.0.0.1 --max-model-len 131072"
+K3_SGLANG = (
+    "--tp-size 32 --ep-size 32 --nnodes 4 --node-rank 0 --dist-init-addr 10.0.0.1:29500 "
+    "--mem-fraction-static 0.85 --context-length 131072 --max-running-requests 16"
+)
+K3_VLLM = (
+    "--tensor-parallel-size 32 --enable-expert-parallel --nnodes 4 --master-addr 10.0.0.1 "
+    "--max-model-len 131072"
+)
 
 
-def run(mimic: str, argv: str, model: str = "kimi-k3", gpu: str = "h100-80gb", wrong_kernel: bool = False) -> Admission:
+def run(
+    mimic: str, argv: str, model: str = "kimi-k3", gpu: str = "h100-80gb", wrong_kernel: bool = False
+) -> Admission:
     cat = load_catalog()
     ns = parse_engine_args(mimic, ["--mimic", mimic, "/m", *argv.split()])  # type: ignore[arg-type]
     cfg = resolve_config(mimic, ns, {})  # type: ignore[arg-type]
@@ -38,14 +45,19 @@ def test_hopper_auto_upcasts_silently_and_runs_out_of_memory() -> None:
     adm = run("sglang", K3_SGLANG)
     assert adm.moe.log_line is None and adm.moe.experts_bf16
     assert adm.verdict == "oom"
-    assert adm.error is not None and adm.error.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+    assert adm.error is not None and adm.error.startswith(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"
+    )
     assert "GPU 0 has a total capacity of 79.65 GiB" in adm.error
     assert adm.budget.weights_bytes > 3.5 * 45.43 * GIB * 0.9  # the >3.5x BF16 blow-up on the expert part
 
 
 def test_blackwell_auto_resolves_to_flashinfer_mxfp4() -> None:
-    adm = run("sglang", "--tp-size 16 --ep-size 16 --nnodes 2 --dist-init-addr 10.0.0.1:1 --context-length 131072",
-              gpu="b200")
+    adm = run(
+        "sglang",
+        "--tp-size 16 --ep-size 16 --nnodes 2 --dist-init-addr 10.0.0.1:1 --context-length 131072",
+        gpu="b200",
+    )
     assert adm.moe.backend == "flashinfer_mxfp4" and adm.moe.log_line == BLACKWELL_MXFP4_LINE
     assert adm.verdict == "ok"
 
@@ -62,21 +74,29 @@ def test_vllm_on_hopper_picks_marlin_and_rejects_a_context_the_kv_pool_cannot_ho
     assert ok.budget.block_tokens and ok.budget.block_tokens % 128 == 0
     short = run("vllm", K3_VLLM.replace("131072", "1048576") + " --moe-backend marlin")
     assert short.verdict == "kv_short"
-    assert short.error is not None and "To serve at least one request with the models's max seq len (1048576)" in short.error
+    assert (
+        short.error is not None
+        and "To serve at least one request with the models's max seq len (1048576)" in short.error
+    )
 
 
 def test_wrong_kernel_fault_changes_the_kernel_line() -> None:
     vllm = run("vllm", K3_VLLM + " --moe-backend marlin", wrong_kernel=True)
     assert vllm.moe.backend == "triton"
-    assert vllm.moe.log_line == ("No Mxfp4 MoE backend supports activation=silu. Falling back to 'triton' with BF16 "
-                                 "activations.")
+    assert vllm.moe.log_line == (
+        "No Mxfp4 MoE backend supports activation=silu. Falling back to 'triton' with BF16 activations."
+    )
     sglang = run("sglang", K3_SGLANG + " --moe-runner-backend marlin", wrong_kernel=True)
     assert sglang.moe.backend == "triton" and "marlin (Marlin" not in (sglang.moe.log_line or "")
 
 
 def test_tiny_model_fits_the_sim_accelerator() -> None:
-    adm = run("sglang", "--tp-size 4 --ep-size 4 --nnodes 4 --dist-init-addr 127.0.0.1:1 --context-length 32768",
-              model="kimi-k3-tiny", gpu="sim")
+    adm = run(
+        "sglang",
+        "--tp-size 4 --ep-size 4 --nnodes 4 --dist-init-addr 127.0.0.1:1 --context-length 32768",
+        model="kimi-k3-tiny",
+        gpu="sim",
+    )
     assert adm.verdict == "ok" and adm.moe.backend == "flashinfer_mxfp4"
     assert adm.budget.kv_tokens > 32768 and adm.max_running_requests >= 1
 
@@ -89,4 +109,6 @@ def test_model_identity_comes_from_config_json() -> None:
     other["_name_or_path"] = "k3-variant"
     other["text_config"] = {**other["text_config"], "hidden_size": 512}
     spec = model_spec(other)
-    assert spec.id == "k3-variant" and spec.weights.total_bytes > cat.models["kimi-k3-tiny"].weights.total_bytes
+    assert (
+        spec.id == "k3-variant" and spec.weights.total_bytes > cat.models["kimi-k3-tiny"].weights.total_bytes
+    )

@@ -1,4 +1,4 @@
-"""Chat behaviour without processes: parsers per flag, cached tokens on turn 2, usage, limits, streaming, metrics, logs."""
+"""Chat without processes: parsers per flag, cached tokens on turn 2, usage, limits, streaming, metrics."""
 
 from __future__ import annotations
 
@@ -22,10 +22,24 @@ from k3deploy.sim.tokens import THINK_CLOSE, THINK_OPEN, TOOL_SECTION_BEGIN, ren
 pytestmark = pytest.mark.timeout(30)
 
 SGLANG_FULL = "--reasoning-parser kimi_k3 --tool-call-parser kimi_k3 --enable-cache-report --enable-metrics"
-VLLM_FULL = ("--reasoning-parser kimi_k3 --tool-call-parser kimi_k3 --enable-auto-tool-choice --enable-prefix-caching "
-             "--enable-prompt-tokens-details")
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+VLLM_FULL = (
+    "--reasoning-parser kimi_k3 --tool-call-parser kimi_k3 --enable-auto-tool-choice --enable-prefix-caching "
+    "--enable-prompt-tokens-details"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 LONG_QUESTION = " ".join(f"word{i % 97}" for i in range(1100)) + " so what is the summary?"
 
 
@@ -47,8 +61,17 @@ def ask(svc: ChatService, **body: Any) -> dict[str, Any]:
 
 
 def test_tokenizer_keeps_k3_special_tokens_whole() -> None:
-    assert tokenize(f"{THINK_OPEN} a b {THINK_CLOSE}ok") == ["<|open|>", "think", "<|sep|>", "a", "b", "<|close|>",
-                                                              "think", "<|sep|>", "ok"]
+    assert tokenize(f"{THINK_OPEN} a b {THINK_CLOSE}ok") == [
+        "<|open|>",
+        "think",
+        "<|sep|>",
+        "a",
+        "b",
+        "<|close|>",
+        "think",
+        "<|sep|>",
+        "ok",
+    ]
     prompt = render_prompt([{"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d"}])
     assert prompt.boundaries == [7, 12] and len(prompt.ids) == 15
 
@@ -61,8 +84,9 @@ def test_completion_is_deterministic_and_mostly_reasoning() -> None:
     assert 0.78 <= low.reasoning_tokens / low.tokens <= 0.86
 
 
-@pytest.mark.parametrize(("mimic", "argv", "key"), [("sglang", SGLANG_FULL, "reasoning_content"),
-                                                     ("vllm", VLLM_FULL, "reasoning")])
+@pytest.mark.parametrize(
+    ("mimic", "argv", "key"), [("sglang", SGLANG_FULL, "reasoning_content"), ("vllm", VLLM_FULL, "reasoning")]
+)
 def test_reasoning_parser_splits_the_thinking(mimic: str, argv: str, key: str) -> None:
     msg = ask(service(mimic, argv))["choices"][0]["message"]
     assert msg[key].startswith("The user asks: What is the weather in Paris?")
@@ -81,25 +105,38 @@ def test_without_the_reasoning_parser_the_markers_stay_in_content(mimic: str) ->
 
 @pytest.mark.parametrize(("mimic", "argv"), [("sglang", SGLANG_FULL), ("vllm", VLLM_FULL)])
 def test_tool_parser_returns_structured_calls(mimic: str, argv: str) -> None:
-    reply = ask(service(mimic, argv), tools=TOOLS,
-                messages=[{"role": "user", "content": "Call get_weather for Paris"}])
+    reply = ask(
+        service(mimic, argv),
+        tools=TOOLS,
+        messages=[{"role": "user", "content": "Call get_weather for Paris"}],
+    )
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     call = choice["message"]["tool_calls"][0]
     assert call["type"] == "function" and call["id"] == "functions.get_weather:0"
-    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {
+        "city": "Paris"
+    }
     assert choice["message"]["content"] is None
 
 
 def test_sglang_without_tool_parser_leaves_k3_tool_tokens_in_content() -> None:
-    choice = ask(service("sglang", "--reasoning-parser kimi_k3"), tools=TOOLS,
-                 messages=[{"role": "user", "content": "Call get_weather for Paris"}])["choices"][0]
+    choice = ask(
+        service("sglang", "--reasoning-parser kimi_k3"),
+        tools=TOOLS,
+        messages=[{"role": "user", "content": "Call get_weather for Paris"}],
+    )["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
-    assert TOOL_SECTION_BEGIN in choice["message"]["content"] and "functions.get_weather:0" in choice["message"]["content"]
+    assert (
+        TOOL_SECTION_BEGIN in choice["message"]["content"]
+        and "functions.get_weather:0" in choice["message"]["content"]
+    )
 
 
 def test_vllm_auto_tool_choice_needs_both_flags() -> None:
-    with pytest.raises(ApiError, match='"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'):
+    with pytest.raises(
+        ApiError, match='"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'
+    ):
         ask(service("vllm", "--reasoning-parser kimi_k3 --tool-call-parser kimi_k3"), tools=TOOLS)
     # tool_choice none: tools are ignored, no error
     ask(service("vllm"), tools=TOOLS, tool_choice="none")
@@ -111,30 +148,43 @@ def test_second_turn_reports_cached_tokens(mimic: str, argv: str) -> None:
     turn1 = [{"role": "user", "content": LONG_QUESTION}]
     first = ask(svc, messages=turn1)
     assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-    turn2 = [*turn1, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-             {"role": "user", "content": "And in one word?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And in one word?"},
+    ]
     second = ask(svc, messages=turn2)
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 1024  # the turn boundary, block-aligned
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"] == 1024
+    )  # the turn boundary, block-aligned
     metrics = render_metrics(svc.cfg.mimic, svc.stats, svc.cfg.served_model_name)
     name = "sglang:cached_tokens_total" if mimic == "sglang" else "vllm:prefix_cache_hits_total"
     assert re.search(rf"^{re.escape(name)}{{[^}}]*}} 1024\.0$", metrics, re.MULTILINE)
 
 
-@pytest.mark.parametrize(("mimic", "argv"), [("sglang", "--enable-cache-report --disable-radix-cache"),
-                                             ("vllm", "--enable-prompt-tokens-details")])
+@pytest.mark.parametrize(
+    ("mimic", "argv"),
+    [("sglang", "--enable-cache-report --disable-radix-cache"), ("vllm", "--enable-prompt-tokens-details")],
+)
 def test_prefix_cache_off_reports_zero_cached(mimic: str, argv: str) -> None:
     svc = service(mimic, argv)
     turn1 = [{"role": "user", "content": LONG_QUESTION}]
     ask(svc, messages=turn1)
-    second = ask(svc, messages=[*turn1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}])
+    second = ask(
+        svc, messages=[*turn1, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
+    )
     assert second["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
 def test_over_long_requests_are_rejected_like_each_engine() -> None:
     long = [{"role": "user", "content": "w " * 200}]
-    with pytest.raises(ApiError, match=r"Input length \(20\d tokens\) exceeds the maximum allowed length \(99 tokens\)"):
+    with pytest.raises(
+        ApiError, match=r"Input length \(20\d tokens\) exceeds the maximum allowed length \(99 tokens\)"
+    ):
         ask(service("sglang", context=100), messages=long)
-    with pytest.raises(ApiError, match=r"maximum context length is 100 tokens\. However, your request has 20\d input"):
+    with pytest.raises(
+        ApiError, match=r"maximum context length is 100 tokens\. However, your request has 20\d input"
+    ):
         ask(service("vllm", context=100), messages=long)
     with pytest.raises(ApiError, match="'max_tokens' or 'max_completion_tokens' is too large: 90"):
         ask(service("vllm", context=100), max_tokens=90)
@@ -145,12 +195,16 @@ def test_max_tokens_cuts_the_completion() -> None:
     assert choice["choices"][0]["finish_reason"] == "length" and choice["usage"]["completion_tokens"] == 5
 
 
-@pytest.mark.parametrize(("mimic", "argv", "key"), [("sglang", SGLANG_FULL, "reasoning_content"),
-                                                     ("vllm", VLLM_FULL, "reasoning")])
+@pytest.mark.parametrize(
+    ("mimic", "argv", "key"), [("sglang", SGLANG_FULL, "reasoning_content"), ("vllm", VLLM_FULL, "reasoning")]
+)
 def test_streaming_chunks_add_up_to_the_message(mimic: str, argv: str, key: str) -> None:
     svc = service(mimic, argv)
-    body = {"messages": [{"role": "user", "content": "Stream please"}], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "Stream please"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     reply = svc.chat(body)
     assert reply.chunks is not None
     deltas = [c["choices"][0]["delta"] for c in reply.chunks if c["choices"]]
@@ -165,19 +219,42 @@ def test_error_envelopes_and_model_name() -> None:
     vllm = service("vllm")
     with pytest.raises(ApiError) as err:
         ask(vllm, model="gpt-4")
-    assert err.value.status == 404 and vllm.error_body(err.value)["error"]["message"] == "The model `gpt-4` does not exist."
+    assert (
+        err.value.status == 404
+        and vllm.error_body(err.value)["error"]["message"] == "The model `gpt-4` does not exist."
+    )
     assert service("sglang").error_body(ApiError(400, "x"))["object"] == "error"
     assert vllm.models()["data"][0]["id"] == "/m"
 
 
 def test_metric_names_match_the_engines() -> None:
-    for mimic, names in (("sglang", ["sglang:cache_hit_rate", "sglang:cached_tokens_total", "sglang:prompt_tokens_total",
-                                     "sglang:generation_tokens_total", "sglang:token_usage", "sglang:mamba_usage",
-                                     "sglang:num_running_reqs", "sglang:num_queue_reqs"]),
-                         ("vllm", ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                                   "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
-                                   "vllm:generation_tokens_total", "vllm:num_requests_running",
-                                   "vllm:num_requests_waiting"])):
+    for mimic, names in (
+        (
+            "sglang",
+            [
+                "sglang:cache_hit_rate",
+                "sglang:cached_tokens_total",
+                "sglang:prompt_tokens_total",
+                "sglang:generation_tokens_total",
+                "sglang:token_usage",
+                "sglang:mamba_usage",
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+            ],
+        ),
+        (
+            "vllm",
+            [
+                "vllm:prefix_cache_queries_total",
+                "vllm:prefix_cache_hits_total",
+                "vllm:kv_cache_usage_perc",
+                "vllm:prompt_tokens_total",
+                "vllm:generation_tokens_total",
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+            ],
+        ),
+    ):
         svc = service(mimic)
         ask(svc)
         text = render_metrics(svc.cfg.mimic, svc.stats, "k3")
@@ -190,8 +267,15 @@ def test_log_prefixes() -> None:
     assert (ranks.tp, ranks.ep, ranks.world_rank, ranks.world_size) == (16, 16, 16, 32)
     out = io.StringIO()
     EngineLog("sglang", ranks, out).info("Init parallel begin.")
-    assert re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d DP0 PP0 TP16 EP16\] Init parallel begin\.\n", out.getvalue())
+    assert re.fullmatch(
+        r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d DP0 PP0 TP16 EP16\] Init parallel begin\.\n", out.getvalue()
+    )
     out = io.StringIO()
-    EngineLog("vllm", ranks, out).info("Starting vLLM server on http://h:1", source="server", where="api_server.py:1")
-    assert re.fullmatch(r"\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[api_server\.py:1\] Starting vLLM "
-                        r"server on http://h:1\n", out.getvalue())
+    EngineLog("vllm", ranks, out).info(
+        "Starting vLLM server on http://h:1", source="server", where="api_server.py:1"
+    )
+    assert re.fullmatch(
+        r"\(APIServer pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d \[api_server\.py:1\] Starting vLLM "
+        r"server on http://h:1\n",
+        out.getvalue(),
+    )

@@ -1,4 +1,4 @@
-"""The stand-in's argument parsing: every real flag accepted, unknown flags fail like argparse, help is fast."""
+"""The stand-in's flag parsing: every real flag accepted, unknown flags fail like argparse, help is fast."""
 
 from __future__ import annotations
 
@@ -20,8 +20,14 @@ from k3deploy.sim.engine_args import (
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[2]
-VALUES = {"int": "2", "human_readable_int": "2k", "human_readable_int_or_auto": "auto", "float": "0.5",
-          "loads": "{}", "json_list_type": "[]"}
+VALUES = {
+    "int": "2",
+    "human_readable_int": "2k",
+    "human_readable_int_or_auto": "auto",
+    "float": "0.5",
+    "loads": "{}",
+    "json_list_type": "[]",
+}
 
 
 def _value(spec: dict[str, Any]) -> str:
@@ -75,30 +81,76 @@ def test_sglang_model_path_positional_or_flag() -> None:
 
 
 def test_sglang_values_and_switches() -> None:
-    ns = parse_engine_args("sglang", [
-        "--mimic", "sglang", "/m", "--tp-size", "32", "--ep", "32", "--context-length", "128k",
-        "--dist-init-addr", "10.0.0.1:5000", "--disable-radix-cache", "--enable-hicache",
-        "--no-enable-tf32-matmul", "--mamba-ssm-dtype", "float32", "--kv-cache-dtype", "fp8_e4m3"])
+    ns = parse_engine_args(
+        "sglang",
+        [
+            "--mimic",
+            "sglang",
+            "/m",
+            "--tp-size",
+            "32",
+            "--ep",
+            "32",
+            "--context-length",
+            "128k",
+            "--dist-init-addr",
+            "10.0.0.1:5000",
+            "--disable-radix-cache",
+            "--enable-hicache",
+            "--no-enable-tf32-matmul",
+            "--mamba-ssm-dtype",
+            "float32",
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+        ],
+    )
     assert (ns.tp_size, ns.ep_size, ns.context_length) == (32, 32, 128000)
     assert ns.disable_radix_cache is True and ns.enable_hierarchical_cache is True
     assert ns.enable_tf32_matmul is False and ns.enable_cache_report is False
 
 
 def test_vllm_spellings_and_negative_switches() -> None:
-    ns = parse_engine_args("vllm", [
-        "--mimic", "vllm", "/m", "-tp", "8", "--max_model_len", "32K", "-dp", "4", "-dpl", "1",
-        "--enable-prefix-caching", "--disable-expert-parallel", "--served-model-name", "k3", "alias"])
+    ns = parse_engine_args(
+        "vllm",
+        [
+            "--mimic",
+            "vllm",
+            "/m",
+            "-tp",
+            "8",
+            "--max_model_len",
+            "32K",
+            "-dp",
+            "4",
+            "-dpl",
+            "1",
+            "--enable-prefix-caching",
+            "--disable-expert-parallel",
+            "--served-model-name",
+            "k3",
+            "alias",
+        ],
+    )
     assert ns.model_tag == "/m" and ns.tensor_parallel_size == 8
     assert ns.max_model_len == 32768 and ns.data_parallel_size == 4 and ns.data_parallel_size_local == 1
     assert ns.enable_prefix_caching is True and ns.enable_expert_parallel is False
     assert ns.served_model_name == ["k3", "alias"]
-    assert parse_engine_args("vllm", ["--mimic", "vllm", "/m", "--disable-prefix-caching"]).enable_prefix_caching is False
+    assert (
+        parse_engine_args("vllm", ["--mimic", "vllm", "/m", "--disable-prefix-caching"]).enable_prefix_caching
+        is False
+    )
     assert parse_engine_args("vllm", ["--mimic", "vllm", "/m"]).enable_prefix_caching is None
 
 
 def test_human_readable_int() -> None:
-    assert [human_readable_int(x) for x in ("42", "1k", "1K", "1.5k", "2M", "1m")] == [42, 1000, 1024, 1500,
-                                                                                       2 * 2**20, 10**6]
+    assert [human_readable_int(x) for x in ("42", "1k", "1K", "1.5k", "2M", "1m")] == [
+        42,
+        1000,
+        1024,
+        1500,
+        2 * 2**20,
+        10**6,
+    ]
     with pytest.raises(ValueError):
         human_readable_int("1.5")
 
@@ -111,8 +163,14 @@ def test_split_mimic() -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy.sim", *args], capture_output=True, text=True, check=False,
-                          cwd=ROOT, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "k3deploy.sim", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        timeout=30,
+    )
 
 
 def test_serve_help_is_fast_and_says_stand_in() -> None:
@@ -136,9 +194,14 @@ def test_serve_help_per_engine_lists_its_flags() -> None:
 
 
 def test_serve_parsing_does_not_import_torch() -> None:
-    code = ("import sys\nfrom k3deploy.sim.cli import main\ntry:\n    main(['serve', '--mimic', 'vllm', '--help'])\n"
-            "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT, timeout=30)
+    code = (
+        "import sys\nfrom k3deploy.sim.cli import main\ntry:\n"
+        "    main(['serve', '--mimic', 'vllm', '--help'])\n"
+        "except SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
     assert out.stdout.strip().endswith("False")
 
 
