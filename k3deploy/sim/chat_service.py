@@ -187,10 +187,13 @@ class ChatService:
             )
         try:
             done = complete(messages, tools=tools, tool_choice=choice, effort=effort, max_tokens=max_tokens)
+            # A required or named tool_choice runs guided decoding, which returns the call structured
+            # whatever the tool parser; `auto` relies on the kimi_k3 parser.
+            guided = choice == "required" or isinstance(choice, dict)
             parsed = parse(
                 done,
                 reasoning_parser=self.cfg.reasoning_parser == "kimi_k3",
-                tool_parser=self.cfg.tool_calls_structured,
+                tool_parser=self.cfg.tool_calls_structured or guided,
             )
         finally:
             with self._cond:

@@ -15,7 +15,8 @@ from k3deploy.sim.rendezvous import NodeGroup, cause_of, watchdog
 from k3deploy.sim.serve_config import ServeConfig
 
 FAILED = 1
-WATCHDOG_GRACE_S = 1.0  # lets the library's own timeout error, when it comes on time, be the logged cause
+# A moment past the timeout lets the library's own error, when it comes on time, be the logged cause.
+WATCHDOG_GRACE_S = 0.25
 
 
 def exit_now(code: int) -> NoReturn:
@@ -51,10 +52,12 @@ class Membership:
             self._hang()
         where = self.group.describe()
 
+        why = "not every node joined" if cfg.head else "the head is unreachable or not every node joined"
+
         def expired() -> None:
             log.error(
-                f"Rendezvous failed: {where} did not complete within {rdv.timeout_s:.0f} s (the configured "
-                "timeout): the head is unreachable or not every node joined"
+                f"Rendezvous failed: {where} did not complete within {rdv.timeout_s:.0f} s "
+                f"(the configured timeout): {why}"
             )
 
         try:

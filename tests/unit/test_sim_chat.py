@@ -133,6 +133,13 @@ def test_sglang_without_tool_parser_leaves_k3_tool_tokens_in_content() -> None:
     )
 
 
+@pytest.mark.parametrize("mimic", ["sglang", "vllm"])
+def test_named_tool_choice_is_structured_without_a_tool_parser(mimic: str) -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choice = ask(service(mimic), tools=TOOLS, tool_choice=named)["choices"][0]
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
 def test_vllm_auto_tool_choice_needs_both_flags() -> None:
     with pytest.raises(
         ApiError, match='"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser'
