@@ -138,6 +138,7 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     """Bring the deployment up and hand it to a supervisor (background), or return with this process as
     its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
+    executors = {j.rank: factory(j.target) for j in jobs}  # an unavailable executor fails before any record
     with store.lock(name):
         old = store.load(name)
         if old is not None and old.status in ACTIVE:
@@ -145,10 +146,9 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
                              hint=f"stop it first: k3deploy stop {name}")
         store.save(new_record(plan, jobs, Identity.me("launch")))
     with FanOut(len(jobs)) as pool:
-        dep = store.require(name)
-        gang = open_gang(dep, pool, factory, on_event)
+        gang = Gang(name, jobs, executors, pool, on_event)
         try:
-            bring_up(gang, store, dep.ready_timeout_s)
+            bring_up(gang, store, plan.topology.launch.ready_timeout_s)
         finally:
             close_gang(gang)
     if not background:

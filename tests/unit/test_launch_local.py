@@ -283,3 +283,11 @@ def test_supervisor_treats_a_host_gone_silent_as_failed(tmp_path: Path, name: st
     assert tagged_pids(f"{name}.0.") == tagged_pids(f"{name}.1.") == tagged_pids(f"{name}.3.") == []
     deploy.stop(store, name)  # the host is back: stop reaches it
     assert tagged_pids(f"{name}.") == []
+
+
+def test_unavailable_executor_is_input_error_and_leaves_no_record(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    run = cli("launch", str(topo), "--executor", "ray")
+    assert run.returncode == 2 and "executor 'ray' is not available yet" in run.stderr
+    assert not StateStore(tmp_path / "state").path(name).exists()
+    assert cli("launch", str(topo), "--executor", "bogus").returncode == 2
