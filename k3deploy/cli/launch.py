@@ -11,7 +11,7 @@ import typer
 
 from k3deploy.cli.common import CatalogOpt
 
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh (default: launch.executor)")]
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh | ray (default: launch.executor)")]
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
 SshConfigOpt = Annotated[str, typer.Option("--ssh-config", help="ssh client config for host aliases")]
@@ -33,6 +33,9 @@ def launch(
         "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")] = None,
     connect_timeout_s: Annotated[float | None, typer.Option(
         "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
+        "(over launch.ray_address)")] = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
 ) -> None:
@@ -46,12 +49,12 @@ def launch(
     from k3deploy.planning.files import catalog_for, require_feasible
 
     if executor not in (None, "local", "ssh", "ray"):
-        raise InputError(f"--executor {executor}: expected local or ssh")
+        raise InputError(f"--executor {executor}: expected local, ssh or ray")
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
     overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,  # type: ignore[arg-type]
                               ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
-                              connect_timeout_s=connect_timeout_s)
+                              connect_timeout_s=connect_timeout_s, ray_address=ray_address)
     jobs = jobs_for(plan, overrides, cat)
     if dry_run:
         _print_dry_run(jobs, as_json)

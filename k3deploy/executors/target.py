@@ -25,7 +25,8 @@ class ExecTarget(BaseModel):
     ssh_config: str | None = Field("~/.ssh/config", description="ssh: client config file for aliases")
     accept_new_host_keys: bool = Field(False, description="ssh: trust and save unknown host keys")
     connect_timeout_s: float = Field(10.0, gt=0, description="ssh: TCP + handshake timeout per attempt")
-    ray_address: str | None = Field(None, description="ray: cluster address")
+    ray_address: str | None = Field(None, description="ray: cluster address (auto, HOST:6379, ray://HOST:10001)")
+    node_ip: str | None = Field(None, description="ray: the node's `ip`, matched against the IPs of Ray's nodes")
 
 
 class ExecOverrides(BaseModel):
@@ -40,6 +41,7 @@ class ExecOverrides(BaseModel):
     ssh_config: str | None = "~/.ssh/config"
     accept_new_host_keys: bool = False
     connect_timeout_s: float | None = None
+    ray_address: str | None = None
 
 
 def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> dict[int, ExecTarget]:
@@ -58,7 +60,7 @@ def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> d
             known_hosts=o.known_hosts or launch.ssh.known_hosts,
             ssh_config=o.ssh_config, accept_new_host_keys=o.accept_new_host_keys,
             connect_timeout_s=o.connect_timeout_s or launch.ssh.connect_timeout_s,
-            ray_address=launch.ray_address,
+            ray_address=o.ray_address or launch.ray_address, node_ip=node.ip,
         )  # fmt: skip
     return out
 
@@ -74,5 +76,13 @@ def open_executor(target: ExecTarget) -> Executor:
 
         return SshExecutor(target)
     from k3deploy.errors import InputError
+
+    if target.kind == "ray":
+        try:
+            from k3deploy.executors.ray_exec import RayExecutor
+        except ImportError as exc:
+            raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
+                             hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
+        return RayExecutor(target)
 
     raise InputError(f"executor '{target.kind}' is not available yet", hint="use --executor ssh or local")

@@ -15,12 +15,13 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import CommandResult, ExecOverrides, ExecTarget, Executor, FanOut, targets_for
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.posix import exit_record
+from k3deploy.executors.ray_exec import RayExecutor
 from k3deploy.executors.ssh import SshExecutor
 from k3deploy.executors.ssh_config import resolve
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import tagged_pids
 
-IMPLEMENTATIONS = [LocalExecutor, SshExecutor]
+IMPLEMENTATIONS = [LocalExecutor, SshExecutor, RayExecutor]
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:

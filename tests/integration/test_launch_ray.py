@@ -1,0 +1,290 @@
+"""`k3deploy launch --executor ray` on a real Ray cluster spanning four network-namespace hosts (one Ray node
+per host, each with its own node IP) running the stand-in engine: ready/status/logs/stop leave nothing
+behind; a worker's engine killed after ready, or its agent actor dying, stops every node and names it; a
+node whose IP no Ray node has is refused before anything starts; an unreachable cluster is one message."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.launch.state import ACTIVE, StateStore
+from tests.rig import HostRig
+from tests.rig.ray_cluster import RAY_ENV, RayRig
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+
+
+def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout_s, cwd=ROOT, env={**os.environ, **RAY_ENV})
+
+
+@pytest.fixture(scope="module")
+def ray4(rig4: HostRig) -> Iterator[RayRig]:
+    """A Ray cluster on the module's four hosts (~20 s to start on 2 cores: paid once)."""
+    with RayRig(rig4) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from k3deploy.sim.checkpoint import write_checkpoint
+
+    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
+    write_checkpoint(path)
+    return path
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(step_s)
+    return predicate()
+
+
+def engine_running(rig: HostRig, host: str) -> bool:
+    """The stand-in engine process exists on the host."""
+    return bool(engine_pids(rig, host))
+
+
+def engine_pids(rig: HostRig, host: str) -> list[int]:
+    """Host-local PIDs of the stand-in engine processes on a host."""
+    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
+    return [int(line.split()[0]) for line in out.splitlines()
+            if line.split(None, 1)[1].startswith(sys.executable) and "k3deploy.sim serve" in line]
+
+
+def agents(rig: HostRig, host: str) -> list[str]:
+    """Ray agent actors (their worker processes) alive on a host."""
+    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
+    return [line.strip() for line in out.splitlines() if "ray::NodeAgent" in line]
+
+
+def tagged(rig: HostRig, host: str) -> list[int]:
+    """Processes on a host that carry any k3deploy tag (engines, wrappers, watchdogs)."""
+    found = []
+    for pid in rig.pids(host, root_ns=True):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"K3DEPLOY_RUN=" in env:
+            found.append(pid)
+    return found
+
+
+def nothing_left(rig: HostRig, timeout_s: float = 10.0) -> bool:
+    """No engine, no k3deploy-tagged process and no agent actor on any host (Ray's own processes stay)."""
+    return wait_for(lambda: not any(tagged(rig, h.name) or agents(rig, h.name) for h in rig.hosts), timeout_s)
+
+
+class RayDeployments:
+    """Topologies for the Ray cluster; whatever a failed test leaves is stopped and reported."""
+
+    def __init__(self, rig: HostRig, cluster: RayRig, checkpoint: Path, tmp: Path) -> None:
+        self.rig, self.cluster, self.checkpoint, self.tmp = rig, cluster, checkpoint, tmp
+        self.names: list[str] = []
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    def topology(self, name: str, *, nodes: list[dict[str, Any]] | None = None,
+                 launch: dict[str, Any] | None = None) -> Path:
+        default = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts]
+        doc = {
+            "name": name,
+            "model": {"id": "kimi-k3-tiny", "path": str(self.checkpoint)},
+            "hardware": {"gpu": "sim", "gpus_per_node": 1},
+            "nodes": nodes or default,
+            "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER},
+            "parallel": {"tp": 4, "ep": 4},
+            "serving": {"context_length": 32768, "max_running_requests": 16},
+            "launch": {"executor": "ray", "ray_address": self.cluster.address, "port": 29500, "dist_timeout_s": 20,
+                       "ready_timeout_s": 60, "stop_grace_s": 3, "log_dir": str(self.tmp / "logs"),
+                       "state_dir": str(self.state_dir), **(launch or {})},
+        }
+        self.names.append(name)
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def cleanup(self) -> list[str]:
+        problems = []
+        store = StateStore(self.state_dir)
+        for name in self.names:
+            rec = store.load(name) if store.path(name).exists() else None
+            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
+                problems.append(f"{name} left {rec.status}")
+                cli("stop", name, "--state-dir", str(self.state_dir))
+        if not nothing_left(self.rig):
+            problems.append(f"left on hosts: { {h.name: tagged(self.rig, h.name) for h in self.rig.hosts} } "
+                            f"agents { {h.name: agents(self.rig, h.name) for h in self.rig.hosts} }")
+        return problems
+
+
+@pytest.fixture
+def deployments(rig4: HostRig, ray4: RayRig, checkpoint: Path, tmp_path: Path) -> Iterator[RayDeployments]:
+    d = RayDeployments(rig4, ray4, checkpoint, tmp_path)
+    yield d
+    problems = d.cleanup()
+    assert problems == [], problems
+
+
+@pytest.mark.timeout(150)
+def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments, rig4: HostRig, ray4: RayRig,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    topo = deployments.topology("ray-e2e", launch={"executor": "ssh", "ray_address": "10.0.0.1:1"})
+    t0 = time.monotonic()
+    run = cli("launch", str(topo), "--executor", "ray", "--ray-address", ray4.address, "--json")
+    launch_s = time.monotonic() - t0
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)
+    assert rec["status"] == "ready" and rec["executor"] == "ray" and rec["owner"]["role"] == "supervisor"
+    assert {j["target"]["ray_address"] for j in rec["jobs"]} == {ray4.address}  # the CLI option is recorded
+    attempt = rec["attempts"][0]
+    for node, host in zip(rec["nodes"], rig4.hosts):
+        handle = node["handle"]
+        assert handle["container"] == f"k3-{handle['tag']}" and handle["tag"].startswith("ray-e2e.")
+        assert handle["pid"] in rig4.pids(host)  # a PID as the host sees it: the engine runs on its node
+        assert engine_running(rig4, host.name) and len(agents(rig4, host.name)) == 1
+    with capsys.disabled():
+        print(f"\nRay cluster (4 hosts + driver node) up in {ray4.timings['up_s']:.1f} s; "
+              f"4 hosts through Ray: launch to ready {attempt['ready_at'] - attempt['started_at']:.1f} s "
+              f"(CLI wall {launch_s:.1f} s)")
+
+    st = cli("status", str(topo), "--json")
+    assert st.returncode == 0, st.stderr
+    status = json.loads(st.stdout)
+    assert status["status"] == "ready" and status["ready"] is True and status["supervised"] is True
+    assert [n["alive"] for n in status["nodes"]] == [True] * 4 and status["executor"] == "ray"
+
+    logs = cli("logs", str(topo), "--node", "0", "--node", "2", "--lines", "200")
+    assert logs.returncode == 0, logs.stderr
+    prefixes = {line.split("]")[0] + "]" for line in logs.stdout.splitlines()}
+    assert prefixes == {f"[0 {rig4.hosts[0].mgmt_ip}]", f"[2 {rig4.hosts[2].mgmt_ip}]"}
+    assert "The server is fired up and ready to roll!" in logs.stdout
+
+    follow = subprocess.Popen([sys.executable, "-m", "k3deploy", "logs", str(topo), "--node", "1", "-f", "-n", "5"],
+                              cwd=ROOT, env={**os.environ, **RAY_ENV}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert follow.stdout is not None
+    first = select.select([follow.stdout], [], [], 30)[0] and follow.stdout.readline()
+    assert first and first.startswith(f"[1 {rig4.hosts[1].mgmt_ip}] "), first  # following before the stop
+    t0 = time.monotonic()
+    stop = cli("stop", str(topo))
+    stop_s = time.monotonic() - t0
+    assert stop.returncode == 0, stop.stderr
+    out, err = follow.communicate(timeout=30)  # the stream ends with the process
+    assert follow.returncode == 0, err
+    assert out.splitlines() and all(line.startswith(f"[1 {rig4.hosts[1].mgmt_ip}] ") for line in out.splitlines())
+    assert nothing_left(rig4), {h.name: (tagged(rig4, h.name), agents(rig4, h.name)) for h in rig4.hosts}
+    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
+    assert cli("stop", str(topo)).returncode == 0  # idempotent
+    assert "Received sigterm" in (deployments.tmp / "logs" / "ray-e2e-rank3.log").read_text()  # a graceful stop
+    with capsys.disabled():
+        print(f"stop through Ray: {stop_s:.1f} s")
+
+
+@pytest.mark.timeout(150)
+def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
+        deployments: RayDeployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = deployments.topology("ray-kill")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    store = StateStore(deployments.state_dir)
+    supervisor = store.require("ray-kill").owner
+    assert supervisor is not None and supervisor.alive()
+    victim = rig4.hosts[2]
+    engines = engine_pids(rig4, victim.name)
+    assert len(engines) == 1
+    t0 = time.monotonic()
+    rig4.exec(victim, ["kill", "-KILL", str(engines[0])])
+    others = [h for h in rig4.hosts if h is not victim]
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
+    took = time.monotonic() - t0
+    assert wait_for(lambda: store.require("ray-kill").status == "failed", 10)
+    status = json.loads(cli("status", str(topo), "--json").stdout)
+    assert status["status"] == "failed" and status["supervised"] is False
+    assert status["failure"]["rank"] == 2 and status["failure"]["host"] == victim.mgmt_ip
+    assert status["failure"]["cause"].startswith("exited with status 137")
+    assert f"rank 2 ({victim.mgmt_ip})" in cli("status", str(topo)).stdout
+    assert nothing_left(rig4) and wait_for(lambda: not supervisor.alive(), 5)
+    assert took < 10, took
+    with capsys.disabled():
+        print(f"\nworker engine killed after ready (Ray): every node stopped {took:.1f} s after the kill")
+
+
+@pytest.mark.timeout(150)
+def test_an_agent_actor_dying_stops_its_engine_and_the_group(
+        deployments: RayDeployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = deployments.topology("ray-agent")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    victim = rig4.hosts[1]
+    (agent,) = agents(rig4, victim.name)
+    t0 = time.monotonic()
+    rig4.exec(victim, ["kill", "-KILL", agent.split()[0]])  # the actor dies; nothing of it can clean up
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in rig4.hosts), 30)
+    took = time.monotonic() - t0
+    store = StateStore(deployments.state_dir)
+    assert wait_for(lambda: store.require("ray-agent").status == "failed", 10)
+    failure = store.require("ray-agent").failure
+    assert failure is not None and failure.rank == 1 and failure.host == victim.mgmt_ip
+    assert "the Ray agent k3-ray-agent.1." in failure.log_tail and "is gone" in failure.log_tail
+    assert nothing_left(rig4)
+    with capsys.disabled():
+        print(f"\nagent actor killed: its engine and every other node stopped {took:.1f} s after the kill")
+
+
+@pytest.mark.timeout(90)
+def test_a_node_ip_no_ray_node_has_is_refused_before_anything_starts(deployments: RayDeployments, rig4: HostRig,
+                                                                     ray4: RayRig) -> None:
+    nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    wrong = f"10.231.{rig4.subnet}.99"
+    nodes[3]["ip"] = wrong  # e.g. Ray on that host picked another NIC
+    topo = deployments.topology("ray-wrong-ip", nodes=nodes)
+    run = cli("launch", str(topo))
+    assert run.returncode == 3, run.stderr
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith(f"error: {rig4.hosts[3].mgmt_ip}: no Ray node has IP {wrong} (the node's `ip`); "
+                            "Ray sees: "), first
+    for ip in [h.priv_ip for h in rig4.hosts] + [ray4.driver_ip]:
+        assert f"{ip} (alive)" in first
+    assert "--node-ip-address" in run.stderr
+    assert nothing_left(rig4, 2)  # nothing was started anywhere
+    rec = StateStore(deployments.state_dir).require("ray-wrong-ip")
+    assert rec.status == "failed" and all(n.handle is None for n in rec.nodes)
+    assert rec.failure is not None and rec.failure.rank == 3
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_cluster_is_one_clear_message(deployments: RayDeployments, rig4: HostRig) -> None:
+    address = f"{rig4.hosts[0].priv_ip}:6390"  # the head host, a port nothing listens on
+    topo = deployments.topology("ray-unreachable")
+    t0 = time.monotonic()
+    run = cli("launch", str(topo), "--ray-address", address)
+    assert run.returncode == 3, run.stderr
+    assert time.monotonic() - t0 < 20
+    lines = [line for line in run.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+    assert lines[0].startswith(f"error: {rig4.hosts[0].mgmt_ip}: cannot reach the Ray cluster at {address}: "
+                               "connection refused"), run.stderr
+    assert lines[-1].startswith("hint: is Ray running there?") and "Traceback" not in run.stderr
+    assert nothing_left(rig4, 2)

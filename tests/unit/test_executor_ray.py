@@ -1,0 +1,217 @@
+"""Ray executor without a cluster: node matching by IP, one message per Ray failure, the agent's shell and
+log streams run as plain Python, and the watchdog that stops an engine whose agent died."""
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from k3deploy.errors import ExecError
+from k3deploy.executors import ExecOverrides, ExecTarget, open_executor, ray_agent, targets_for
+from k3deploy.executors.local import LocalExecutor
+from k3deploy.executors.posix import exit_record
+from k3deploy.executors.ray_exec import RayExecutor, describe_nodes, init_error, match_node, probe, watchdog
+from k3deploy.launch.procs import start_ticks
+from k3deploy.topology.loader import parse_topology
+from tests.unit.test_launch_support import kill_tagged, tagged_pids
+
+
+def _node(ip: str, alive: bool = True, node_id: str | None = None) -> dict[str, object]:
+    return {"NodeID": node_id or f"id-{ip}-{alive}", "Alive": alive, "NodeManagerAddress": ip}
+
+
+def _wait(pred: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / 0.05) + 2):
+        if pred():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return pred()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_node_maps_to_the_one_alive_ray_node_with_its_ip() -> None:
+    nodes = [_node("10.0.0.1"), _node("10.0.0.2", alive=False, node_id="old"), _node("10.0.0.2", node_id="new")]
+    assert match_node(nodes, "10.0.0.2", "h2") == "new"  # a restarted node: the dead entry stays in the table
+
+
+def test_an_ip_ray_does_not_know_is_refused_listing_what_it_sees() -> None:
+    nodes = [_node("10.0.0.10"), _node("10.0.0.9"), _node("192.168.1.5", alive=False)]
+    with pytest.raises(ExecError) as err:
+        match_node(nodes, "10.0.0.99", "h4")
+    text = str(err.value)
+    assert text.startswith("h4: no Ray node has IP 10.0.0.99")
+    assert text.endswith("Ray sees: 10.0.0.9 (alive), 10.0.0.10 (alive), 192.168.1.5 (dead)")
+    assert err.value.host == "h4" and "--node-ip-address" in (err.value.hint or "")
+
+
+def test_a_dead_or_ambiguous_ray_node_is_refused() -> None:
+    with pytest.raises(ExecError, match=r"^h1: the Ray node with IP 10.0.0.1 is dead; Ray sees: 10.0.0.1 \(dead\)"):
+        match_node([_node("10.0.0.1", alive=False)], "10.0.0.1", "h1")
+    with pytest.raises(ExecError, match=r"2 alive Ray nodes have IP 10.0.0.1"):
+        match_node([_node("10.0.0.1", node_id="a"), _node("10.0.0.1", node_id="b")], "10.0.0.1", "h1")
+    assert describe_nodes([]) == "no nodes"
+    many = describe_nodes([_node(f"10.0.1.{i}") for i in range(40)])
+    assert many.endswith("and 8 more") and many.startswith("10.0.1.0 (alive), 10.0.1.1 (alive)")
+
+
+def test_version_mismatch_says_which_versions() -> None:
+    from ray._private.utils import check_version_info
+
+    with pytest.raises(RuntimeError) as raised:  # Ray's own check, with a cluster from another release
+        check_version_info({"ray_version": "2.9.3", "python_version": "3.10.12"}, "node 10.0.0.1:6379")
+    err = init_error(raised.value, "10.0.0.1:6379", "h1")
+    import ray
+
+    assert str(err).startswith("h1: Ray version mismatch with the cluster at 10.0.0.1:6379: the cluster runs "
+                               "Ray 2.9.3, Python 3.10.12, this k3deploy runs Ray " + ray.__version__)
+    assert "\n" not in str(err)
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by "
+                     "setting `--address` flag or `RAY_ADDRESS` environment variable."),
+     "no Ray cluster found from this machine (ray address auto)"),
+    (ValueError("Ray Client requires pip package `ray[client]`. If you installed the minimal Ray ..."),
+     "ray://h:10001 needs the Ray client, which this Ray install lacks"),
+    (RuntimeError("No node info found matching attributes: '10.1.1.1' when trying to resolve node to connect to."),
+     "this machine is not a node of the Ray cluster at ray://h:10001"),
+    (RuntimeError("something else\nwith details"),
+     "cannot connect to the Ray cluster at ray://h:10001: RuntimeError: something else"),
+])
+def test_each_way_ray_init_fails_is_one_message(raised: Exception, expected: str) -> None:
+    err = init_error(raised, "ray://h:10001", "h1")
+    assert isinstance(err, ExecError) and expected in str(err) and "\n" not in str(err)
+
+
+def test_an_unreachable_gcs_fails_at_once_naming_the_address() -> None:
+    port = _closed_port()
+    ex = RayExecutor(ExecTarget(kind="ray", host="h1", node_ip="10.0.0.1", ray_address=f"127.0.0.1:{port}"))
+    t0 = time.monotonic()
+    with pytest.raises(ExecError) as err:
+        ex.connect()  # ray.init itself would wait minutes here
+    assert time.monotonic() - t0 < 3
+    assert str(err.value) == f"h1: cannot reach the Ray cluster at 127.0.0.1:{port}: connection refused"
+    assert "ray status --address" in (err.value.hint or "")
+    with pytest.raises(ExecError, match="is not auto, HOST:PORT or ray://HOST:PORT"):
+        probe("headnode", "h1")
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_targets_carry_the_node_ip_and_the_cli_ray_address() -> None:
+    import yaml
+
+    doc = {"name": "t", "model": {"id": "kimi-k3-tiny", "path": "/m"}, "hardware": {"gpu": "sim", "gpus_per_node": 1},
+           "nodes": [{"host": "a", "ip": "10.0.0.1", "iface": "eth0"}, {"host": "b", "ip": "10.0.0.2", "iface": "eth0"}],
+           "engine": {"kind": "sim"}, "launch": {"executor": "ray", "ray_address": "10.0.0.1:6379"}}
+    t = parse_topology(yaml.safe_dump(doc), "t.yaml").topology
+    plain = targets_for(t)
+    assert [(x.kind, x.node_ip, x.ray_address) for x in plain.values()] == [
+        ("ray", "10.0.0.1", "10.0.0.1:6379"), ("ray", "10.0.0.2", "10.0.0.1:6379")]
+    cli = targets_for(t, ExecOverrides(ray_address="ray://head:10001"))
+    assert {x.ray_address for x in cli.values()} == {"ray://head:10001"}
+    assert isinstance(open_executor(plain[0]), RayExecutor)
+
+
+def test_the_agent_module_needs_only_the_standard_library() -> None:
+    # It is shipped to the nodes by value: a cluster needs Ray, not k3deploy.
+    tree = ast.parse(Path(ray_agent.__file__).read_text())
+    top = {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+    assert top - {"__future__"} <= set(sys.stdlib_module_names), top
+
+
+def test_agent_shell_runs_scripts_and_times_out() -> None:
+    agent = ray_agent.NodeAgent()
+    assert agent.run("echo out; echo err >&2; exit 3", 10) == (3, "out\n", "err\n")
+    t0 = time.monotonic()
+    code, _, err = agent.run("sleep 30", 0.3)
+    assert code == 124 and "timed out after 0.3 s" in err and time.monotonic() - t0 < 5
+
+
+def test_agent_log_stream_delivers_chunks_then_ends(tmp_path: Path) -> None:
+    agent = ray_agent.NodeAgent()
+    sid = agent.stream_open("for i in 1 2 3; do echo line$i; sleep 0.1; done")
+    data, ended = b"", False
+    for _ in range(100):
+        chunk, ended = agent.stream_read(sid, 0.2)
+        data += chunk
+        if ended:
+            break
+    assert ended and data.decode().split() == ["line1", "line2", "line3"]
+    assert agent.stream_read(sid, 0) == (b"", True)  # closed once it ended
+    other = agent.stream_open("sleep 30")
+    assert agent.stream_read(other, 0.05) == (b"", False)
+    agent.stream_close(other)
+    agent.stream_close(other)  # idempotent
+
+
+def test_agent_env_is_the_nodes_not_the_ray_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    raylet = subprocess.Popen(["sleep", "30"], env={"PATH": "/usr/bin:/bin", "NODE_VAR": "1"})
+    try:
+        monkeypatch.setenv("RAY_RAYLET_PID", str(raylet.pid))
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in a zero-CPU worker
+        env = ray_agent.node_env()
+        assert env.get("NODE_VAR") == "1" and "OMP_NUM_THREADS" not in env
+        monkeypatch.setenv("RAY_RAYLET_PID", "999999999")  # unreadable: the worker's own, minus Ray's throttle
+        env = ray_agent.node_env()
+        assert "OMP_NUM_THREADS" not in env and env["PATH"] == os.environ["PATH"]
+    finally:
+        raylet.kill()
+        raylet.wait()
+
+
+def test_the_watchdog_stops_the_group_when_the_agent_dies(tmp_path: Path) -> None:
+    """The engine starts exactly as on a node (the shared start script); a `sleep` stands in for the actor."""
+    fake_agent = subprocess.Popen(["sleep", "60"])
+    ex = LocalExecutor("n1")
+    tag = "unit-raywd.0.a"
+    try:
+        ticks = start_ticks(fake_agent.pid)
+        handle = ex.start(watchdog(fake_agent.pid, ticks, "k3-x") + "echo up; exec sleep 60",
+                          str(tmp_path / "e.log"), str(tmp_path), tag)
+        assert _wait(lambda: "up" in ex.read_log(handle))
+        time.sleep(1.5)
+        assert ex.alive(handle)  # the agent lives: the watchdog only watches
+        fake_agent.kill()
+        fake_agent.wait()
+        t0 = time.monotonic()
+        assert _wait(lambda: not ex.alive(handle), 10)
+        assert time.monotonic() - t0 < 4
+        log = ex.read_log(handle)
+        assert "[k3deploy] the Ray agent k3-x is gone: stopping its process group" in log
+        assert exit_record(log) is not None and exit_record(log)[0] == 143  # type: ignore[index]
+        assert _wait(lambda: tagged_pids(tag) == [], 10)  # the watchdog's SIGKILL took the rest
+    finally:
+        fake_agent.kill()
+        kill_tagged(tag)
+
+
+def test_a_watchdog_with_a_stale_start_time_fires_at_once(tmp_path: Path) -> None:
+    # A reused PID is not the agent: same PID, other start time.
+    ex = LocalExecutor("n1")
+    tag = "unit-raywd.1.a"
+    try:
+        h = ex.start(watchdog(os.getpid(), (start_ticks(os.getpid()) or 0) - 1, "k3-y") + "exec sleep 60",
+                     str(tmp_path / "f.log"), str(tmp_path), tag)
+        assert _wait(lambda: not ex.alive(h), 5)
+        ex.signal(h, signal.SIGKILL)
+    finally:
+        kill_tagged(tag)
