@@ -1,13 +1,14 @@
 """RayExecutor: reach the nodes through an existing Ray cluster, one pinned agent actor per started process.
 
-The only module that imports ray; every Ray exception leaving it is an ExecError with one clear message.
+With ray_session (the connection), the only modules that import ray; every Ray exception leaving them is an
+ExecError with one clear message.
 
 Connecting: `launch.ray_address` (or `--ray-address`) is `auto`, a GCS address `HOST:6379`, or
 `ray://HOST:10001`. A driver talking to a GCS address needs a raylet on its own machine, so with `auto` or a
 GCS address k3deploy runs on a node of the cluster (the head, or a login node started with
 `ray start --address=HEAD:6379 --num-cpus=0`). `ray://` goes through the Ray client server and needs
 `ray[client]` (grpcio), which a minimal `pip install ray` lacks. The test rig uses the first form: a
-zero-CPU Ray node in the root namespace (measured: driver connect 0.8 s, reconnect 0.1 s); topology nodes
+zero-CPU Ray node in the root namespace (measured: a CLI's ray.init 0.1-0.8 s); topology nodes
 never map to it because placement is by each node's own IP. One process talks to one cluster: executors
 share the connection, and the last one closed disconnects.
 
@@ -26,11 +27,7 @@ Not covered: a raylet run as a subreaper that kills orphaned processes
 """
 from __future__ import annotations
 
-import logging
-import signal as _signal
-import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,15 +50,13 @@ from k3deploy.executors.posix import (
     start_script,
     tail_script,
 )
+from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
 from k3deploy.executors.target import ExecTarget
 
-NAMESPACE = "k3deploy"
 PLACEMENT_TIMEOUT_S = 60.0
-GCS_PROBE_TIMEOUT_S = 5.0
 READ_WAIT_S = 0.5
 # After the actor dies, the engine group gets SIGTERM, then SIGKILL this much later.
 WATCHDOG_GRACE_S = 5
-SEEN_MAX = 32
 
 # Ship the agent's code with its class: the nodes need Ray, not k3deploy.
 ray.cloudpickle.register_pickle_by_value(ray_agent)
@@ -113,6 +108,7 @@ class RayExecutor:
         self.connect()
         tag = check_tag(tag or "k3deploy")
         name = f"k3-{tag}"
+        self._release_retired()  # a new start (a restart): the agents of the stopped run are done
         try:
             agent: Any = _Agent.options(name=name, scheduling_strategy=self._pin(), **_AGENT_OPTIONS).remote()
         except ValueError as exc:  # the name is taken
@@ -123,6 +119,8 @@ class RayExecutor:
                                      workdir, tag))
             code, out, err = self._get(agent.run.remote(script, self.control_timeout_s),
                                        2 * self.control_timeout_s, "start the process")
+        except _AgentGone:
+            raise ExecError(f"the Ray agent {name} died before it started the process", host=self.host) from None
         except BaseException:
             _kill_actor(agent)
             raise
@@ -211,9 +209,7 @@ class RayExecutor:
         """Kill the agents whose process group is gone, forget the rest, and leave the cluster once no
         executor of this process uses it."""
         with self._lock:
-            for agent in self._retired.values():
-                _kill_actor(agent)
-            self._retired.clear()
+            self._release_retired()
             self._agents.clear()
             self._node_id = None
             if self._joined:
@@ -221,6 +217,12 @@ class RayExecutor:
                 CLUSTER.release()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _release_retired(self) -> None:
+        for name, agent in list(self._retired.items()):
+            _kill_actor(agent)
+            self._retired.pop(name, None)
+            self._agents[name] = None
 
     def _pin(self) -> NodeAffinitySchedulingStrategy:
         assert self._node_id is not None
@@ -236,7 +238,7 @@ class RayExecutor:
                             host=self.host, hint="`ray status` on the head lists pending demands; the node "
                             "may be dead, full, or unable to start workers") from None
         except RayError as exc:
-            raise ExecError(f"Ray could not start the agent {name} on node {ip}: {_first_line(exc)}",
+            raise ExecError(f"Ray could not start the agent {name} on node {ip}: {first_line(exc)}",
                             host=self.host) from None
         if info.get("node_id") != self._node_id:
             raise ExecError(f"the agent {name} runs on Ray node {info.get('node_id')}, not on {self._node_id} "
@@ -254,7 +256,7 @@ class RayExecutor:
         except ValueError:
             agent = None
         except RayError as exc:
-            raise ExecError(f"cannot look up the Ray agent {name}: {_first_line(exc)}", host=self.host) from None
+            raise ExecError(f"cannot look up the Ray agent {name}: {first_line(exc)}", host=self.host) from None
         self._agents[name] = agent
         return agent
 
@@ -283,10 +285,10 @@ class RayExecutor:
         except RayActorError:
             raise _AgentGone() from None
         except RayTaskError as exc:
-            raise ExecError(f"cannot {what}: {_first_line(exc.cause or exc)}", host=self.host) from None
+            raise ExecError(f"cannot {what}: {first_line(exc.cause or exc)}", host=self.host) from None
         except RayError as exc:
             raise ExecError(f"cannot {what} on node {self.target.node_ip} through Ray at {self.address}: "
-                            f"{_first_line(exc)}", host=self.host) from None
+                            f"{first_line(exc)}", host=self.host) from None
 
 
 def watchdog(pid: int, start_ticks: int | None, name: str) -> str:
@@ -299,194 +301,6 @@ def watchdog(pid: int, start_ticks: int | None, name: str) -> str:
         f"  echo '[k3deploy] the Ray agent {name} is gone: stopping its process group'\n"
         f"  kill -TERM 0; sleep {WATCHDOG_GRACE_S}; kill -KILL 0 ) < /dev/null &\n"
     )
-
-
-def node_for_ip(ip: str | None, host: str, address: str) -> str:
-    """The id of the one alive Ray node whose node IP is `ip`; ExecError listing what Ray sees otherwise."""
-    if not ip:
-        raise ExecError("the Ray executor needs the node's `ip` to find its Ray node", host=host)
-    try:
-        nodes = ray.nodes()
-    except RayError as exc:
-        raise ExecError(f"cannot list the nodes of the Ray cluster at {address}: {_first_line(exc)}",
-                        host=host) from None
-    return match_node(nodes, ip, host)
-
-
-def match_node(nodes: Sequence[dict[str, Any]], ip: str, host: str) -> str:
-    """Pure part of node_for_ip (unit-tested): `nodes` as `ray.nodes()` returns them."""
-    alive = [n for n in nodes if n.get("Alive") and n.get("NodeManagerAddress") == ip]
-    if len(alive) == 1:
-        return str(alive[0]["NodeID"])
-    seen = describe_nodes(nodes)
-    if len(alive) > 1:
-        ids = ", ".join(str(n["NodeID"])[:12] for n in alive)
-        raise ExecError(f"{len(alive)} alive Ray nodes have IP {ip} ({ids}); k3deploy needs exactly one",
-                        host=host, hint="run one Ray node per machine")
-    if any(n.get("NodeManagerAddress") == ip for n in nodes):
-        raise ExecError(f"the Ray node with IP {ip} is dead; Ray sees: {seen}", host=host,
-                        hint=f"restart Ray on that machine (ray start --address=... --node-ip-address={ip})")
-    raise ExecError(f"no Ray node has IP {ip} (the node's `ip`); Ray sees: {seen}", host=host,
-                    hint="Ray names a node by the IP it was started with; on a machine with several NICs it may "
-                    "have picked another one: restart it with `ray start --node-ip-address=IP`, or set the "
-                    "node's `ip` to the one Ray reports")
-
-
-def describe_nodes(nodes: Sequence[dict[str, Any]]) -> str:
-    """`10.0.0.1 (alive), 10.0.0.2 (dead), ...`: alive first, each IP once."""
-    state: dict[str, bool] = {}
-    for n in nodes:
-        ip = str(n.get("NodeManagerAddress"))
-        state[ip] = state.get(ip, False) or bool(n.get("Alive"))
-    order = sorted(state, key=lambda ip: (not state[ip], _ip_key(ip)))
-    text = ", ".join(f"{ip} ({'alive' if state[ip] else 'dead'})" for ip in order[:SEEN_MAX])
-    more = len(order) - SEEN_MAX
-    return (text + (f" and {more} more" if more > 0 else "")) or "no nodes"
-
-
-def _ip_key(ip: str) -> tuple[int, ...] | tuple[str]:
-    parts = ip.split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (ip,)
-
-
-class _Cluster:
-    """This process's one Ray connection, shared by its executors (reference-counted)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.address: str | None = None
-        self._refs = 0
-        self._owned = False
-        self._failed: tuple[str, float, ExecError] | None = None
-
-    def acquire(self, address: str, host: str) -> None:
-        """Connect on first use; later users of the same address share the connection."""
-        with self._lock:
-            if self._refs:
-                if address != self.address:
-                    raise ExecError(f"this process is already connected to the Ray cluster at {self.address}, "
-                                    f"not {address}", host=host, hint="one deployment talks to one Ray cluster")
-                self._refs += 1
-                return
-            if self._failed and self._failed[0] == address and time.monotonic() - self._failed[1] < 5.0:
-                failed = self._failed[2]  # the executors of one fan-out round share one failure
-                raise ExecError(str(failed).removeprefix(f"{failed.host}: "), host=host, hint=failed.hint)
-            if ray.is_initialized():
-                self._owned = False  # connected by someone else in this process (a test): leave it be
-            else:
-                try:
-                    connect(address, host)
-                except ExecError as exc:
-                    self._failed = (address, time.monotonic(), exc)
-                    raise
-                self._owned = True
-            self.address, self._refs, self._failed = address, 1, None
-
-    def release(self) -> None:
-        """Drop one user; the last one disconnects."""
-        with self._lock:
-            self._refs = max(0, self._refs - 1)
-            if self._refs == 0 and self.address is not None:
-                if self._owned:
-                    ray.shutdown()
-                self.address = None
-
-
-CLUSTER = _Cluster()
-
-
-def connect(address: str, host: str) -> None:
-    """ray.init with every failure translated; a GCS or client address is probed first (ray.init itself
-    waits minutes on an address where nothing listens)."""
-    if address != "auto":
-        probe(address, host)
-    if not address.startswith("ray://") and _no_local_raylet():
-        raise ExecError(f"no Ray node runs on this machine, and a driver using the GCS address {address} needs one",
-                        host=host, hint="run k3deploy on a node of the cluster (e.g. the head), or connect "
-                        "through the Ray client: ray://HEAD:10001 (needs `pip install 'ray[client]'`)")
-    main = threading.current_thread() is threading.main_thread()
-    sigterm = _signal.getsignal(_signal.SIGTERM) if main else None
-    worker_log = logging.getLogger("ray._private.worker")
-    level = worker_log.level
-    worker_log.setLevel(logging.ERROR)  # "SIGTERM handler is not set" when connecting from a pool thread
-    try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
-    except Exception as exc:  # noqa: BLE001 - ray.init raises plain RuntimeError/ConnectionError/ValueError
-        raise init_error(exc, address, host) from None
-    finally:
-        worker_log.setLevel(level)
-        if main and sigterm is not None:
-            _signal.signal(_signal.SIGTERM, sigterm)  # ray.init installs sys.exit on SIGTERM: keep ours
-
-
-def probe(address: str, host: str) -> None:
-    """A TCP connect to the GCS or client server port, bounded; ExecError naming the address if it fails."""
-    hostport = address.removeprefix("ray://")
-    name, _, port = hostport.rpartition(":")
-    if not name or not port.isdigit():
-        raise ExecError(f"Ray address {address!r} is not auto, HOST:PORT or ray://HOST:PORT", host=host)
-    try:
-        with socket.create_connection((name.strip("[]"), int(port)), timeout=GCS_PROBE_TIMEOUT_S):
-            return
-    except socket.gaierror as exc:
-        why = f"cannot resolve {name}: {exc.strerror}"
-    except TimeoutError:
-        why = f"no answer within {GCS_PROBE_TIMEOUT_S:g} s"
-    except ConnectionRefusedError:
-        why = "connection refused"
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-    raise ExecError(f"cannot reach the Ray cluster at {address}: {why}", host=host,
-                    hint=f"is Ray running there? On the head node, `ray status --address {hostport}` lists its "
-                    "nodes; set launch.ray_address or --ray-address")
-
-
-def init_error(exc: BaseException, address: str, host: str) -> ExecError:
-    """One clear message per way ray.init fails."""
-    text = str(exc)
-    if "Version mismatch" in text:
-        cluster, mine = _versions(text)
-        return ExecError(f"Ray version mismatch with the cluster at {address}: the cluster runs {cluster}, "
-                         f"this k3deploy runs {mine}", host=host,
-                         hint="install the cluster's Ray (and Python) version where k3deploy runs")
-    if "Could not find any running Ray instance" in text:
-        return ExecError("no Ray cluster found from this machine (ray address auto)", host=host,
-                         hint="pass --ray-address HEAD:6379 (or ray://HEAD:10001), or set launch.ray_address")
-    if "ray[client]" in text:
-        return ExecError(f"{address} needs the Ray client, which this Ray install lacks", host=host,
-                         hint="pip install 'ray[client]', or run k3deploy on a cluster node with the GCS address")
-    if "No node info found matching attributes" in text:
-        return ExecError(f"this machine is not a node of the Ray cluster at {address} ({_first_line(exc)})",
-                         host=host, hint="run k3deploy on a node of the cluster, or use ray://HEAD:10001")
-    return ExecError(f"cannot connect to the Ray cluster at {address}: {type(exc).__name__}: {_first_line(exc)}",
-                     host=host)
-
-
-def _versions(text: str) -> tuple[str, str]:
-    """('Ray 2.9.3, Python 3.10.12', 'Ray 2.60.0, Python 3.11.7') from Ray's mismatch message."""
-    found = [line.split(":", 1)[1].strip() for line in text.splitlines()
-             if line.strip().startswith(("Ray:", "Python:"))]
-    if len(found) >= 4:
-        return f"Ray {found[0]}, Python {found[1]}", f"Ray {found[2]}, Python {found[3]}"
-    return "another version", f"Ray {ray.__version__}"
-
-
-def _no_local_raylet() -> bool:
-    """Ray finds the driver's raylet by looking for raylet processes on this machine; none means ray.init
-    would wait a minute for nothing."""
-    try:
-        from ray._private.services import find_node_ids
-    except ImportError:
-        return False  # a Ray without this helper: let ray.init decide
-    try:
-        return not find_node_ids()
-    except Exception:  # noqa: BLE001 - a best-effort pre-check; ray.init gives the real answer
-        return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _kill_actor(agent: Any) -> None:

@@ -18,7 +18,8 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import ExecOverrides, ExecTarget, open_executor, ray_agent, targets_for
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.posix import exit_record
-from k3deploy.executors.ray_exec import RayExecutor, describe_nodes, init_error, match_node, probe, watchdog
+from k3deploy.executors.ray_exec import RayExecutor, watchdog
+from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
 from k3deploy.launch.procs import start_ticks
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
