@@ -4,7 +4,8 @@ Each host runs `ray start` inside its own namespaces with its priv IP as node IP
 sharing one race on socket names); the head (first host) starts first, the others join as soon as its GCS
 port answers, a few at a time (too many at once on 2 cores hit Ray's 30 s start-up timeout). A driver must
 run where a raylet is reachable, so a zero-CPU Ray node also runs in the root namespace (where k3deploy and
-its supervisor run), as PID 1's child in a PID namespace of its own: SIGKILL to its `unshare` removes it.
+its supervisor run), `ray start --block` as PID 1 of a PID namespace of its own: SIGKILL to its
+`unshare` removes it.
 
 Teardown never uses `ray stop` (it kills every Ray process on the machine): it SIGKILLs what runs in each
 host's namespaces (gcs_server ignores SIGTERM anyway) and the root node's PID namespace, then removes the
@@ -13,6 +14,7 @@ temp dirs.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -26,6 +28,7 @@ from typing import Self
 
 from .hosts import HostRig, RigHost
 from .netns import RigError
+from .registry import registry_path
 
 GCS_PORT = 6379
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -61,6 +64,8 @@ class RayRig:
         self._root: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._dirs = [self.temp_dir(h.name) for h in self.hosts] + [self.temp_dir("root")]
+        _sweep_stale_dirs()
+        atexit.register(self.close)
         t0 = time.monotonic()
         try:
             self._start(timeout_s)
@@ -133,7 +138,8 @@ class RayRig:
 
     def _start_root_node(self) -> subprocess.Popen[bytes]:
         log = self.rig.workdir / "ray-root.log"
-        argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
+        # pdeathsig: if this process dies without closing the rig, unshare and with it the node go too.
+        argv = ["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
                 "ray", "start", "--block", f"--address={self.address}", f"--node-ip-address={self.driver_ip}",
                 "--num-cpus=0", "--object-store-memory=80000000", "--disable-usage-stats",
                 "--include-log-monitor=false", f"--temp-dir={self.temp_dir('root')}"]
@@ -149,10 +155,6 @@ class RayRig:
         if run.returncode != 0:
             raise RigError(f"listing Ray nodes failed: {run.stderr[-1500:]}")
         return [(ip, alive) for ip, alive in json.loads(run.stdout.strip().splitlines()[-1])]
-
-    def ray_pids(self, host: RigHost | str) -> list[int]:
-        """Host-local PIDs of the host's processes (Ray's own and whatever they started)."""
-        return self.rig.pids(host)
 
     def close(self) -> None:
         """SIGKILL every process of the Ray nodes (host namespaces, root node), remove temp dirs; idempotent."""
@@ -174,6 +176,7 @@ class RayRig:
                 problems.append(str(exc))
         for d in self._dirs:
             shutil.rmtree(d, ignore_errors=True)
+        atexit.unregister(self.close)
         self.timings["down_s"] = time.monotonic() - t0
         if problems:
             raise RigError("Ray rig teardown: " + "; ".join(problems))
@@ -183,6 +186,14 @@ class RayRig:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sweep_stale_dirs() -> None:
+    """Remove Ray temp dirs of rigs that no longer exist (their creator died before closing them)."""
+    for d in Path("/tmp").glob("k3ray-*-*"):
+        ident = d.name.split("-")[1]
+        if not registry_path(ident).exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _wait_port(ip: str, port: int, deadline: float, proc: subprocess.Popen[str]) -> bool:
