@@ -1,17 +1,15 @@
 """Issues: one problem with a stable code, a severity, a message and where it is in the file."""
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal, NamedTuple
 
 Severity = Literal["error", "warning", "info"]
 
 
-class Issue(BaseModel):
+# Records that k3deploy computes (never parsed from user input) are NamedTuples rather than pydantic
+# models or dataclasses: creating those classes is a measurable part of `k3deploy plan` start-up.
+class Issue(NamedTuple):
     """A problem found in a topology, as reported by `plan` (JSON field names are a stable contract)."""
-
-    model_config = ConfigDict(frozen=True)
 
     code: str
     severity: Severity
@@ -33,6 +31,10 @@ class Issue(BaseModel):
         path = f"{self.path}: " if self.path else ""
         hint = f" ({self.hint})" if self.hint else ""
         return f"{where}: {path}{self.message}{hint}"
+
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value, in declaration order (the `plan --json` issue object)."""
+        return self._asdict()
 
 
 def dotted(path: tuple[str | int, ...]) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from k3deploy.catalog.cache import cached_catalog
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import InputError
 
@@ -63,9 +64,17 @@ def _files(extra_dirs: tuple[Path, ...]) -> list[Path]:
 @functools.lru_cache(maxsize=8)
 def load_catalog(extra_dirs: tuple[Path, ...] = ()) -> Catalog:
     """The packaged catalog, with entries from `extra_dirs` added or overriding by id."""
+    files = _files(extra_dirs)
+    if extra_dirs:  # a user's files are validated on every run, merged with the entries they override
+        return validate_catalog(files)
+    return cached_catalog(files, lambda: validate_catalog(files))
+
+
+def validate_catalog(files: list[Path]) -> Catalog:
+    """Merge catalog files in order (later ids win) and validate the result; errors name the file."""
     raw: dict[str, Any] = {"models": {}, "hardware": {}, "vendors": {}, "engines": {}, "planner": {}}
     origin: dict[tuple[str, str], Path] = {}
-    for path in _files(extra_dirs):
+    for path in files:
         data = _read(path)
         _merge(raw, data, path)
         for section in _LIST_SECTIONS:

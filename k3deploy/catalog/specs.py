@@ -13,7 +13,8 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 class Spec(BaseModel):
     """Strict, immutable base for catalog entries."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built on first validation: a run that takes the validated catalog from the cache never validates.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Sourced(Spec):

@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from k3deploy.cli.common import CatalogOpt
 from k3deploy.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from k3deploy.catalog.specs import Catalog
+    from k3deploy.planning.files import FileResult
 
 
 def plan(
@@ -24,47 +30,51 @@ def plan(
     catalog: CatalogOpt = None,
 ) -> None:
     """Check legality and the per-GPU memory budget of topology files. Exit 0 feasible, 1 infeasible, 2 invalid."""
-    from rich.console import Console
-
     from k3deploy.planning.files import catalog_for, plan_path
 
     cat = catalog_for(catalog)
-    console = Console(highlight=False, soft_wrap=False)
     if search:
-        _search(console, cat, hardware, gpus, gpus_per_node, engine, model, as_json)
+        _search(cat, hardware, gpus, gpus_per_node, engine, model, as_json)
         return
     if not files:
         raise InputError("no topology files given", hint="k3deploy plan topologies/*.yaml, or --search")
     results = [plan_path(f, cat) for f in files]
     if as_json:
-        from k3deploy.planning.report import invalid_json, plan_json
+        from k3deploy.planning.document import invalid_json, plan_json
 
         docs = [plan_json(r.plan) if r.plan else invalid_json(r.file, list(r.load_issues)) for r in results]
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
     elif check:
         _check_lines(results)
     else:
-        _show(console, results)
+        _show(results)
     codes = {r.exit_code for r in results}
     raise typer.Exit(2 if 2 in codes else 1 if 1 in codes else 0)
 
 
-def _show(console: object, results: list) -> None:
+def _console() -> Console:
+    """Plain-text-safe console: file names and messages are never read as rich markup or :emoji: codes."""
     from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
+
+
+def _show(results: list[FileResult]) -> None:
+    from rich.text import Text
 
     from k3deploy.planning.report import issues_table, plan_renderable
 
-    assert isinstance(console, Console)
+    console = _console()
     for r in results:
         if r.plan is None:
-            console.print(f"[bold red]INVALID[/] {r.file}")
+            console.print(Text.assemble(("INVALID", "bold red"), f" {r.file}"))
             console.print(issues_table(r.file, r.load_issues))
         else:
             console.print(plan_renderable(r.plan))
         console.print()
 
 
-def _check_lines(results: list) -> None:
+def _check_lines(results: list[FileResult]) -> None:
     for r in results:
         errors = [i for i in r.issues if i.severity == "error"]
         warnings = [i for i in r.issues if i.severity == "warning"]
@@ -81,9 +91,8 @@ def _check_lines(results: list) -> None:
             print(f"::{level} {loc},title={i.code}::{text}")
 
 
-def _search(console: object, cat: object, hardware: str | None, gpus: int | None, per_node: int | None,
+def _search(cat: Catalog, hardware: str | None, gpus: int | None, per_node: int | None,
             engine: str, model: str, as_json: bool) -> None:
-    from k3deploy.planning.report import search_json, search_table
     from k3deploy.planning.search import search_shapes
     from k3deploy.planning.shape import engine_family
 
@@ -91,9 +100,13 @@ def _search(console: object, cat: object, hardware: str | None, gpus: int | None
         raise InputError("--search needs --hardware and --gpus", hint="e.g. --search --hardware h100-80gb --gpus 32")
     if engine not in ("sglang", "vllm", "vllm-ascend"):
         raise InputError(f"--engine {engine}: expected sglang, vllm or vllm-ascend")
-    rows = search_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus,  # type: ignore[arg-type]
+    rows = search_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus,
                          family=engine_family(engine), gpus_per_node=per_node, engine_id=engine)
     if as_json:
+        from k3deploy.planning.document import search_json
+
         print(json.dumps(search_json(hardware, gpus, engine, rows), indent=2))
     else:
-        console.print(search_table(hardware, gpus, engine, rows))  # type: ignore[attr-defined]
+        from k3deploy.planning.report import search_table
+
+        _console().print(search_table(hardware, gpus, engine, rows))

@@ -1,8 +1,8 @@
 """Plan topology files: the library call behind `k3deploy plan` (and every later command)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import Catalog
@@ -12,8 +12,7 @@ from k3deploy.planning.plan import Plan, make_plan
 from k3deploy.topology.loader import TopologyError, load_topology
 
 
-@dataclass(frozen=True)
-class FileResult:
+class FileResult(NamedTuple):
     """One file's outcome: a plan, or the issues that kept it from loading."""
 
     file: str

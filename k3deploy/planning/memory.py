@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import DTYPE_BYTES, GIB, Architecture, EngineDefaults, ModelSpec
 from k3deploy.planning.arith import stage_layers
@@ -41,8 +39,7 @@ def kda_state_bytes_per_slot(
     return layers * (ssm + conv)
 
 
-@dataclass(frozen=True)
-class StageLoad:
+class StageLoad(NamedTuple):
     """What the heaviest pipeline stage holds."""
 
     layer_fraction: float
@@ -82,10 +79,8 @@ def vllm_block_tokens(kda_page_bytes: float, attn_bytes_per_token: float, multip
     return multiple * math.ceil(kda_page_bytes / (multiple * attn_bytes_per_token))
 
 
-class MemoryBudget(BaseModel):
+class MemoryBudget(NamedTuple):
     """Every per-GPU line item in bytes; the lines sum to usable memory exactly."""
-
-    model_config = ConfigDict(frozen=True)
 
     usable_bytes: int
     weights_bytes: int
@@ -109,9 +104,12 @@ class MemoryBudget(BaseModel):
         names = ("weights_bytes", "reserve_bytes", "kv_pool_bytes", "state_pool_bytes", "headroom_bytes")
         return {n.removesuffix("_bytes"): getattr(self, n) / GIB for n in names}
 
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value."""
+        return self._asdict()
 
-@dataclass(frozen=True)
-class MemoryInputs:
+
+class MemoryInputs(NamedTuple):
     """The serving choices that size the caches."""
 
     family: EngineFamily

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
@@ -17,20 +15,20 @@ from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.schema import Topology
 
 
-class Capacity(BaseModel):
+class Capacity(NamedTuple):
     """What the caches hold."""
-
-    model_config = ConfigDict(frozen=True)
 
     kv_tokens: int
     max_running_requests: int
     max_context_tokens: int
 
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value (the `plan --json` capacity object)."""
+        return self._asdict()
 
-class Plan(BaseModel):
+
+class Plan(NamedTuple):
     """Everything later stages need: the topology, catalog entries, shape, budget and verdict."""
-
-    model_config = ConfigDict(frozen=True)
 
     file: str
     topology: Topology
@@ -54,6 +52,8 @@ class Plan(BaseModel):
 
     def digest(self) -> str:
         """A stable hash of the topology (what a deployment record pins)."""
+        import hashlib  # only launch needs it; OpenSSL's start-up cost stays off the `plan` path
+
         blob = json.dumps(self.topology.model_dump(mode="json", by_alias=True), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -165,4 +165,4 @@ def _locate(issue: Issue, loaded: LoadedTopology) -> Issue:
         if part:
             path.append(int(part) if part.isdigit() else part)
     pos = loaded.source.locate(tuple(path))
-    return issue.model_copy(update={"line": pos.line, "column": pos.column})
+    return issue._replace(line=pos.line, column=pos.column)

@@ -1,7 +1,7 @@
 """Shape search: every legal shape for a pool of accelerators, with its verdict."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import InputError
@@ -13,10 +13,8 @@ from k3deploy.planning.shape import EngineFamily, make_shape
 from k3deploy.topology.schema import Serving
 
 
-class ShapeRow(BaseModel):
+class ShapeRow(NamedTuple):
     """One candidate shape (JSON field names are a stable contract)."""
-
-    model_config = ConfigDict(frozen=True)
 
     tp: int
     ep: int
@@ -28,6 +26,10 @@ class ShapeRow(BaseModel):
     reason: str
     weights_bytes: int
     headroom_bytes: int
+
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value (one `plan --search --json` shape)."""
+        return self._asdict()
 
 
 def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int, int, int, int, bool]]:

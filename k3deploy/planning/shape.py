@@ -1,9 +1,7 @@
 """The parallel shape of a deployment under one engine's rules."""
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, Literal, NamedTuple
 
 EngineFamily = Literal["sglang", "vllm"]
 
@@ -15,10 +13,8 @@ def engine_family(kind: str, mimic: str | None = None) -> EngineFamily:
     return "sglang" if kind == "sglang" else "vllm"
 
 
-class Shape(BaseModel):
+class Shape(NamedTuple):
     """tp/ep/dp/pp/dcp with what follows from them (JSON field names are a stable contract)."""
-
-    model_config = ConfigDict(frozen=True)
 
     tp: int
     ep: int
@@ -32,6 +28,10 @@ class Shape(BaseModel):
     gpus_per_node: int
     experts_per_rank: int
     expert_shards: int
+
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value (the `plan --json` shape object)."""
+        return self._asdict()
 
 
 def make_shape(

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, NamedTuple, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -13,8 +12,7 @@ from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
 
 
-@dataclass(frozen=True)
-class LoadedTopology:
+class LoadedTopology(NamedTuple):
     """A validated topology with the positions of its values."""
 
     topology: Topology

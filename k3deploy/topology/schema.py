@@ -1,6 +1,6 @@
 """The topology file schema: one strict, frozen pydantic model per section."""
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: pydantic would compile every annotation string when the
+# classes are created, on the start-up path of every command.
 import re
 from typing import Annotated, Literal, Union
 
@@ -17,7 +17,8 @@ SECRET_REF_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\x00\n]*)$")
 class Strict(BaseModel):
     """Unknown keys are errors; values are immutable after load."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Sections are built as part of Topology on its first validation, not each on its own at import.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class ModelRef(Strict):
@@ -264,7 +265,7 @@ class Topology(Strict):
         default_factory=ValidateSettings, alias="validate", description="validation thresholds"
     )
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, populate_by_name=True)
 
     def ordered_nodes(self) -> list[tuple[int, Node]]:
         """Nodes with their rank, rank 0 first."""

@@ -1,9 +1,8 @@
 """YAML with positions: every value's file:line:col, so errors point at the offending text."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -15,21 +14,19 @@ except AttributeError:  # pragma: no cover - libyaml missing
 PathKey = tuple[str | int, ...]
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(NamedTuple):
     """1-based line and column in a file."""
 
     line: int
     column: int
 
 
-@dataclass
-class SourceMap:
-    """Positions of every key and value of one YAML document, by path."""
+class SourceMap(NamedTuple):
+    """Positions of every key and value of one YAML document, by path (filled in while parsing)."""
 
     file: str
-    positions: dict[PathKey, Position] = field(default_factory=dict)
-    key_positions: dict[PathKey, Position] = field(default_factory=dict)
+    positions: dict[PathKey, Position]
+    key_positions: dict[PathKey, Position]
 
     def locate(self, path: PathKey) -> Position:
         """The position of `path`, or of its closest existing ancestor."""
@@ -80,7 +77,7 @@ def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: li
 
 def load_yaml(text: str, file: str) -> tuple[Any, SourceMap, list[tuple[PathKey, Position]]]:
     """Parse one YAML document; return data, positions and duplicate keys."""
-    smap = SourceMap(file)
+    smap = SourceMap(file, {}, {})
     loader = _Loader(text)
     try:
         node = loader.get_single_node()

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.catalog.loader import load_catalog
+from k3deploy.catalog.cache import cache_file, cached_catalog
+from k3deploy.catalog.loader import DATA_DIR, load_catalog, validate_catalog
+from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import InputError
 from k3deploy.planning.memory import bf16_bytes, packed_mxfp4_bytes
 
@@ -80,3 +82,71 @@ def test_user_catalog_missing_source_is_an_error(tmp_path: Path) -> None:
         "     bandwidth_tbps: 1, native_mxfp4: false, typical_gpus_per_node: 8, sources: {}}\n")
     with pytest.raises(InputError, match="no source for"):
         load_catalog((tmp_path,))
+
+
+def test_user_catalog_error_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text(
+        "hardware:\n  - {id: y2, name: Y, vendor: nvidia, arch: sm90, memory_gib: lots, usable_gib: 1,\n"
+        "     bandwidth_tbps: 1, native_mxfp4: false, typical_gpus_per_node: 8,\n"
+        "     sources: {memory_gib: a, usable_gib: b, bandwidth_tbps: c, native_mxfp4: d, typical_gpus_per_node: e}}\n")
+    with pytest.raises(InputError, match=r"mine\.yaml: hardware\.y2\.memory_gib"):
+        load_catalog((tmp_path,))
+
+
+def test_packaged_catalog_validates_and_matches_what_plan_loads() -> None:
+    packaged = sorted(DATA_DIR.glob("*.yaml"))
+    assert validate_catalog(packaged) == load_catalog()
+
+
+class CountingValidate:
+    """Stands in for catalog validation; counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> Catalog:
+        self.calls += 1
+        return validate_catalog(sorted(DATA_DIR.glob("*.yaml")))
+
+
+def _catalog_files(tmp_path: Path) -> list[Path]:
+    """A copy of the packaged catalog files, to edit."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for src in sorted(DATA_DIR.glob("*.yaml")):
+        (data / src.name).write_bytes(src.read_bytes())
+    return sorted(data.glob("*.yaml"))
+
+
+def test_catalog_cache_validates_once_per_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    files = _catalog_files(tmp_path)
+    validate = CountingValidate()
+    first = cached_catalog(files, validate)
+    assert cached_catalog(files, validate) == first and validate.calls == 1
+    assert cache_file() == tmp_path / "cache" / "k3deploy" / "catalog.pickle" and cache_file().is_file()
+    files[0].write_bytes(files[0].read_bytes() + b"\n# edited\n")
+    cached_catalog(files, validate)
+    assert validate.calls == 2
+
+
+@pytest.mark.parametrize("damage", [b"", b"not a pickle", b"\x80\x05truncated"])
+def test_catalog_cache_ignores_a_damaged_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              damage: bytes) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    files = _catalog_files(tmp_path)
+    validate = CountingValidate()
+    cached_catalog(files, validate)
+    cache_file().write_bytes(damage)
+    assert cached_catalog(files, validate).gpu("h100-80gb").usable_gib == 79.19
+    assert validate.calls == 2
+    cached_catalog(files, validate)
+    assert validate.calls == 2
+
+
+def test_catalog_cache_unwritable_still_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cache").write_text("a file where the cache directory should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    validate = CountingValidate()
+    assert cached_catalog(_catalog_files(tmp_path), validate).model("kimi-k3").id == "kimi-k3"
+    assert validate.calls == 1

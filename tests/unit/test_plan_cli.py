@@ -137,6 +137,27 @@ def test_plan_and_help_import_no_heavy_modules(argv: list[str]) -> None:
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("mode", ["--json", "--check"])
+def test_machine_output_draws_no_tables(mode: str) -> None:
+    code = ("import sys, io, contextlib\n"
+            f"sys.argv = ['k3deploy', 'plan', {mode!r}, 'topologies/h100-4x8-sglang.yaml']\n"
+            "from k3deploy.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main()\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('rich.console', 'rich.table') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       check=False)
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+
+
+def test_file_names_are_printed_verbatim(tmp_path: Path) -> None:
+    f = tmp_path / "[bold]site:smile:.yaml"
+    f.write_text(yaml.safe_dump(topology_dict(gpu="h100")))
+    r = k3("plan", f, INVALID / "broken-port.yaml")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.count("[bold]site:smile:.yaml") >= 2  # the heading and the location
+
+
 def test_console_script_installed() -> None:
     exe = shutil.which("k3deploy")
     assert exe, "pip install -e . installs the k3deploy console script"
