@@ -1,6 +1,6 @@
 """`k3deploy plan`: validate topologies and show legality, per-GPU budget and capacity."""
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: typer evaluates the command's annotations (twice) on every
+# run, and string annotations cost an eval each.
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -52,14 +52,14 @@ def plan(
     raise typer.Exit(2 if 2 in codes else 1 if 1 in codes else 0)
 
 
-def _console() -> Console:
+def _console() -> "Console":
     """Plain-text-safe console: file names and messages are never read as rich markup or :emoji: codes."""
     from rich.console import Console
 
     return Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
-def _show(results: list[FileResult]) -> None:
+def _show(results: "list[FileResult]") -> None:
     from rich.text import Text
 
     from k3deploy.planning.report import issues_table, plan_renderable
@@ -74,7 +74,7 @@ def _show(results: list[FileResult]) -> None:
         console.print()
 
 
-def _check_lines(results: list[FileResult]) -> None:
+def _check_lines(results: "list[FileResult]") -> None:
     for r in results:
         errors = [i for i in r.issues if i.severity == "error"]
         warnings = [i for i in r.issues if i.severity == "warning"]
@@ -91,7 +91,7 @@ def _check_lines(results: list[FileResult]) -> None:
             print(f"::{level} {loc},title={i.code}::{text}")
 
 
-def _search(cat: Catalog, hardware: str | None, gpus: int | None, per_node: int | None,
+def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: int | None,
             engine: str, model: str, as_json: bool) -> None:
     from k3deploy.planning.search import search_shapes
     from k3deploy.planning.shape import engine_family
