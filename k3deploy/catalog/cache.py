@@ -17,8 +17,10 @@ _SOURCES = Path(__file__).parent
 
 
 def cache_file() -> Path:
-    """`$XDG_CACHE_HOME/k3deploy/catalog.pickle` (default `~/.cache`)."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """`$XDG_CACHE_HOME/k3deploy/catalog.pickle` (default `~/.cache`; a relative XDG path is ignored)."""
+    root = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(root):
+        root = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "k3deploy" / "catalog.pickle"
 
 
