@@ -167,6 +167,8 @@ def test_agent_log_stream_delivers_chunks_then_ends(tmp_path: Path) -> None:
 def test_agent_env_is_the_nodes_not_the_ray_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     raylet = subprocess.Popen(["sleep", "30"], env={"PATH": "/usr/bin:/bin", "NODE_VAR": "1"})
     try:
+        # Until the child has exec'd, /proc/PID/environ is still the fork's copy of ours.
+        assert _wait(lambda: Path(f"/proc/{raylet.pid}/cmdline").read_bytes().startswith(b"sleep"), 10)
         monkeypatch.setenv("RAY_RAYLET_PID", str(raylet.pid))
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what Ray sets in a zero-CPU worker
         env = ray_agent.node_env()
