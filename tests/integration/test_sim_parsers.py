@@ -280,9 +280,9 @@ def test_vllm_without_parsers_auto_tool_choice_or_prefix_caching(nodes: Nodes) -
 def test_vllm_head_reports_a_dead_worker(nodes: Nodes) -> None:
     assert all(n.popen.poll() is None for n in (nodes.vllm_head, nodes.sglang_bare, nodes.vllm_bare))
     nodes.vllm_worker.kill()
-    nodes.vllm_head.wait_for(
-        r"Worker on node rank 1 died unexpectedly \(RuntimeError: Connection closed by peer", 15
-    )
+    # Usually Gloo reports the closed connection at once; under load the head may instead notice the
+    # silence after WORKER_SILENCE_S, with a timeout as the cause. Either way it must say which node died.
+    nodes.vllm_head.wait_for(r"Worker on node rank 1 died unexpectedly \(", 30)
     # vLLM's engine core is dead: /health turns 503 and requests fail, while the process waits to be stopped.
     assert httpx.get(f"http://127.0.0.1:{nodes.vllm_port}/health", timeout=5).status_code == 503
     with pytest.raises(openai.InternalServerError, match="EngineCore encountered an issue"):
