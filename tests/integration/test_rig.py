@@ -293,3 +293,22 @@ def test_thirty_two_hosts_up_and_down(
     with capsys.disabled():
         phases = ", ".join(f"{k}={v:.3f}" for k, v in rig.timings.items())
         print(f"\n32 hosts: up {up_s:.2f} s ({phases}); SSH fan-out {fanout_s:.2f} s")
+
+
+@pytest.mark.timeout(60)
+def test_ssh_executor_sockets_send_at_once_and_ack_at_once(rig4: HostRig) -> None:
+    """Without these, sshd's reply to the first channel open waits out our delayed ACK (40 ms per stall)."""
+    from k3deploy.executors import ExecTarget, open_executor
+    from k3deploy.executors.ssh import QuickAckSocket
+
+    host = rig4.hosts[1]
+    ex = open_executor(ExecTarget(kind="ssh", host=host.name, ssh_config=str(rig4.ssh_config_path),
+                                  known_hosts=str(rig4.known_hosts_path)))
+    try:
+        assert ex.run("hostname").stdout.strip() == host.name
+        sock = ex._client.get_transport().sock  # type: ignore[attr-defined]
+        assert isinstance(sock, QuickAckSocket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert sock.getpeername() == (host.mgmt_ip, 22)
+    finally:
+        ex.close()
