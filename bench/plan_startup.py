@@ -1,8 +1,13 @@
 """Wall time of `k3deploy plan` against bare `import typer, pydantic, yaml, rich`, in one run.
 
 Usage: python bench/plan_startup.py [--runs N] [--topology FILE]
-Runs both commands alternately (so machine noise hits both alike) and prints medians and the ratio.
+Runs the commands alternately (so machine noise hits each alike) and prints medians and ratios.
 Target: within 1.5x of the baseline.
+
+Two floors are timed in the same run (bench/plan_floor.py): the least a plan-like command can do with the
+mandated stack - read the YAML, validate it into one strict pydantic model, print one rich table - parsed
+with argparse, and with a one-command typer app. The baseline imports typer and pydantic lazily and so
+pays none of the work they do when used; the floors show what that work costs before any k3deploy code.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FLOOR = ROOT / "bench" / "plan_floor.py"
 
 
 def _time(argv: list[str]) -> float:
@@ -27,20 +33,29 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--topology", default=str(ROOT / "topologies" / "h100-4x8-sglang.yaml"))
     args = ap.parse_args()
-    base_cmd = [sys.executable, "-c", "import typer, pydantic, yaml, rich"]
-    plan_cmd = [sys.executable, "-m", "k3deploy", "plan", args.topology]
+    cmds = {
+        "baseline  import typer, pydantic, yaml, rich": [sys.executable, "-c", "import typer, pydantic, yaml, rich"],
+        "floor     argparse + 1 model + 1 rich table": [sys.executable, str(FLOOR), args.topology],
+        "floor     typer + 1 model + 1 rich table": [sys.executable, str(FLOOR), "--typer", args.topology],
+        f"k3deploy plan {Path(args.topology).name}": [sys.executable, "-m", "k3deploy", "plan", args.topology],
+    }
     # An installed package has its bytecode compiled (pip does it); an editable checkout under
     # PYTHONDONTWRITEBYTECODE=1 would recompile every module on every run, so compile it once here.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "k3deploy")], check=True, timeout=300)
-    _time(base_cmd), _time(plan_cmd)  # warm the page cache
-    base, plan = [], []
+    for argv in cmds.values():
+        _time(argv)  # warm the page cache
+    times: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(args.runs):
-        base.append(_time(base_cmd))
-        plan.append(_time(plan_cmd))
-    b, p = statistics.median(base), statistics.median(plan)
-    print(f"baseline  import typer, pydantic, yaml, rich : median {b * 1000:7.1f} ms  (n={args.runs})")
-    print(f"k3deploy plan {Path(args.topology).name:<28}: median {p * 1000:7.1f} ms  (n={args.runs})")
-    print(f"ratio plan / baseline: {p / b:.2f}x  (target <= 1.50x)")
+        for name, argv in cmds.items():
+            times[name].append(_time(argv))
+    med = {name: statistics.median(t) for name, t in times.items()}
+    base = next(iter(med.values()))
+    for name, m in med.items():
+        print(f"{name:<46}: median {m * 1000:7.1f} ms  {m / base:5.2f}x  (n={args.runs})")
+    plan = list(med.values())[-1]
+    floor = list(med.values())[1]
+    print(f"ratio plan / baseline: {plan / base:.2f}x  (target <= 1.50x); "
+          f"floor / baseline: {floor / base:.2f}x; plan / floor: {plan / floor:.2f}x")
     return 0
 
 
