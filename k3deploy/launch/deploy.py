@@ -17,6 +17,7 @@ from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.procs import Identity, start_ticks
+from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
 
@@ -28,7 +29,8 @@ PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 def open_gang(dep: Deployment, pool: FanOut, factory: ExecutorFactory, on_event: EventSink = ignore) -> Gang:
     """A Gang over the record's jobs, with the handles it holds."""
-    gang = Gang(dep.name, dep.jobs, {j.rank: factory(j.target) for j in dep.jobs}, pool, on_event)
+    gang = Gang(dep.name, dep.jobs, {j.rank: factory(j.target) for j in dep.jobs}, pool, on_event,
+                probe_from=dep.probe_from)
     gang.handles.update({n.rank: n.handle for n in dep.nodes if n.handle is not None})
     return gang
 
@@ -42,14 +44,14 @@ def close_gang(gang: Gang) -> None:
             pass
 
 
-def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity) -> Deployment:
+def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity, probe_from: ProbeFrom = "here") -> Deployment:
     """A fresh record in status `starting`."""
     t = plan.topology
     head = min(jobs, key=lambda j: j.rank)
     now = time.time()
     return Deployment(
         name=t.name, file=str(Path(plan.file).resolve()), plan_digest=plan.digest(), executor=head.target.kind,
-        status="starting", created_at=now, url=head.ready.url, ready_paths=head.ready.paths,
+        status="starting", created_at=now, url=head.ready.url, ready_paths=head.ready.paths, probe_from=probe_from,
         stop_grace_s=t.launch.stop_grace_s, ready_timeout_s=t.launch.ready_timeout_s, restart_max=t.launch.restart.max,
         restart_backoff_s=t.launch.restart.backoff_s, jobs=tuple(jobs),
         nodes=tuple(NodeState(rank=j.rank, host=j.host) for j in jobs), owner=owner,
@@ -139,14 +141,16 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
     executors = {j.rank: factory(j.target) for j in jobs}  # an unavailable executor fails before any record
+    head = min(jobs, key=lambda j: j.rank)
+    probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
     with store.lock(name):
         old = store.load(name)
         if old is not None and old.status in ACTIVE:
             raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
                              hint=f"stop it first: k3deploy stop {name}")
-        store.save(new_record(plan, jobs, Identity.me("launch")))
+        store.save(new_record(plan, jobs, Identity.me("launch"), probe_from))
     with FanOut(len(jobs)) as pool:
-        gang = Gang(name, jobs, executors, pool, on_event)
+        gang = Gang(name, jobs, executors, pool, on_event, probe_from=probe_from)
         try:
             bring_up(gang, store, plan.topology.launch.ready_timeout_s)
         finally:

@@ -16,7 +16,7 @@ from k3deploy.executors.fanout import FanOut
 from k3deploy.executors.posix import exit_record
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.readiness import fatal_line, serving
+from k3deploy.launch.readiness import ProbeFrom, fatal_line, serving, serving_through
 from k3deploy.launch.state import Failure
 
 POLL_S = 0.5
@@ -55,8 +55,9 @@ class Gang:
     """One deployment's node processes and the executors that reach them."""
 
     def __init__(self, name: str, jobs: Sequence[NodeJob], executors: Mapping[int, Executor], pool: FanOut,
-                 on_event: EventSink = ignore) -> None:
+                 on_event: EventSink = ignore, probe_from: ProbeFrom = "here") -> None:
         self.name = name
+        self.probe_from = probe_from
         self.jobs = tuple(sorted(jobs, key=lambda j: j.rank))
         self.executors = executors
         self.pool = pool
@@ -168,7 +169,7 @@ class Gang:
                 if p.log.strip() and p.job.rank not in loading:
                     loading.add(p.job.rank)
                     self._event(p.job, "loading")
-            ok, why = _head_ready(head)
+            ok, why = self.head_serving()
             if ok:
                 for job in self.jobs:
                     self._event(job, "ready")
@@ -244,10 +245,14 @@ class Gang:
         return {o.item.rank: o.value for o in outs if o.value is not None}
 
 
-def _head_ready(head: NodeJob) -> tuple[bool, str]:
-    if head.ready.kind == "none" or not head.ready.url:
-        return True, ""
-    return serving(head.ready.url, head.ready.paths)
+    def head_serving(self) -> tuple[bool, str]:
+        """Rank 0 answers every readiness path, asked from here or on rank 0 itself (`probe_from`)."""
+        head = self.jobs[0]
+        if head.ready.kind == "none" or not head.ready.url:
+            return True, ""
+        if self.probe_from == "head":
+            return serving_through(self.executors[head.rank], head.ready.url, head.ready.paths)
+        return serving(head.ready.url, head.ready.paths)
 
 
 def _signal_note(status: int) -> str:

@@ -1,11 +1,13 @@
 """Look at a deployment: find its record, per-node status, and logs (live from the nodes or local copies)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from k3deploy.errors import LaunchError
 from k3deploy.executors.fanout import FanOut
 from k3deploy.launch.deploy import ExecutorFactory, close_gang, open_gang
 from k3deploy.launch.jobs import NodeJob
@@ -55,6 +57,7 @@ class StatusReport(BaseModel):
     executor: str
     url: str | None
     ready: bool | None  # rank 0 answers every readiness path
+    probe_from: str = "here"  # where that was asked from: here, or on rank 0 itself (head)
     supervised: bool
     supervisor_pid: int | None
     uptime_s: float | None
@@ -68,16 +71,20 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     dep = store.require(name)
     started = {n.rank: n for n in dep.nodes if n.handle is not None}
     live: dict[int, tuple[bool | None, str]] = {}
+    ready = None
+    ask_http = bool(dep.url) and dep.status in ("ready", "restarting", "starting")
     if started and dep.status in ACTIVE:
         with FanOut(len(started)) as pool:
             gang = open_gang(dep, pool, factory)
             try:
                 for p in gang.probe(with_logs=False):
                     live[p.job.rank] = (p.alive, p.error)
+                if ask_http:
+                    with contextlib.suppress(LaunchError):  # nothing on rank 0 to probe with: unknown
+                        ready = gang.head_serving()[0]
             finally:
                 close_gang(gang)
-    ready = None
-    if dep.url and dep.status in ("ready", "restarting", "starting"):
+    elif ask_http and dep.url:
         ready = serving(dep.url, dep.ready_paths)[0]
     jobs = {j.rank: j for j in dep.jobs}
     nodes = []
@@ -92,7 +99,7 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
         and dep.status == "ready" else None
     return StatusReport(
         name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
-        url=dep.url, ready=ready, supervised=supervised, supervisor_pid=owner.pid if owner else None,
+        url=dep.url, ready=ready, probe_from=dep.probe_from, supervised=supervised, supervisor_pid=owner.pid if owner else None,
         uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
     )  # fmt: skip
 

@@ -69,6 +69,7 @@ class Deployment(Record):
     ready_at: float | None = None
     url: str | None = None
     ready_paths: tuple[str, ...] = ()
+    probe_from: Literal["here", "head"] = "here"
     stop_grace_s: float
     ready_timeout_s: float
     restart_max: int = 0

@@ -92,7 +92,8 @@ def status_view(rep: StatusReport) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_row("deployment", rep.name)
     head.add_row("status", Text(rep.status, style=_STYLE.get(rep.status, "")))
-    head.add_row("url", f"{rep.url or '-'} ({'serving' if rep.ready else 'not serving'})")
+    asked = ", checked on rank 0" if rep.probe_from == "head" else ""
+    head.add_row("url", f"{rep.url or '-'} ({'serving' if rep.ready else 'not serving'}{asked})")
     head.add_row("supervisor", f"pid {rep.supervisor_pid}" if rep.supervised else "none running")
     head.add_row("uptime", f"{rep.uptime_s:.0f} s" if rep.uptime_s is not None else "-")
     head.add_row("plan", f"{rep.file} ({rep.plan_digest}), executor {rep.executor}")

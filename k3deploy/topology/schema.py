@@ -238,6 +238,10 @@ class Launch(Strict):
     state_dir: str | None = Field(None, description="where deployment records live (default: user state dir)")
     log_dir: str = Field("/tmp/k3deploy", description="directory on each node for engine logs")
     restart: RestartPolicy = Field(default_factory=RestartPolicy, description="restart policy")
+    readiness_probe: Literal["auto", "here", "head"] = Field(
+        "auto", description="where rank 0's HTTP readiness is checked from: here (this machine), head (on rank 0 "
+        "itself, over its executor; needs python3 or curl there), or auto (here when rank 0's ip:port is "
+        "reachable from this machine, else head)")
 
 
 class ValidateSettings(Strict):

@@ -174,6 +174,39 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, r
         print(f"stop over SSH: {stop_s:.1f} s")
 
 
+@pytest.mark.timeout(150)
+def test_launch_from_off_the_private_network_checks_readiness_on_rank_0(deployments: Deployments,
+                                                                         rig4: HostRig) -> None:
+    """k3deploy on a login node that reaches the hosts over SSH but not rank 0's private IP (the URL)."""
+    ctl = rig4.controller()
+
+    def ctl_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-m", "k3deploy", *args],
+                              capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
+
+    topo = deployments.topology("it-offnet")
+    url = f"http://{rig4.hosts[0].priv_ip}:18000"
+    code = "import sys; from k3deploy.launch.readiness import reachable_from_here as r; print(r(sys.argv[1]))"
+    probe = subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-c", code, url], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr  # the URL really is out of reach
+
+    run = ctl_cli("launch", str(topo), "--json")
+    assert run.returncode == 0, run.stderr
+    rec = json.loads(run.stdout)
+    assert rec["status"] == "ready" and rec["probe_from"] == "head" and rec["url"] == url
+    st = ctl_cli("status", str(topo), "--json")
+    status = json.loads(st.stdout)
+    assert status["ready"] is True and status["probe_from"] == "head", st.stdout + st.stderr
+    human = ctl_cli("status", str(topo))
+    assert f"{url} (serving, checked on rank 0)" in human.stdout, human.stdout + human.stderr
+    stop = ctl_cli("stop", str(topo))
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    st = ctl_cli("status", str(topo), "--json")
+    assert json.loads(st.stdout)["status"] == "stopped"
+
+
 @pytest.mark.timeout(120)
 def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deployments, rig4: HostRig,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -312,3 +312,22 @@ def test_ssh_executor_sockets_send_at_once_and_ack_at_once(rig4: HostRig) -> Non
         assert sock.getpeername() == (host.mgmt_ip, 22)
     finally:
         ex.close()
+
+
+@pytest.mark.timeout(60)
+def test_controller_namespace_reaches_management_addresses_only(rig4: HostRig) -> None:
+    ns = rig4.controller()
+    assert rig4.controller() == ns  # made once
+    code = ("import socket, sys\n"
+            "def reach(ip):\n"
+            "    try:\n"
+            "        socket.create_connection((ip, 22), timeout=2).close(); return 'open'\n"
+            "    except OSError as e:\n"
+            "        return type(e).__name__\n"
+            "print(reach(sys.argv[1]), reach(sys.argv[2]))\n")
+    host = rig4.hosts[2]
+    run = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, host.mgmt_ip, host.priv_ip],
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 0, run.stderr
+    mgmt, priv = run.stdout.split()
+    assert mgmt == "open" and priv == "OSError", run.stdout  # ENETUNREACH: no route at all, nothing sent

@@ -76,6 +76,7 @@ class HostRig:
         self.timings: dict[str, float] = {}
         self._runtime: dict[str, _HostRuntime] = {}
         self._closed = False
+        self._controller: str | None = None
         self._ident = ""
         t0 = time.monotonic()
         cleanup_stale(prefix)
@@ -223,6 +224,29 @@ class HostRig:
         if left:
             raise RigError(f"{host.name}: processes {left} survived SIGKILL")
         return first
+
+    def controller(self) -> str:
+        """A namespace for k3deploy itself on the management network only, like a login node that reaches
+        the hosts over SSH but not their private IPs; made on first use, removed with the rig."""
+        if self._controller is None:
+            ns, veth, ip = f"{self._ident}ctl", f"{self._ident}cm", f"{self.root_mgmt_ip.rsplit('.', 1)[0]}.2"
+            errors = run_batches([(None, [
+                f"netns add {ns}",
+                f"link add {veth} type veth peer name {MGMT_IFACE} netns {ns}",
+                f"link set dev {veth} addrgenmode none",
+                f"link set dev {veth} master {self._names.bridge('m')} up",
+            ])])  # fmt: skip
+            if not errors:
+                errors = run_batches([(ns, [
+                    "link set dev lo up",
+                    f"link set dev {MGMT_IFACE} addrgenmode none",
+                    f"addr add {ip}/24 dev {MGMT_IFACE}",
+                    f"link set dev {MGMT_IFACE} up",
+                ])])  # fmt: skip
+            if errors:
+                raise RigError("controller namespace: " + "; ".join(errors))
+            self._controller = ns
+        return self._controller
 
     def iface_bytes(self, ref: HostRef, iface: str) -> tuple[int, int]:
         """(rx_bytes, tx_bytes) of an interface of the host."""
