@@ -33,6 +33,9 @@ def launch(
         "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")] = None,
     connect_timeout_s: Annotated[float | None, typer.Option(
         "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")] = None,
+    ssh_jump: Annotated[str | None, typer.Option(
+        "--ssh-jump", help="jump host(s) like ssh -J: [user@]host[:port],... (over launch.ssh.jump; 'none' "
+        "ignores ~/.ssh/config's ProxyJump)")] = None,
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
         "(over launch.ray_address)")] = None,
@@ -47,14 +50,19 @@ def launch(
     from k3deploy.executors.target import ExecOverrides
     from k3deploy.launch.jobs import jobs_for
     from k3deploy.planning.files import catalog_for, require_feasible
+    from k3deploy.topology.schema import check_jump
 
     if executor not in (None, "local", "ssh", "ray"):
         raise InputError(f"--executor {executor}: expected local, ssh or ray")
+    try:
+        check_jump(ssh_jump)
+    except ValueError as exc:
+        raise InputError(f"--ssh-jump: {exc}") from None
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
     overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,  # type: ignore[arg-type]
                               ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
-                              connect_timeout_s=connect_timeout_s, ray_address=ray_address)
+                              connect_timeout_s=connect_timeout_s, ray_address=ray_address, ssh_jump=ssh_jump)
     jobs = jobs_for(plan, overrides, cat)
     if dry_run:
         _print_dry_run(jobs, as_json)

@@ -4,6 +4,7 @@ The only module that imports paramiko; every paramiko or socket exception leavin
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -24,8 +25,9 @@ from k3deploy.executors.hostkeys import (
     trust_known,
 )
 from k3deploy.executors.posix import ShellExecutor, as_shell
-from k3deploy.executors.ssh_config import SshEndpoint, resolve
+from k3deploy.executors.ssh_config import SshEndpoint, resolve, split_hop
 from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.tcp import open_socket
 
 # Retried: the network or an overloaded sshd. Never retried: authentication and host keys.
 CONNECT_ATTEMPTS = 3
@@ -47,6 +49,7 @@ class SshExecutor(ShellExecutor):
         self.control_timeout_s = max(5.0, 2 * target.connect_timeout_s)
         self._endpoint: SshEndpoint | None = None
         self._client: paramiko.SSHClient | None = None
+        self._hops: list[paramiko.SSHClient] = []  # jump-host connections the node's connection runs through
         self._lock = threading.Lock()
 
     @property
@@ -61,47 +64,115 @@ class SshExecutor(ShellExecutor):
         with self._lock:
             if self._client is not None and _active(self._client):
                 return
+            if self._client is not None:
+                self._client.close()  # a dead connection: free its transport before making a new one
+                self._client = None
             self._client = self._connect()
 
     def _connect(self) -> paramiko.SSHClient:
+        """The chain of jump hosts (if any), then the node; every attempt retries the whole chain."""
         ep, t = self.endpoint, self.target
+        chain = [*(self._hop(spec) for spec in ep.jump), ep]
         last: Exception | None = None
+        where = chain[0]
         for attempt in range(CONNECT_ATTEMPTS):
             if attempt:
                 time.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
-            client = paramiko.SSHClient()
+            self._close_hops()
+            via: paramiko.SSHClient | None = None
             try:
-                trust_known(client, (*ep.extra_known_hosts, ep.known_hosts), ep.hostname, ep.port)
-                policy = AcceptNewPolicy(ep.known_hosts) if t.accept_new_host_keys else RejectUnknownPolicy(ep)
-                client.set_missing_host_key_policy(policy)
-                pkey = _load_key(ep.key_files[0]) if len(ep.key_files) == 1 else None
-                sock = open_socket(ep.hostname, ep.port, t.connect_timeout_s)
-                client.connect(
-                    ep.hostname, port=ep.port, username=ep.user, pkey=pkey, sock=sock,
-                    key_filename=None if pkey is not None else list(ep.key_files) or None,
-                    timeout=t.connect_timeout_s, banner_timeout=t.connect_timeout_s,
-                    auth_timeout=t.connect_timeout_s, allow_agent=True, look_for_keys=not ep.key_files,
-                )  # fmt: skip
-                return client
-            except UnknownHostKey as exc:
-                client.close()
-                raise ExecError(str(exc), host=self.host, hint=exc.hint) from None
-            except paramiko.BadHostKeyException as exc:
-                client.close()
-                raise changed_key_error(self.host, ep, exc) from None
-            except paramiko.AuthenticationException as exc:
-                client.close()
-                keys = ", ".join(ep.key_files) or "agent and ~/.ssh/id_*"
-                raise ExecError(f"authentication failed as {ep.user} ({keys}): {exc}", host=self.host,
-                                hint="check the user and key (node ssh:, launch.ssh, --ssh-user/--ssh-key)") from None
-            except socket.gaierror as exc:
-                client.close()
-                raise ExecError(f"cannot resolve {ep.hostname}: {exc.strerror}", host=self.host) from None
+                for step in chain:
+                    where = step
+                    via = self._handshake(step, via)
+                    if step is not ep:
+                        self._hops.append(via)
+                assert via is not None
+                return via
+            except ExecError:
+                self._close_hops()
+                raise
             except _RETRYABLE as exc:
-                client.close()
                 last = exc
-        raise ExecError(f"cannot connect to {ep.label} after {CONNECT_ATTEMPTS} attempts "
-                        f"(timeout {t.connect_timeout_s:g} s each): {_describe(last)}", host=self.host) from None
+        self._close_hops()
+        direct = not ep.jump and not ep.proxy_command
+        raise ExecError(f"cannot connect to {self._label(where)} after {CONNECT_ATTEMPTS} attempts "
+                        f"(timeout {t.connect_timeout_s:g} s each): {_describe(last)}", host=self.host,
+                        hint="a node reachable only through a bastion needs launch.ssh.jump, --ssh-jump or "
+                             "ProxyJump in ~/.ssh/config" if direct else None) from None
+
+    def _hop(self, spec: str) -> SshEndpoint:
+        """A jump host's endpoint: its own ~/.ssh/config entry; without an IdentityFile there, the node's key."""
+        user, host, port = split_hop(spec)
+        t = self.target
+        hop = resolve(ExecTarget(kind="ssh", host=host, user=user, port=port, key=None, known_hosts=t.known_hosts,
+                                 ssh_config=t.ssh_config, accept_new_host_keys=t.accept_new_host_keys,
+                                 connect_timeout_s=t.connect_timeout_s, jump="none", ray_address=None,
+                                 node_ip=None))
+        if not hop.key_files and self.endpoint.key_files:
+            hop = dataclasses.replace(hop, key_files=self.endpoint.key_files)
+        return hop
+
+    def _label(self, step: SshEndpoint) -> str:
+        if step is self.endpoint:
+            return step.label
+        return f"jump host {step.label} (on the way to {self.endpoint.label})"
+
+    def _handshake(self, step: SshEndpoint, via: paramiko.SSHClient | None) -> paramiko.SSHClient:
+        """Connect and authenticate to one endpoint: directly, through `via`'s connection, or through the
+        config's ProxyCommand; errors that a retry cannot fix become ExecErrors naming the step."""
+        t = self.target
+        client = paramiko.SSHClient()
+        try:
+            trust_known(client, (*step.extra_known_hosts, step.known_hosts), step.hostname, step.port)
+            policy = AcceptNewPolicy(step.known_hosts) if t.accept_new_host_keys else RejectUnknownPolicy(step)
+            client.set_missing_host_key_policy(policy)
+            pkey = _load_key(step.key_files[0]) if len(step.key_files) == 1 else None
+            sock = self._sock(step, via)
+            client.connect(
+                step.hostname, port=step.port, username=step.user, pkey=pkey, sock=sock,
+                key_filename=None if pkey is not None else list(step.key_files) or None,
+                timeout=t.connect_timeout_s, banner_timeout=t.connect_timeout_s,
+                auth_timeout=t.connect_timeout_s, allow_agent=True, look_for_keys=not step.key_files,
+            )  # fmt: skip
+            return client
+        except UnknownHostKey as exc:
+            client.close()
+            raise ExecError(str(exc), host=self.host, hint=exc.hint) from None
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise changed_key_error(self.host, step, exc) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            keys = ", ".join(step.key_files) or "agent and ~/.ssh/id_*"
+            raise ExecError(f"authentication failed as {step.user} at {self._label(step)} ({keys}): {exc}",
+                            host=self.host, hint="check the user and key (node ssh:, launch.ssh, "
+                            "--ssh-user/--ssh-key; a jump host's own in ~/.ssh/config or user@ in the hop)") from None
+        except socket.gaierror as exc:
+            client.close()
+            raise ExecError(f"cannot resolve {step.hostname} ({self._label(step)}): {exc.strerror}",
+                            host=self.host) from None
+        except _RETRYABLE:
+            client.close()
+            raise
+
+    def _sock(self, step: SshEndpoint,
+              via: paramiko.SSHClient | None) -> socket.socket | paramiko.Channel | paramiko.ProxyCommand:
+        t = self.target
+        if via is not None:
+            transport = via.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("the jump host closed the connection")
+            # The jump host opens the TCP connection: the node's name or address is resolved there.
+            return transport.open_channel("direct-tcpip", (step.hostname, step.port), ("127.0.0.1", 0),
+                                          timeout=t.connect_timeout_s)
+        if step.proxy_command:
+            return paramiko.ProxyCommand(step.proxy_command)
+        return open_socket(step.hostname, step.port, t.connect_timeout_s)
+
+    def _close_hops(self) -> None:
+        for hop in reversed(self._hops):
+            hop.close()
+        self._hops.clear()
 
     def _session(self, timeout_s: float) -> paramiko.Channel:
         self.connect()
@@ -184,40 +255,7 @@ class SshExecutor(ShellExecutor):
             if self._client is not None:
                 self._client.close()
                 self._client = None
-
-
-class QuickAckSocket(socket.socket):
-    """A TCP socket that acknowledges every segment at once.
-
-    After authentication sshd sends its host-key announcement and, right behind it, the reply to our first
-    channel open; with Nagle on (sshd only disables it for interactive sessions) that reply waits for our
-    ACK of the first, which Linux delays by 40 ms. Twice per connection (auth, first session) that was 80 ms
-    of a ~125 ms connect+command on a LAN. Quick-ack mode is not sticky, so it is re-armed before each read.
-    """
-
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        if _QUICKACK is not None:
-            self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
-        return super().recv(bufsize, flags)
-
-
-_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
-
-
-def open_socket(hostname: str, port: int, timeout_s: float) -> socket.socket:
-    """A connected TCP socket (IPv4 or IPv6, first address that answers) with Nagle off and quick ACKs."""
-    last: OSError | None = None
-    for family, kind, proto, _, address in socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM):
-        sock = QuickAckSocket(family, kind, proto)
-        try:
-            sock.settimeout(timeout_s)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.connect(address)
-            return sock
-        except OSError as exc:
-            sock.close()
-            last = exc
-    raise last or OSError(f"no address for {hostname}")
+            self._close_hops()
 
 
 _KEYS: dict[str, paramiko.PKey | None] = {}

@@ -22,6 +22,8 @@ class SshEndpoint:
     key_files: tuple[str, ...]
     known_hosts: str
     extra_known_hosts: tuple[str, ...]
+    jump: tuple[str, ...] = ()  # ProxyJump hops, first to last: [user@]host[:port] or aliases
+    proxy_command: str | None = None  # ProxyCommand from ~/.ssh/config (tokens already expanded)
 
     @property
     def label(self) -> str:
@@ -66,7 +68,22 @@ def resolve(target: ExecTarget) -> SshEndpoint:
     keys = (_expand(target.key),) if target.key else tuple(_expand(k) for k in config_keys)
     extra = str(found.get("userknownhostsfile") or "").split()
     known = _expand(target.known_hosts)
+    # Like ssh: an explicit jump (-J) wins; else the config's ProxyJump, else its ProxyCommand.
+    jump = target.jump if target.jump is not None else str(found.get("proxyjump") or "none")
+    command = found.get("proxycommand") if target.jump is None and jump == "none" else None
     return SshEndpoint(
         alias=target.host, hostname=hostname, port=port, user=user, key_files=keys, known_hosts=known,
         extra_known_hosts=tuple(_expand(k) for k in extra if k != "none" and _expand(k) != known),
+        jump=() if jump == "none" else tuple(jump.split(",")), proxy_command=str(command) if command else None,
     )  # fmt: skip
+
+
+def split_hop(hop: str) -> tuple[str | None, str, int | None]:
+    """'[user@]host[:port]' (host may be [IPv6]) -> (user, host, port)."""
+    user, _, rest = hop.rpartition("@")
+    if rest.startswith("["):
+        host, _, port = rest[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = rest.partition(":")
+    return user or None, host, int(port) if port else None

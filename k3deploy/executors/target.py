@@ -25,6 +25,8 @@ class ExecTarget(BaseModel):
     ssh_config: str | None = Field("~/.ssh/config", description="ssh: client config file for aliases")
     accept_new_host_keys: bool = Field(False, description="ssh: trust and save unknown host keys")
     connect_timeout_s: float = Field(10.0, gt=0, description="ssh: TCP + handshake timeout per attempt")
+    jump: str | None = Field(None, description="ssh: jump hosts ([user@]host[:port],...), 'none', or None for "
+                             "~/.ssh/config's ProxyJump")
     ray_address: str | None = Field(None, description="ray: cluster address (auto, HOST:6379, ray://HOST:10001)")
     node_ip: str | None = Field(None, description="ray: the node's `ip`, matched against the IPs of Ray's nodes")
 
@@ -42,6 +44,7 @@ class ExecOverrides(BaseModel):
     accept_new_host_keys: bool = False
     connect_timeout_s: float | None = None
     ray_address: str | None = None
+    ssh_jump: str | None = None
 
 
 def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> dict[int, ExecTarget]:
@@ -60,6 +63,7 @@ def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> d
             known_hosts=o.known_hosts or launch.ssh.known_hosts,
             ssh_config=o.ssh_config, accept_new_host_keys=o.accept_new_host_keys,
             connect_timeout_s=o.connect_timeout_s or launch.ssh.connect_timeout_s,
+            jump=(ssh.jump if ssh else None) or o.ssh_jump or launch.ssh.jump,
             ray_address=o.ray_address or launch.ray_address, node_ip=node.ip,
         )  # fmt: skip
     return out

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.:-]{0,252})$")
 IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# One ProxyJump hop: [user@]host[:port], host a name, alias, IPv4 or [IPv6].
+JUMP_HOP_RE = re.compile(r"^([a-z_][a-z0-9_.-]{0,31}@)?([A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
 SECRET_REF_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\x00\n]*)$")
 
 
@@ -49,6 +51,8 @@ class SshOptions(Strict):
     user: str | None = Field(None, description="login user")
     port: int | None = Field(None, ge=1, le=65535, description="sshd port")
     key: str | None = Field(None, description="private key file (~ expands on the machine running k3deploy)")
+    jump: str | None = Field(None, description="jump host(s) to reach this node through, like ssh's ProxyJump: "
+                             "[user@]host[:port], comma-separated for a chain; 'none' ignores ~/.ssh/config's")
 
     @field_validator("user")
     @classmethod
@@ -56,6 +60,22 @@ class SshOptions(Strict):
         if v is not None and not re.fullmatch(r"[a-z_][a-z0-9_.-]{0,31}", v):
             raise ValueError("not a valid login name (lowercase letters, digits, _ . -)")
         return v
+
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        return check_jump(v)
+
+
+def check_jump(v: str | None) -> str | None:
+    """A ProxyJump value: 'none', or comma-separated [user@]host[:port] hops (each port 1..65535)."""
+    if v is None or v == "none":
+        return v
+    for hop in v.split(","):
+        m = JUMP_HOP_RE.fullmatch(hop)
+        if not m or (m.group(3) and not 1 <= int(m.group(3)[1:]) <= 65535):
+            raise ValueError(f"jump hop {hop!r} is not [user@]host[:port] (hops separated by commas, no spaces)")
+    return v
 
 
 class Node(Strict):
@@ -216,6 +236,13 @@ class SshDefaults(Strict):
     key: str | None = Field(None, description="private key file")
     known_hosts: str = Field("~/.ssh/known_hosts", description="known_hosts file checked for host keys")
     connect_timeout_s: float = Field(10.0, gt=0, description="TCP + SSH handshake timeout per attempt")
+    jump: str | None = Field(None, description="jump host(s) for every node (a node's ssh.jump wins), like ssh's "
+                             "ProxyJump: [user@]host[:port], comma-separated; 'none' ignores ~/.ssh/config's")
+
+    @field_validator("jump")
+    @classmethod
+    def _jump(cls, v: str | None) -> str | None:
+        return check_jump(v)
 
 
 class RestartPolicy(Strict):

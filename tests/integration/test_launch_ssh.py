@@ -175,36 +175,48 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, r
 
 
 @pytest.mark.timeout(150)
-def test_launch_from_off_the_private_network_checks_readiness_on_rank_0(deployments: Deployments,
-                                                                         rig4: HostRig) -> None:
-    """k3deploy on a login node that reaches the hosts over SSH but not rank 0's private IP (the URL)."""
+def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0(deployments: Deployments,
+                                                                                   rig4: HostRig) -> None:
+    """k3deploy on a login node that reaches only h01's management address: SSH goes through h01 (the jump
+    host) to every node's private address, and rank 0's URL (a private address too) is asked on rank 0."""
     ctl = rig4.controller()
 
     def ctl_cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-m", "k3deploy", *args],
                               capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
 
-    topo = deployments.topology("it-offnet")
+    bastion = rig4.hosts[0]
+    nodes = [{"host": h.priv_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    topo = deployments.topology("it-bastion", nodes=nodes)
     url = f"http://{rig4.hosts[0].priv_ip}:18000"
     code = "import sys; from k3deploy.launch.readiness import reachable_from_here as r; print(r(sys.argv[1]))"
     probe = subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-c", code, url], capture_output=True,
                            text=True, timeout=60, check=False)
-    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr  # the URL really is out of reach
+    assert probe.stdout.strip() == "False", probe.stdout + probe.stderr  # the nodes really are out of reach
 
-    run = ctl_cli("launch", str(topo), "--json")
+    direct = ctl_cli("launch", str(topo), "--ssh-jump", "none")
+    assert direct.returncode == 3 and f"cannot connect to root@{nodes[0]['host']}:22" in direct.stderr, direct.stderr
+    assert "Network is unreachable" in direct.stderr or "timed out" in direct.stderr, direct.stderr
+
+    run = ctl_cli("launch", str(topo), "--ssh-jump", f"root@{bastion.mgmt_ip}", "--json")
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
     assert rec["status"] == "ready" and rec["probe_from"] == "head" and rec["url"] == url
+    assert {j["target"]["jump"] for j in rec["jobs"]} == {f"root@{bastion.mgmt_ip}"}
+    for host in rig4.hosts[1:]:  # each node's sshd saw the connection come from the jump host
+        assert f"Accepted publickey for root from {bastion.priv_ip}" in rig4.sshd_log(host, 200), host.name
     st = ctl_cli("status", str(topo), "--json")
     status = json.loads(st.stdout)
     assert status["ready"] is True and status["probe_from"] == "head", st.stdout + st.stderr
+    assert [n["alive"] for n in status["nodes"]] == [True] * 4
     human = ctl_cli("status", str(topo))
     assert f"{url} (serving, checked on rank 0)" in human.stdout, human.stdout + human.stderr
+    logs = ctl_cli("logs", str(topo), "--node", "3", "--lines", "50")
+    assert logs.returncode == 0 and f"[3 {nodes[3]['host']}]" in logs.stdout, logs.stdout + logs.stderr
     stop = ctl_cli("stop", str(topo))
     assert stop.returncode == 0, stop.stderr
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
-    st = ctl_cli("status", str(topo), "--json")
-    assert json.loads(st.stdout)["status"] == "stopped"
+    assert json.loads(ctl_cli("status", str(topo), "--json").stdout)["status"] == "stopped"
 
 
 @pytest.mark.timeout(120)

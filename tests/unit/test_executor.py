@@ -17,7 +17,7 @@ from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.posix import exit_record
 from k3deploy.executors.ray_exec import RayExecutor
 from k3deploy.executors.ssh import SshExecutor
-from k3deploy.executors.ssh_config import resolve
+from k3deploy.executors.ssh_config import resolve, split_hop
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import tagged_pids
 
@@ -195,6 +195,39 @@ def test_ssh_config_aliases_fill_what_the_topology_leaves_open(tmp_path: Path) -
     assert (explicit.user, explicit.port, explicit.key_files) == ("ops", 22, ("/k",))
     other = resolve(base.model_copy(update={"host": "10.1.1.1"}))
     assert other.hostname == "10.1.1.1" and other.port == 22
+
+
+def test_jump_hosts_from_the_topology_the_cli_or_ssh_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host gpu-*\n  ProxyJump ops@bastion:2222,inner\n"
+                   "Host legacy\n  ProxyCommand ssh -W %h:%p gate\n  HostName 10.2.0.9\n")
+    via_config = resolve(ExecTarget(kind="ssh", host="gpu-a", ssh_config=str(cfg)))
+    assert via_config.jump == ("ops@bastion:2222", "inner") and via_config.proxy_command is None
+    legacy = resolve(ExecTarget(kind="ssh", host="legacy", ssh_config=str(cfg)))
+    assert legacy.jump == () and legacy.proxy_command == "ssh -W 10.2.0.9:22 gate"
+    explicit = resolve(ExecTarget(kind="ssh", host="legacy", ssh_config=str(cfg), jump="root@[fd00::1]:2200"))
+    assert explicit.jump == ("root@[fd00::1]:2200",) and explicit.proxy_command is None  # -J wins, like ssh
+    off = resolve(ExecTarget(kind="ssh", host="gpu-a", ssh_config=str(cfg), jump="none"))
+    assert off.jump == () and off.proxy_command is None
+    assert split_hop("ops@bastion:2222") == ("ops", "bastion", 2222)
+    assert split_hop("root@[fd00::1]:2200") == ("root", "fd00::1", 2200)
+    assert split_hop("inner") == (None, "inner", None)
+
+    t = _topology({"jump": "bastion"}, [{"host": "a", "ip": "10.0.0.1", "iface": "eth0"},
+                                         {"host": "b", "ip": "10.0.0.2", "iface": "eth0", "ssh": {"jump": "none"}}])
+    targets = targets_for(t)  # type: ignore[arg-type]
+    assert (targets[0].jump, targets[1].jump) == ("bastion", "none")
+    cli = targets_for(t, ExecOverrides(ssh_jump="ops@gate:22"))  # type: ignore[arg-type]
+    assert (cli[0].jump, cli[1].jump) == ("ops@gate:22", "none")
+
+
+@pytest.mark.parametrize("bad", ["bastion; rm -rf /", "a,,b", "ops@host:99999", "user@host:port", "$(x)", "a b"])
+def test_a_jump_that_is_not_user_at_host_port_is_refused_at_load(bad: str) -> None:
+    from k3deploy.topology.loader import TopologyError
+
+    with pytest.raises(TopologyError) as err:
+        _topology({"jump": bad}, [{"host": "a", "ip": "10.0.0.1", "iface": "eth0"}])
+    assert "launch.ssh.jump" in str(err.value) and "is not [user@]host[:port]" in str(err.value)
 
 
 def test_unreachable_ssh_host_is_one_exec_error_naming_it() -> None:
