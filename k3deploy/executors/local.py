@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from k3deploy.errors import ExecError
 from k3deploy.executors.base import CommandResult
-from k3deploy.executors.posix import ShellExecutor, as_shell
+from k3deploy.executors.posix import ShellExecutor, as_shell, split_lines
 
 
 class LocalExecutor(ShellExecutor):
@@ -45,24 +45,15 @@ class LocalExecutor(ShellExecutor):
             ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        assert proc.stdout is not None
-        buf = b""
+        out = proc.stdout
+        assert out is not None
+
+        def read_chunk() -> bytes | None:
+            ready, _, _ = select.select([out], [], [], 0.25)
+            return os.read(out.fileno(), 65536) if ready else None
+
         try:
-            for _ in range(10**9):  # bounded by the process ending or `stop`
-                if stop is not None and stop.is_set():
-                    return
-                ready, _, _ = select.select([proc.stdout], [], [], 0.25)
-                if not ready:
-                    continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
-            if buf:
-                yield buf.decode(errors="replace")
+            yield from split_lines(read_chunk, stop)
         finally:
             _kill_session(proc)
 

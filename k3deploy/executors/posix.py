@@ -10,7 +10,7 @@ import re
 import shlex
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from k3deploy.errors import ExecError
 from k3deploy.executors.base import TAG_VAR, CommandResult, ProcessHandle
@@ -166,6 +166,26 @@ class ShellExecutor(ABC):
     ) -> Iterator[str]:
         """Stream the log until the process ends or `stop` is set."""
         return self._stream(sh(follow_script(handle.log_path, tail_lines, handle.pid)), stop)
+
+
+def split_lines(read_chunk: Callable[[], bytes | None], stop: threading.Event | None) -> Iterator[str]:
+    """Lines from `read_chunk` (None: nothing yet, b"": the end) until the end or `stop` is set; a last
+    line without a newline is kept."""
+    buf = b""
+    for _ in range(10**9):  # bounded by the end of the stream or `stop`
+        if stop is not None and stop.is_set():
+            return
+        chunk = read_chunk()
+        if chunk is None:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode(errors="replace")
+    if buf:
+        yield buf.decode(errors="replace")
 
 
 def as_shell(command: str | Sequence[str]) -> str:

@@ -24,7 +24,7 @@ from k3deploy.executors.hostkeys import (
     changed_key_error,
     trust_known,
 )
-from k3deploy.executors.posix import ShellExecutor, as_shell
+from k3deploy.executors.posix import ShellExecutor, as_shell, split_lines
 from k3deploy.executors.ssh_config import SshEndpoint, resolve, split_hop
 from k3deploy.executors.target import ExecTarget
 from k3deploy.executors.tcp import open_socket
@@ -215,25 +215,17 @@ class SshExecutor(ShellExecutor):
 
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         chan = self._session(30.0)
-        buf = b""
+
+        def read_chunk() -> bytes | None:
+            try:
+                return chan.recv(65536)
+            except TimeoutError:
+                return None
+
         try:
             chan.exec_command(command)
             chan.settimeout(0.25)
-            for _ in range(10**9):  # ends when the remote command ends or `stop` is set
-                if stop is not None and stop.is_set():
-                    return
-                try:
-                    chunk = chan.recv(65536)
-                except TimeoutError:
-                    continue
-                if not chunk:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
-            if buf:
-                yield buf.decode(errors="replace")
+            yield from split_lines(read_chunk, stop)
         except _RETRYABLE as exc:
             raise ExecError(f"log stream failed: {_describe(exc)}", host=self.host) from None
         finally:

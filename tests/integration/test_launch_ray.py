@@ -10,26 +10,24 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from k3deploy.launch.state import ACTIVE, StateStore
+from k3deploy.launch.state import StateStore
+from tests.integration.sim_deployments import ROOT, SimDeployments, wait_for, write_tiny_checkpoint
+from tests.integration.sim_deployments import cli as run_cli
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+RAY_CLI_ENV = {**os.environ, **RAY_ENV}
 
 
 def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT, env={**os.environ, **RAY_ENV})
+    return run_cli(*args, timeout_s=timeout_s, env=RAY_CLI_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +39,7 @@ def ray4(rig4: HostRig) -> Iterator[RayRig]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / step_s) + 2):
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            break
-        time.sleep(step_s)
-    return predicate()
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 def engine_running(rig: HostRig, host: str) -> bool:
@@ -95,45 +78,16 @@ def nothing_left(rig: HostRig, timeout_s: float = 10.0) -> bool:
     return wait_for(lambda: not any(tagged(rig, h.name) or agents(rig, h.name) for h in rig.hosts), timeout_s)
 
 
-class RayDeployments:
+class RayDeployments(SimDeployments):
     """Topologies for the Ray cluster; whatever a failed test leaves is stopped and reported."""
 
     def __init__(self, rig: HostRig, cluster: RayRig, checkpoint: Path, tmp: Path) -> None:
-        self.rig, self.cluster, self.checkpoint, self.tmp = rig, cluster, checkpoint, tmp
-        self.names: list[str] = []
-
-    @property
-    def state_dir(self) -> Path:
-        return self.tmp / "state"
-
-    def topology(self, name: str, *, nodes: list[dict[str, Any]] | None = None,
-                 launch: dict[str, Any] | None = None) -> Path:
-        default = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts]
-        doc = {
-            "name": name,
-            "model": {"id": "kimi-k3-tiny", "path": str(self.checkpoint)},
-            "hardware": {"gpu": "sim", "gpus_per_node": 1},
-            "nodes": nodes or default,
-            "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER},
-            "parallel": {"tp": 4, "ep": 4},
-            "serving": {"context_length": 32768, "max_running_requests": 16},
-            "launch": {"executor": "ray", "ray_address": self.cluster.address, "port": 29500, "dist_timeout_s": 20,
-                       "ready_timeout_s": 60, "stop_grace_s": 3, "log_dir": str(self.tmp / "logs"),
-                       "state_dir": str(self.state_dir), **(launch or {})},
-        }
-        self.names.append(name)
-        path = self.tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
+        super().__init__(rig, checkpoint, tmp, {"executor": "ray", "ray_address": cluster.address},
+                         env=RAY_CLI_ENV)
+        self.cluster = cluster
 
     def cleanup(self) -> list[str]:
-        problems = []
-        store = StateStore(self.state_dir)
-        for name in self.names:
-            rec = store.load(name) if store.path(name).exists() else None
-            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
-                problems.append(f"{name} left {rec.status}")
-                cli("stop", name, "--state-dir", str(self.state_dir))
+        problems = self.stop_leftovers()
         if not nothing_left(self.rig):
             problems.append(f"left on hosts: { {h.name: tagged(self.rig, h.name) for h in self.rig.hosts} } "
                             f"agents { {h.name: agents(self.rig, h.name) for h in self.rig.hosts} }")

@@ -10,82 +10,36 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from k3deploy.errors import ExecError
 from k3deploy.executors import ExecTarget, open_executor
 from k3deploy.executors.posix import exit_record
-from k3deploy.launch.state import ACTIVE, StateStore
+from k3deploy.launch.state import StateStore
+from tests.integration.sim_deployments import ROOT, SimDeployments, cli, wait_for, write_tiny_checkpoint
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
-LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
-
-
-def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny checkpoint; the fake hosts share this machine's filesystem."""
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
-class Deployments:
-    """Writes topologies for the rig and guarantees nothing of them is left afterwards."""
+class Deployments(SimDeployments):
+    """SSH topologies for the rig; nothing of them may be left on any host afterwards."""
 
     def __init__(self, rig: HostRig, checkpoint: Path, tmp: Path) -> None:
-        self.rig, self.checkpoint, self.tmp = rig, checkpoint, tmp
-        self.names: list[str] = []
-
-    @property
-    def state_dir(self) -> Path:
-        return self.tmp / "state"
-
-    def topology(self, name: str, *, nodes: list[dict[str, Any]] | None = None, env: dict[str, str] | None = None,
-                 launch: dict[str, Any] | None = None) -> Path:
-        rig = self.rig
-        default = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig.hosts]
-        doc = {
-            "name": name,
-            "model": {"id": "kimi-k3-tiny", "path": str(self.checkpoint)},
-            "hardware": {"gpu": "sim", "gpus_per_node": 1},
-            "nodes": nodes or default,
-            "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER, "env": env or {}},
-            "parallel": {"tp": 4, "ep": 4},
-            "serving": {"context_length": 32768, "max_running_requests": 16},
-            "launch": {"executor": "ssh", "port": 29500, "dist_timeout_s": 20, "ready_timeout_s": 60,
-                       "stop_grace_s": 3, "log_dir": str(self.tmp / "logs"), "state_dir": str(self.state_dir),
-                       "ssh": {"user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
-                               "connect_timeout_s": 2}, **(launch or {})},
-        }
-        self.names.append(name)
-        path = self.tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
+        super().__init__(rig, checkpoint, tmp, {"executor": "ssh", "ssh": {
+            "user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
+            "connect_timeout_s": 2}})
 
     def cleanup(self) -> list[str]:
         """Stop whatever a failed test left; return what had to be cleaned."""
-        problems = []
-        store = StateStore(self.state_dir)
-        for name in self.names:
-            rec = store.load(name) if store.path(name).exists() else None
-            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
-                problems.append(f"{name} left {rec.status}")
-                cli("stop", name, "--state-dir", str(self.state_dir))
+        problems = self.stop_leftovers()
         hosts_empty(self.rig, 5.0)  # closed SSH sessions take a moment to exit
         leftover = {h.name: self.rig.pids(h) for h in self.rig.hosts}
         if any(leftover.values()):
@@ -106,17 +60,6 @@ def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Dep
 def hosts_empty(rig: HostRig, timeout_s: float = 10.0) -> bool:
     """No process but the sshd master in any host (closed SSH sessions get a moment to exit)."""
     return wait_for(lambda: not any(rig.pids(h) for h in rig.hosts), timeout_s)
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / step_s) + 2):
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            break
-        time.sleep(step_s)
-    return predicate()
 
 
 def engine_running(rig: HostRig, host: str) -> bool:

@@ -16,6 +16,7 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, free_ports, node_env, node_ip, sglang_node_argv
+from tests.integration.sim_requests import LONG_QUESTION, TOOLS
 
 NNODES = 4
 FLAGS = [
@@ -36,21 +37,6 @@ FLAGS = [
     "--enable-cache-report",
     "--enable-metrics",
 ]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-LONG_QUESTION = " ".join(f"word{i % 97}" for i in range(1100)) + " so what is the summary?"
 
 
 @dataclass

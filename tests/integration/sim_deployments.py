@@ -1,0 +1,92 @@
+"""What the SSH and Ray launch tests share: the CLI runner, a tiny checkpoint, stand-in-engine topologies
+for a rig, and a teardown that stops whatever a failed test left and reports it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from k3deploy.launch.state import ACTIVE, StateStore
+from tests.rig import HostRig
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+
+
+def cli(*args: str, timeout_s: float = 120, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m k3deploy ARGS` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout_s, cwd=ROOT, env=dict(env) if env is not None else None)
+
+
+def write_tiny_checkpoint(folder: Path) -> Path:
+    """One kimi-k3-tiny checkpoint; the fake hosts share this machine's filesystem."""
+    from k3deploy.sim.checkpoint import write_checkpoint
+
+    path = folder / "kimi-k3-tiny"
+    write_checkpoint(path)
+    return path
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
+    """Poll until `predicate` holds or the deadline passes; the last answer."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(int(timeout_s / step_s) + 2):
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(step_s)
+    return predicate()
+
+
+class SimDeployments:
+    """Writes stand-in-engine topologies (4 nodes, TP4/EP4, one per rig host) and, after the test, stops
+    every deployment it wrote that is still active and reports it."""
+
+    def __init__(self, rig: HostRig, checkpoint: Path, tmp: Path, launch: Mapping[str, Any],
+                 env: Mapping[str, str] | None = None) -> None:
+        self.rig, self.checkpoint, self.tmp = rig, checkpoint, tmp
+        self.launch_defaults = dict(launch)
+        self.cli_env = env
+        self.names: list[str] = []
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    def topology(self, name: str, *, nodes: list[dict[str, Any]] | None = None, env: dict[str, str] | None = None,
+                 launch: dict[str, Any] | None = None) -> Path:
+        default = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts]
+        doc = {
+            "name": name,
+            "model": {"id": "kimi-k3-tiny", "path": str(self.checkpoint)},
+            "hardware": {"gpu": "sim", "gpus_per_node": 1},
+            "nodes": nodes or default,
+            "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER, "env": env or {}},
+            "parallel": {"tp": 4, "ep": 4},
+            "serving": {"context_length": 32768, "max_running_requests": 16},
+            "launch": {"port": 29500, "dist_timeout_s": 20, "ready_timeout_s": 60, "stop_grace_s": 3,
+                       "log_dir": str(self.tmp / "logs"), "state_dir": str(self.state_dir),
+                       **self.launch_defaults, **(launch or {})},
+        }
+        self.names.append(name)
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def stop_leftovers(self) -> list[str]:
+        """Stop every written deployment still active or owned; one line per deployment that was."""
+        problems = []
+        store = StateStore(self.state_dir)
+        for name in self.names:
+            rec = store.load(name) if store.path(name).exists() else None
+            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
+                problems.append(f"{name} left {rec.status}")
+                cli("stop", name, "--state-dir", str(self.state_dir), env=self.cli_env)
+        return problems
