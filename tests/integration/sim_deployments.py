@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +30,6 @@ def write_tiny_checkpoint(folder: Path) -> Path:
     path = folder / "kimi-k3-tiny"
     write_checkpoint(path)
     return path
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
-    """Poll until `predicate` holds or the deadline passes; the last answer."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / step_s) + 2):
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            break
-        time.sleep(step_s)
-    return predicate()
 
 
 class SimDeployments:

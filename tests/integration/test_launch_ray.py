@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from k3deploy.launch.state import StateStore
-from tests.integration.sim_deployments import ROOT, SimDeployments, wait_for, write_tiny_checkpoint
+from tests.integration.sim_deployments import ROOT, SimDeployments, write_tiny_checkpoint
 from tests.integration.sim_deployments import cli as run_cli
+from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 

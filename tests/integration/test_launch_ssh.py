@@ -19,7 +19,8 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import ExecTarget, open_executor
 from k3deploy.executors.posix import exit_record
 from k3deploy.launch.state import StateStore
-from tests.integration.sim_deployments import ROOT, SimDeployments, cli, wait_for, write_tiny_checkpoint
+from tests.integration.sim_deployments import ROOT, SimDeployments, cli, write_tiny_checkpoint
+from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration

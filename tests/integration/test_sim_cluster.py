@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, free_ports, node_env, node_ip, sglang_node_argv
-from tests.integration.sim_requests import LONG_QUESTION, TOOLS
+from tests.sim_requests import LONG_QUESTION, TOOLS
 
 NNODES = 4
 FLAGS = [

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, node_ip
-from tests.integration.sim_requests import LONG_QUESTION, TOOLS
+from tests.sim_requests import LONG_QUESTION, TOOLS
 
 VLLM_FULL = [
     "--max-model-len",

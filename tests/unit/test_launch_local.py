@@ -24,7 +24,8 @@ from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.planning.files import catalog_for, require_feasible
-from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids, wait_for
+from tests.polling import wait_for
+from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 

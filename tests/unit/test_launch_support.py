@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +101,3 @@ def kill_tagged(prefix: str) -> list[int]:
         except ProcessLookupError:
             pass
     return left
-
-
-def wait_for(predicate: Any, timeout_s: float, step_s: float = 0.1) -> bool:
-    """Poll until predicate() is true or the timeout passes."""
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / step_s) + 2):
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            break
-        time.sleep(step_s)
-    return bool(predicate())

@@ -18,6 +18,7 @@ from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.metrics import render_metrics
 from k3deploy.sim.serve_config import resolve_config
 from k3deploy.sim.tokens import THINK_CLOSE, THINK_OPEN, TOOL_SECTION_BEGIN, render_prompt, tokenize
+from tests.sim_requests import LONG_QUESTION, TOOLS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,21 +27,6 @@ VLLM_FULL = (
     "--reasoning-parser kimi_k3 --tool-call-parser kimi_k3 --enable-auto-tool-choice --enable-prefix-caching "
     "--enable-prompt-tokens-details"
 )
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-LONG_QUESTION = " ".join(f"word{i % 97}" for i in range(1100)) + " so what is the summary?"
 
 
 def service(mimic: str, argv: str = "", context: int = 32768) -> ChatService:
