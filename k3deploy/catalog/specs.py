@@ -23,7 +23,7 @@ class Sourced(Spec):
     sources: dict[str, str] = Field(description="field name -> where the number comes from")
 
     @model_validator(mode="after")
-    def _every_number_sourced(self) -> "Sourced":
+    def _every_number_sourced(self) -> Sourced:
         missing = [
             name
             for name, value in self
@@ -71,7 +71,7 @@ class Architecture(Sourced):
     max_position_embeddings: int
 
     @model_validator(mode="after")
-    def _layout_consistent(self) -> "Architecture":
+    def _layout_consistent(self) -> Architecture:
         layers = sorted(self.kda_layers + self.full_attn_layers)
         if layers != list(range(1, self.num_hidden_layers + 1)):
             raise ValueError("kda_layers and full_attn_layers must partition 1..num_hidden_layers")

@@ -43,7 +43,7 @@ def run_app(app: Any) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click usage errors and the like
+    except Exception as exc:  # noqa: BLE001 - the one place every other error becomes a message and exit code
         import click
 
         if isinstance(exc, click.exceptions.Exit):

@@ -60,7 +60,7 @@ def launch(
         raise InputError(f"--ssh-jump: {exc}") from None
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
-    overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,  # type: ignore[arg-type]
+    overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,
                               ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
                               connect_timeout_s=connect_timeout_s, ray_address=ray_address, ssh_jump=ssh_jump)
     jobs = jobs_for(plan, overrides, cat)

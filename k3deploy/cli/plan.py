@@ -3,7 +3,7 @@
 # run, and string annotations cost an eval each.
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 
 def plan(
-    files: Annotated[Optional[list[Path]], typer.Argument(help="topology YAML files", show_default=False)] = None,
+    files: Annotated[list[Path] | None, typer.Argument(help="topology YAML files", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (schema in README)")] = False,
     check: Annotated[bool, typer.Option("--check", help="CI mode: one line per file + GitHub annotations")] = False,
     search: Annotated[bool, typer.Option("--search", help="list every legal shape for --hardware x --gpus")] = False,
-    hardware: Annotated[Optional[str], typer.Option(help="accelerator id (with --search)")] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="number of accelerators (with --search)")] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option(help="accelerators per node (with --search)")] = None,
+    hardware: Annotated[str | None, typer.Option(help="accelerator id (with --search)")] = None,
+    gpus: Annotated[int | None, typer.Option(help="number of accelerators (with --search)")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="accelerators per node (with --search)")] = None,
     engine: Annotated[str, typer.Option(help="sglang | vllm | vllm-ascend (with --search)")] = "sglang",
     model: Annotated[str, typer.Option(help="model id (with --search)")] = "kimi-k3",
     catalog: CatalogOpt = None,

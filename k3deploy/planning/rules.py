@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 from k3deploy.catalog.specs import Architecture, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue

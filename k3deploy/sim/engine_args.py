@@ -216,5 +216,5 @@ def split_mimic(argv: Sequence[str]) -> Mimic | None:
             else (argv[i + 1] if arg == "--mimic" and i + 1 < len(argv) else None)
         )
         if value in MIMICS:
-            return value  # type: ignore[return-value]
+            return value
     return None

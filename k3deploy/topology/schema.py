@@ -2,7 +2,7 @@
 # No `from __future__ import annotations` here: pydantic would compile every annotation string when the
 # classes are created, on the start-up path of every command.
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -112,7 +112,7 @@ class Node(Strict):
         return v
 
 
-ArgValue = Union[str, int, float, bool, None, list[Union[str, int, float]]]
+ArgValue = str | int | float | bool | None | list[str | int | float]
 
 
 class EngineBase(Strict):
@@ -188,7 +188,7 @@ class SimEngine(EngineBase):
 
 
 Engine = Annotated[
-    Union[SglangEngine, VllmEngine, VllmAscendEngine, SimEngine], Field(discriminator="kind")
+    SglangEngine | VllmEngine | VllmAscendEngine | SimEngine, Field(discriminator="kind")
 ]
 
 

@@ -6,7 +6,11 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning import rules
 from k3deploy.planning.memory import (
-    kda_state_bytes_per_slot, mla_kv_bytes_per_token, sglang_pool_ratio, unaccounted_bytes, vllm_block_tokens,
+    kda_state_bytes_per_slot,
+    mla_kv_bytes_per_token,
+    sglang_pool_ratio,
+    unaccounted_bytes,
+    vllm_block_tokens,
     weights_bytes_per_gpu,
 )
 from k3deploy.planning.shape import make_shape

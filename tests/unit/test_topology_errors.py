@@ -31,8 +31,8 @@ def test_five_mistakes_all_reported_with_positions() -> None:
 
 def test_one_mistake_points_at_the_value() -> None:
     f = ASSETS / "broken-port.yaml"
-    assert _issues(f) == [f"{f}:13:9: launch.port: Input should be a valid integer, unable to parse string as an "
-                          "integer (got 'twenty-thousand')"]
+    assert _issues(f) == [(f"{f}:13:9: launch.port: Input should be a valid integer, unable to parse string as an "
+                           "integer (got 'twenty-thousand')")]
 
 
 def test_yaml_syntax_error_has_position() -> None:
