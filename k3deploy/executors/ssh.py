@@ -5,6 +5,7 @@ The only module that imports paramiko; every paramiko or socket exception leavin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import select
@@ -24,6 +25,7 @@ from k3deploy.executors.hostkeys import (
     changed_key_error,
     trust_known,
 )
+from k3deploy.executors.jumps import JumpPool
 from k3deploy.executors.posix import ShellExecutor, as_shell, split_lines
 from k3deploy.executors.ssh_config import SshEndpoint, resolve, split_hop
 from k3deploy.executors.target import ExecTarget
@@ -49,7 +51,7 @@ class SshExecutor(ShellExecutor):
         self.control_timeout_s = max(5.0, 2 * target.connect_timeout_s)
         self._endpoint: SshEndpoint | None = None
         self._client: paramiko.SSHClient | None = None
-        self._hops: list[paramiko.SSHClient] = []  # jump-host connections the node's connection runs through
+        self._hop_keys: list[tuple[object, ...]] = []  # shared jump-host connections this one runs through
         self._lock = threading.Lock()
 
     @property
@@ -81,13 +83,13 @@ class SshExecutor(ShellExecutor):
             self._close_hops()
             via: paramiko.SSHClient | None = None
             try:
-                for step in chain:
+                for i, step in enumerate(chain):
                     where = step
-                    via = self._handshake(step, via)
-                    if step is not ep:
-                        self._hops.append(via)
-                assert via is not None
-                return via
+                    if step is ep:
+                        return self._handshake(step, via)
+                    key = (tuple(chain[: i + 1]), t.accept_new_host_keys)
+                    via = JUMPS.acquire(key, functools.partial(self._handshake, step, via))
+                    self._hop_keys.append(key)
             except ExecError:
                 self._close_hops()
                 raise
@@ -170,9 +172,9 @@ class SshExecutor(ShellExecutor):
         return open_socket(step.hostname, step.port, t.connect_timeout_s)
 
     def _close_hops(self) -> None:
-        for hop in reversed(self._hops):
-            hop.close()
-        self._hops.clear()
+        for key in reversed(self._hop_keys):
+            JUMPS.release(key)
+        self._hop_keys.clear()
 
     def _session(self, timeout_s: float) -> paramiko.Channel:
         self.connect()
@@ -266,6 +268,10 @@ def _load_key(path: str) -> paramiko.PKey | None:
 def _active(client: paramiko.SSHClient) -> bool:
     transport = client.get_transport()
     return transport is not None and transport.is_active()
+
+
+# Every node behind the same jump chain (in this process) rides one connection to each hop.
+JUMPS = JumpPool(_active)
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -149,6 +149,9 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
     assert {j["target"]["jump"] for j in rec["jobs"]} == {f"root@{bastion.mgmt_ip}"}
     for host in rig4.hosts[1:]:  # each node's sshd saw the connection come from the jump host
         assert f"Accepted publickey for root from {bastion.priv_ip}" in rig4.sshd_log(host, 200), host.name
+    # One connection to the bastion per process, shared by all four nodes: launch's, and its supervisor's
+    # once that has started (unshared, launch alone would have made four).
+    assert rig4.sshd_log(bastion, 400).count(f"Accepted publickey for root from {rig4.controller_ip} ") in (1, 2)
     st = ctl_cli("status", str(topo), "--json")
     status = json.loads(st.stdout)
     assert status["ready"] is True and status["probe_from"] == "head", st.stdout + st.stderr

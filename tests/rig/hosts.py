@@ -225,11 +225,16 @@ class HostRig:
             raise RigError(f"{host.name}: processes {left} survived SIGKILL")
         return first
 
+    @property
+    def controller_ip(self) -> str:
+        """The management address of the `controller()` namespace."""
+        return f"{self.root_mgmt_ip.rsplit('.', 1)[0]}.2"
+
     def controller(self) -> str:
         """A namespace for k3deploy itself on the management network only, like a login node that reaches
         the hosts over SSH but not their private IPs; made on first use, removed with the rig."""
         if self._controller is None:
-            ns, veth, ip = f"{self._ident}ctl", f"{self._ident}cm", f"{self.root_mgmt_ip.rsplit('.', 1)[0]}.2"
+            ns, veth, ip = f"{self._ident}ctl", f"{self._ident}cm", self.controller_ip
             errors = run_batches([(None, [
                 f"netns add {ns}",
                 f"link add {veth} type veth peer name {MGMT_IFACE} netns {ns}",

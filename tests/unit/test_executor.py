@@ -266,3 +266,47 @@ def _wait(pred: object, timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return False
+
+
+class _Conn:
+    def __init__(self, n: int) -> None:
+        self.n, self.open = n, True
+
+    def close(self) -> None:
+        self.open = False
+
+
+def test_jump_connections_are_shared_counted_replaced_when_dead_and_closed_by_the_last_user() -> None:
+    from k3deploy.executors.jumps import JumpPool
+
+    made: list[_Conn] = []
+
+    def connect() -> _Conn:
+        made.append(_Conn(len(made)))
+        return made[-1]
+
+    pool = JumpPool(lambda c: c.open)
+    a = pool.acquire("bastion", connect)
+    b = pool.acquire("bastion", connect)
+    assert a is b and len(made) == 1 and pool.users("bastion") == 2
+    a.open = False  # the bastion dropped the connection: the next user gets a new one
+    c = pool.acquire("bastion", connect)
+    assert c is made[1] and not made[0].open and pool.users("bastion") == 3
+    for _ in range(2):
+        pool.release("bastion")
+    assert made[1].open
+    pool.release("bastion")
+    assert not made[1].open and pool.users("bastion") == 0
+
+    def refused() -> _Conn:
+        raise OSError("connection refused")
+
+    with pytest.raises(OSError):
+        pool.acquire("other", refused)
+    assert pool.users("other") == 0
+    threads = [threading.Thread(target=pool.acquire, args=("burst", connect)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert pool.users("burst") == 8 and len(made) == 3  # eight nodes at once, one handshake
