@@ -44,18 +44,29 @@ def run_app(app: Any) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every other error becomes a message and exit code
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2
-        if isinstance(exc, click.exceptions.Abort):
-            print("aborted", file=sys.stderr)
-            return 130
+        code = _parser_error(exc)
+        if code is not None:
+            return code
         if debug_enabled():
             traceback.print_exc()
         print(f"internal error: {type(exc).__name__}: {exc}\n(rerun with --debug for a traceback and report it)",
               file=sys.stderr)
         return 70
+
+
+def _parser_error(exc: Exception) -> int | None:
+    """The exit code of typer's own exceptions (its vendored click's in typer >= 0.29, click's before):
+    usage errors print themselves and exit 2; None for anything else."""
+    kind = type(exc)
+    if not kind.__module__.startswith(("typer", "click")):
+        return None
+    names = {c.__name__ for c in kind.__mro__}
+    if "Exit" in names:
+        return int(getattr(exc, "exit_code", 0))
+    if "Abort" in names:
+        print("aborted", file=sys.stderr)
+        return 130
+    if "ClickException" in names:
+        exc.show()  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 2))
+    return None

@@ -118,6 +118,19 @@ def test_bad_options_exit_2_without_traceback() -> None:
     assert r.returncode == 2 and "cannot read" in r.stdout
 
 
+@pytest.mark.parametrize(("argv", "says"), [
+    (["nope"], "No such command 'nope'"),
+    (["plan", "--bogus"], "No such option: --bogus"),
+    (["plan", "--search", "--hardware", "h100-80gb", "--gpus", "many"], "Invalid value for '--gpus'"),
+    (["launch"], "Missing argument"),
+    ([], "Usage: k3deploy"),
+])
+def test_command_line_mistakes_are_usage_errors_exit_2(argv: list[str], says: str) -> None:
+    r = k3(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert says in r.stdout + r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_schema_is_json_schema() -> None:
     r = k3("schema")
     doc = json.loads(r.stdout)
