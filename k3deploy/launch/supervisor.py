@@ -52,6 +52,7 @@ class Supervisor:
 
     def _watch(self, gang: Gang) -> None:
         misses: dict[int, int] = {}
+        outage = 0  # consecutive polls in which no node answered
         for _ in range(10**9):  # ends on stop_event or when the restart budget is spent
             if self.stop_event.wait(self.poll_s):
                 return
@@ -59,6 +60,19 @@ class Supervisor:
             for p in probes:
                 misses[p.job.rank] = misses.get(p.job.rank, 0) + 1 if p.alive is None else 0
             failure = gang.first_failure(probes, unreachable_counts=False)
+            if failure is None and probes and all(p.alive is None for p in probes):
+                # No node answers at all: this machine's (or the jump host's) network, not a dead node. Tearing
+                # down would fail to reach them anyway and leave the engines unsupervised under a "failed" record.
+                # Such a poll says nothing about any one node, so it counts toward no node's misses.
+                outage += 1
+                misses.clear()
+                if outage == UNREACHABLE_POLLS:
+                    self.emit(NodeEvent(GROUP, "", "unreachable", "no node answers: keeps watching, "
+                                        f"not counted as a node failure ({probes[0].error})"))
+                continue
+            if outage >= UNREACHABLE_POLLS:
+                self.emit(NodeEvent(GROUP, "", "reachable", "nodes answer again"))
+            outage = 0
             lost = [p for p in probes if p.alive is None and misses[p.job.rank] >= UNREACHABLE_POLLS]
             if failure is None and lost:
                 failure = gang.first_failure(lost)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from k3deploy.executors.base import CommandResult
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.target import ExecTarget
 from k3deploy.launch import deploy
+from k3deploy.launch.events import NodeEvent
 from k3deploy.launch.gang import GroupFailed
 from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.state import StateStore
@@ -283,6 +285,32 @@ def test_supervisor_treats_a_host_gone_silent_as_failed(tmp_path: Path, name: st
     assert [n.phase for n in final.nodes] == ["stopped", "stopped", "unknown", "stopped"]
     assert tagged_pids(f"{name}.0.") == tagged_pids(f"{name}.1.") == tagged_pids(f"{name}.3.") == []
     deploy.stop(store, name)  # the host is back: stop reaches it
+    assert tagged_pids(f"{name}.") == []
+
+
+def test_supervisor_keeps_a_deployment_when_no_node_answers_at_all(tmp_path: Path, name: str) -> None:
+    """This machine's network (or the jump host) down is not every node dead: nothing is torn down."""
+    topo = fake_topology(tmp_path, name, nodes=4, launch={"executor": "local"})
+    store, _ = launch_lib(topo, background=False)
+    events: list[NodeEvent] = []
+    stop_event = threading.Event()
+    supervisor = Supervisor(store, name, factory=lambda t: _Unreachable(t.host), on_event=events.append,
+                            stop_event=stop_event, poll_s=0.1)
+    watcher = threading.Thread(target=supervisor.run)
+    _Unreachable.down = True
+    watcher.start()
+    try:
+        assert wait_for(lambda: any(e.phase == "unreachable" for e in events), 20), events
+        time.sleep(0.5)  # several more polls in which nothing answers
+    finally:
+        _Unreachable.down = False
+    assert wait_for(lambda: any(e.phase == "reachable" for e in events), 20), events
+    stop_event.set()
+    watcher.join(20)
+    dep = store.require(name)
+    assert dep.status == "ready" and dep.failure is None and not any(e.phase == "failed" for e in events)
+    assert all(tagged_pids(f"{name}.{rank}.") for rank in range(4))  # every engine still runs
+    deploy.stop(store, name)
     assert tagged_pids(f"{name}.") == []
 
 
