@@ -221,6 +221,29 @@ def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments
         print(f"\nworker killed after ready: every node stopped {took:.1f} s after the kill")
 
 
+@pytest.mark.timeout(150)
+def test_control_network_outage_is_not_a_node_failure(deployments: Deployments, rig4: HostRig) -> None:
+    """Every node's management link (the one SSH uses) down for a while: the engines keep running on the
+    private network, the supervisor keeps watching, and after the outage the deployment is still ready."""
+    topo = deployments.topology("it-outage")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    log = deployments.state_dir / "it-outage.supervisor.log"
+    for host in rig4.hosts:
+        rig4.set_link(host, host.mgmt_iface, up=False)
+    try:
+        assert wait_for(lambda: "group: unreachable no node answers" in log.read_text(), 60, 0.5), log.read_text()
+    finally:
+        for host in rig4.hosts:
+            rig4.set_link(host, host.mgmt_iface, up=True)
+    assert wait_for(lambda: "group: reachable nodes answer again" in log.read_text(), 60, 0.5), log.read_text()
+    status = json.loads(cli("status", str(topo), "--json").stdout)
+    assert status["status"] == "ready" and status["ready"] is True and status["supervised"] is True
+    assert [n["alive"] for n in status["nodes"]] == [True] * 4 and status["failure"] is None
+    assert cli("stop", str(topo)).returncode == 0
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+
+
 @pytest.mark.timeout(90)
 def test_unreachable_host_fails_within_the_connect_deadline(deployments: Deployments, rig4: HostRig) -> None:
     nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
