@@ -74,6 +74,7 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: t
     name = gang.name
     try:
         gang.connect()
+        gang.check_nodes()
         gang.start(new_run_id(), on_started=record_started(store, name))
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:

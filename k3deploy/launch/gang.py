@@ -16,12 +16,14 @@ from k3deploy.executors.fanout import FanOut
 from k3deploy.executors.posix import exit_record
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.nodecheck import check_script, verdict
 from k3deploy.launch.readiness import ProbeFrom, fatal_line, serving, serving_through
 from k3deploy.launch.state import Failure
 
 POLL_S = 0.5
 LOG_TAIL_LINES = 40
 STOP_POLL_S = 0.2
+CHECK_TIMEOUT_S = 20.0
 
 
 class GroupFailed(LaunchError):
@@ -87,6 +89,21 @@ class Gang:
                 text = str(first).removeprefix(f"{first.host}: ")
                 raise ExecError(text + also, host=first.host or host, hint=first.hint)
             raise ExecError(f"connect failed: {first}{also}", host=host)
+
+    def check_nodes(self) -> None:
+        """Each node has its `iface` with its `ip` on it (one command round); GroupFailed naming the first
+        node (rank order) that does not, before anything is started."""
+        def one(job: NodeJob) -> str | None:
+            out = self.executors[job.rank].run(check_script(job.iface), timeout_s=CHECK_TIMEOUT_S)
+            return verdict(job.iface, job.ip, out.stdout) if out.exit_code == 0 else None
+
+        jobs = [j for j in self.jobs if j.iface]
+        for o in self.pool.map(one, jobs):
+            if o.error is not None:
+                raise o.error
+            if o.value:
+                self._event(o.item, "failed", o.value)
+                raise GroupFailed(Failure(rank=o.item.rank, host=o.item.host, cause=o.value))
 
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""

@@ -28,6 +28,7 @@ class NodeJob(BaseModel):
     rank: int
     host: str
     ip: str
+    iface: str = Field("", description="the private interface `ip` must be on (empty in records before 0.2)")
     head: bool
     command: str = Field(description="POSIX shell text from the renderer (every topology value quoted)")
     log_path: str
@@ -56,7 +57,7 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
     return tuple(
         NodeJob(
-            rank=s.rank, host=s.host, ip=s.ip, head=s.head, command=node_shell(s),
+            rank=s.rank, host=s.host, ip=s.ip, iface=s.node.iface, head=s.head, command=node_shell(s),
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )

@@ -314,6 +314,24 @@ def test_supervisor_keeps_a_deployment_when_no_node_answers_at_all(tmp_path: Pat
     assert tagged_pids(f"{name}.") == []
 
 
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("ip", "10.99.0.3", "rank 2 (localhost): 10.99.0.3 is not an address of lo on this node"),
+    ("iface", "no-such-if0", "rank 2 (localhost): has no interface no-such-if0 (it has: "),
+])
+def test_a_node_whose_ip_or_iface_is_wrong_fails_before_anything_starts(tmp_path: Path, name: str, field: str,
+                                                                        value: str, says: str) -> None:
+    topo = fake_topology(tmp_path, name, nodes=4, launch={"executor": "local"})
+    doc = yaml.safe_load(topo.read_text())
+    doc["nodes"][2][field] = value
+    topo.write_text(yaml.safe_dump(doc))
+    run = cli("launch", str(topo))
+    assert run.returncode == 4 and says in run.stderr, run.stderr
+    assert tagged_pids(f"{name}.") == []  # rank 0 was never started
+    rec = StateStore(tmp_path / "state").require(name)
+    assert rec.status == "failed" and rec.failure is not None and rec.failure.rank == 2
+    assert all(n.handle is None for n in rec.nodes)
+
+
 def test_unavailable_executor_is_input_error_and_leaves_no_record(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name)
     no_ray = tmp_path / "no_ray" / "ray"  # a machine without Ray: `import ray` fails
