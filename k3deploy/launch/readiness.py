@@ -1,6 +1,7 @@
 """Is rank 0 serving, and does any node's log already say it cannot succeed?"""
 from __future__ import annotations
 
+import re
 import shlex
 import socket
 import urllib.parse
@@ -23,22 +24,23 @@ NO_PROBE_TOOL = 3
 
 # Lines after which an engine can hang until a distributed timeout instead of exiting (the anchors:
 # Gloo on a wrong interface, a broken mesh, memory exhaustion): seeing one fails the launch at once.
+# Exact error texts, not words: vLLM's normal start-up says "If you are running out of memory, consider
+# decreasing `gpu_memory_utilization`" at INFO, which a bare "out of memory" would take for a crash.
 FATAL_PATTERNS: tuple[str, ...] = (
-    "Unable to find address for",
-    "connectFullMesh failed",
-    "out of memory",
-    "OutOfMemoryError",
-    "DistNetworkError",
-    "DistStoreError",
+    r"Unable to find address for",  # Gloo: GLOO_SOCKET_IFNAME names no interface of the node
+    r"connectFullMesh failed",  # Gloo: the ranks cannot reach each other
+    r"\bOutOfMemoryError\b",  # torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
+    r"\b(?:CUDA|HIP|NPU|XPU) out of memory\b",  # RuntimeError: CUDA out of memory. Tried to allocate ...
+    r"\bDistNetworkError\b",
+    r"\bDistStoreError\b",
 )
+_FATAL_RE = re.compile("|".join(f"(?:{p})" for p in FATAL_PATTERNS))
 
 
 def fatal_line(log_text: str) -> str | None:
-    """The first log line matching a known fatal pattern (case-insensitive), if any."""
-    lowered = [p.lower() for p in FATAL_PATTERNS]
+    """The first log line matching a known fatal error text, if any."""
     for line in log_text.splitlines():
-        low = line.lower()
-        if any(p in low for p in lowered):
+        if _FATAL_RE.search(line):
             return line.strip()
     return None
 

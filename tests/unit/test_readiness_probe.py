@@ -16,7 +16,13 @@ import pytest
 from k3deploy.errors import LaunchError
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.launch import http_probe
-from k3deploy.launch.readiness import choose_probe_from, probe_script, reachable_from_here, serving_through
+from k3deploy.launch.readiness import (
+    choose_probe_from,
+    fatal_line,
+    probe_script,
+    reachable_from_here,
+    serving_through,
+)
 
 PATHS = ("/health", "/v1/models")
 
@@ -123,3 +129,29 @@ def test_choice_of_where_readiness_is_asked(server: tuple[str, type[_Handler]]) 
     assert reachable_from_here(refused)  # refused: the host answered, so it is reachable from here
     assert choose_probe_from("auto", refused) == "here"
     assert not reachable_from_here("http:///health")
+
+
+@pytest.mark.parametrize("line", [
+    "[E socket.cpp:922] Unable to find address for: ens-bogus",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:144] connectFullMesh failed",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity",
+    "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.19 GiB total capacity)",
+    "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1.50 GiB",
+    "torch.distributed.DistNetworkError: The client socket has timed out after 600s",
+    "torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 3/4 clients joined.",
+])
+def test_fatal_lines_are_recognised(line: str) -> None:
+    log = f"INFO starting\n{line}\nmore\n"
+    assert fatal_line(log) == line
+
+
+@pytest.mark.parametrize("line", [
+    # vLLM says this at INFO in a healthy start-up (CUDA graph capture): not a crash.
+    ("INFO 05-04 14:43:24 model_runner.py:980] CUDA graphs can take additional 1~3 GiB memory per GPU. If you are "
+     "running out of memory, consider decreasing `gpu_memory_utilization` or enforcing eager mode."),
+    "INFO Capturing cudagraphs. If out-of-memory error occurs during cudagraph capture, consider decreasing",
+    "WARNING To avoid running out of memory, reduce --mem-fraction-static",
+    "[W socket.cpp:464] The server socket has failed to listen on [::]:29500 (errno: 98 - Address in use).",
+])
+def test_advice_about_memory_is_not_a_crash(line: str) -> None:
+    assert fatal_line(f"INFO starting\n{line}\n") is None
