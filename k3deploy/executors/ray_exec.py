@@ -7,7 +7,7 @@ Connecting: `launch.ray_address` (or `--ray-address`) is `auto`, a GCS address `
 `ray://HOST:10001`. A driver talking to a GCS address needs a raylet on its own machine, so with `auto` or a
 GCS address k3deploy runs on a node of the cluster (the head, or a login node started with
 `ray start --address=HEAD:6379 --num-cpus=0`). `ray://` goes through the Ray client server and needs
-`ray[client]` (grpcio), which a minimal `pip install ray` lacks. The test rig uses the first form: a
+`ray[client]` (grpcio; our `ray` and `all` extras have it). The test rig uses the first form mostly: a
 zero-CPU Ray node in the root namespace (measured: a CLI's ray.init 0.1-0.8 s); topology nodes
 never map to it because placement is by each node's own IP. One process talks to one cluster: executors
 share the connection, and the last one closed disconnects.

@@ -160,8 +160,9 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments
 
 @pytest.mark.timeout(150)
 def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
-        deployments: RayDeployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
-    topo = deployments.topology("ray-kill")
+        deployments: RayDeployments, rig4: HostRig, ray4: RayRig, capsys: pytest.CaptureFixture[str]) -> None:
+    # Through the Ray client server this time (launch, supervisor and status), not the GCS address.
+    topo = deployments.topology("ray-kill", launch={"ray_address": f"ray://{ray4.head.priv_ip}:10001"})
     run = cli("launch", str(topo))
     assert run.returncode == 0, run.stderr
     store = StateStore(deployments.state_dir)
