@@ -95,7 +95,10 @@ def status_view(rep: StatusReport) -> RenderableType:
     head.add_row("status", Text(rep.status, style=_STYLE.get(rep.status, "")))
     asked = ", checked on rank 0" if rep.probe_from == "head" else ""
     head.add_row("url", f"{rep.url or '-'} ({'serving' if rep.ready else 'not serving'}{asked})")
-    head.add_row("supervisor", f"pid {rep.supervisor_pid}" if rep.supervised else "none running")
+    unwatched = not rep.supervised and rep.status in ("starting", "ready", "restarting")
+    head.add_row("supervisor", f"pid {rep.supervisor_pid}" if rep.supervised else Text(
+        f"none running: nothing stops the other nodes if one dies (k3deploy stop {rep.name}, then launch again)",
+        style="bold yellow") if unwatched else "none running")
     head.add_row("uptime", f"{rep.uptime_s:.0f} s" if rep.uptime_s is not None else "-")
     head.add_row("plan", f"{rep.file} ({rep.plan_digest}), executor {rep.executor}")
     head.add_row("attempts", str(len(rep.attempts)))

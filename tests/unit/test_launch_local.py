@@ -32,9 +32,9 @@ from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pi
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT)
+                          timeout=timeout_s, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -81,6 +81,21 @@ def test_launch_status_logs_stop_leave_nothing(tmp_path: Path, name: str) -> Non
     assert cli("stop", str(topo)).returncode == 0  # idempotent
     local = cli("logs", str(topo), "--node", "0").stdout  # from the local copy kept at stop
     assert "fake engine rank 0 up" in local and "exited with status 143" in local
+
+
+def test_status_warns_when_nobody_supervises_a_running_deployment(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    assert cli("launch", str(topo)).returncode == 0
+    owner = StateStore(tmp_path / "state").require(name).owner
+    assert owner is not None and owner.role == "supervisor"
+    os.kill(owner.pid, signal.SIGKILL)  # e.g. the OOM killer on the launch machine
+    assert wait_for(lambda: not owner.alive(), 10)
+    human = cli("status", str(topo), env={"COLUMNS": "200"})
+    assert "none running: nothing stops the other nodes if one dies" in human.stdout, human.stdout
+    assert f"k3deploy stop {name}" in human.stdout
+    assert cli("stop", str(topo)).returncode == 0
+    assert "none running" in cli("status", str(topo)).stdout
+    assert "nothing stops" not in cli("status", str(topo)).stdout  # stopped: nothing to warn about
 
 
 def test_dry_run_touches_nothing(tmp_path: Path, name: str) -> None:
