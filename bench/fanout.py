@@ -55,9 +55,10 @@ def _own_cpu_s() -> float:
 
 
 def one_round(rig: HostRig, n: int, pool: FanOut, ray_address: str | None = None,
-              run: int = 0) -> tuple[float, float, float]:
+              run: int = 0) -> tuple[float, float, float, float]:
     """(connect+start seconds, one more command round seconds, CPU seconds of connect+start in client and
-    hosts) for the first n hosts, over SSH or (with ray_address) through Ray; stops what it started."""
+    hosts, of which in this client process) for the first n hosts, over SSH or (with ray_address) through
+    Ray; stops what it started."""
     if ray_address is None:
         targets = [ExecTarget(kind="ssh", host=h.name, ssh_config=str(rig.ssh_config_path),
                               known_hosts=str(rig.known_hosts_path)) for h in rig.hosts[:n]]
@@ -72,11 +73,12 @@ def one_round(rig: HostRig, n: int, pool: FanOut, ray_address: str | None = None
         tag = f"bench-fanout.{ex.host}.{n}-{run}"  # type: ignore[attr-defined]
         return ex.start("sleep 60", "/tmp/k3bench/fanout.log", "/tmp", tag)  # type: ignore[attr-defined]
 
-    cpu0 = _own_cpu_s() + _hosts_cpu_s(rig, n)
+    own0, hosts0 = _own_cpu_s(), _hosts_cpu_s(rig, n)
     t0 = time.perf_counter()
     started = pool.map(connect_start, executors)
     fan = time.perf_counter() - t0
-    cpu = _own_cpu_s() + _hosts_cpu_s(rig, n) - cpu0
+    own = _own_cpu_s() - own0
+    cpu = own + _hosts_cpu_s(rig, n) - hosts0
     failed = [o.error for o in started if not o.ok]
     t0 = time.perf_counter()
     pool.map(lambda pair: pair[0].alive(pair[1]), [(e, o.value) for e, o in zip(executors, started) if o.ok])
@@ -88,7 +90,7 @@ def one_round(rig: HostRig, n: int, pool: FanOut, ray_address: str | None = None
     pool.map(lambda e: e.close(), executors)
     if failed:
         raise SystemExit(f"fan-out to {n} hosts failed: {failed[0]}")
-    return fan, again, cpu
+    return fan, again, cpu, own
 
 
 def _leftovers(rig: HostRig, wait_s: float = 5.0) -> dict[str, list[int]]:
@@ -135,7 +137,7 @@ def ray_rounds(rig: HostRig, sizes: list[int], pool: FanOut,
     with RayRig(rig, max(sizes)) as cluster:
         up = time.perf_counter() - t0
         one_round(rig, max(sizes), pool, cluster.address, run=99)  # warm-up: first worker starts, .pyc
-        results: dict[int, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in sizes}
+        results: dict[int, tuple[list[float], ...]] = {n: ([], [], [], []) for n in sizes}
         for run in range(max(1, runs)):
             for n in sizes:
                 for i, value in enumerate(one_round(rig, n, pool, cluster.address, run)):
@@ -158,7 +160,7 @@ def main() -> int:
     with HostRig(max(ssh_sizes)) as rig, FanOut() as pool:
         up = time.perf_counter() - t0
         one_round(rig, max(ssh_sizes), pool)  # warm-up: page cache, sshd binaries, .pyc
-        results: dict[int, tuple[list[float], list[float], list[float]]] = {n: ([], [], []) for n in ssh_sizes}
+        results: dict[int, tuple[list[float], ...]] = {n: ([], [], [], []) for n in ssh_sizes}
         for run in range(max(1, args.runs)):
             for n in ssh_sizes:  # interleaved, so machine noise hits every size alike
                 for i, value in enumerate(one_round(rig, n, pool, run=run)):
@@ -173,7 +175,7 @@ def main() -> int:
           f"{'CPU floor':>10}  {'wall/floor':>10}")
     med = {n: tuple(statistics.median(x) for x in lists) for n, lists in results.items()}
     for n in ssh_sizes:
-        fan, again, cpu = med[n]
+        fan, again, cpu, _ = med[n]
         floor = cpu / cores
         print(f"{n:>5}  {fan * 1000:>11.0f} ms  {fan / n * 1000:>6.1f} ms  {again * 1000:>11.0f} ms  "
               f"{cpu * 1000:>7.0f} ms  {floor * 1000:>7.0f} ms  {fan / floor if floor else 0:>9.2f}x")
@@ -181,7 +183,8 @@ def main() -> int:
     ratio = med[hi][0] / med[lo][0]
     print(f"ratio {hi}-host / {lo}-host connect+start: {ratio:.2f}x (target < 2x; serial ~{hi / lo:.0f}x); "
           f"command round: {med[hi][1] / med[lo][1]:.2f}x")
-    print(f"CPU per host: {med[hi][2] / hi * 1000:.0f} ms (client + sshd); on {cores} cores {hi} hosts cannot take "
+    print(f"CPU per host: {med[hi][2] / hi * 1000:.0f} ms ({med[hi][3] / hi * 1000:.0f} in this client, "
+          f"{(med[hi][2] - med[hi][3]) / hi * 1000:.0f} in the hosts' sshd and sessions); on {cores} cores {hi} hosts cannot take "
           f"less than {med[hi][2] / cores * 1000:.0f} ms = {med[hi][2] / cores / med[lo][0]:.1f}x the {lo}-host time")
     if ray is not None:
         ray_up, ray_med, _ = ray
@@ -190,7 +193,7 @@ def main() -> int:
         print(f"{'hosts':>5}  {'Ray connect+start':>18}  {'SSH connect+start':>18}  {'Ray/SSH':>8}  "
               f"{'Ray command round':>18}  {'SSH command round':>18}  {'Ray/SSH':>8}  {'Ray CPU (all)':>14}")
         for n in ray_sizes:
-            (rfan, ragain, rcpu), (sfan, sagain) = ray_med[n], med[n][:2]
+            (rfan, ragain, rcpu, _), (sfan, sagain) = ray_med[n], med[n][:2]
             print(f"{n:>5}  {rfan * 1000:>15.0f} ms  {sfan * 1000:>15.0f} ms  {rfan / sfan:>7.2f}x  "
                   f"{ragain * 1000:>15.0f} ms  {sagain * 1000:>15.0f} ms  {ragain / sagain:>7.2f}x  "
                   f"{rcpu * 1000:>11.0f} ms")
