@@ -11,7 +11,7 @@ from k3deploy.errors import LaunchError
 from k3deploy.executors.fanout import FanOut
 from k3deploy.launch.deploy import ExecutorFactory, close_gang, open_gang
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.readiness import serving
+from k3deploy.launch.readiness import reachable_from_here, serving
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 
 
@@ -73,9 +73,13 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     live: dict[int, tuple[bool | None, str]] = {}
     ready = None
     ask_http = bool(dep.url) and dep.status in ("ready", "restarting", "starting")
+    probe_from = dep.probe_from
     if started and dep.status in ACTIVE:
+        if ask_http and probe_from == "here" and dep.url and not reachable_from_here(dep.url):
+            probe_from = "head"  # launched where rank 0's ip is reachable; asked from where it is not
         with FanOut(len(started)) as pool:
             gang = open_gang(dep, pool, factory)
+            gang.probe_from = probe_from
             try:
                 for p in gang.probe(with_logs=False):
                     live[p.job.rank] = (p.alive, p.error)
@@ -99,7 +103,8 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
         and dep.status == "ready" else None
     return StatusReport(
         name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
-        url=dep.url, ready=ready, probe_from=dep.probe_from, supervised=supervised, supervisor_pid=owner.pid if owner else None,
+        url=dep.url, ready=ready, probe_from=probe_from, supervised=supervised,
+        supervisor_pid=owner.pid if owner else None,
         uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
     )  # fmt: skip
 

@@ -239,6 +239,12 @@ def test_control_network_outage_is_not_a_node_failure(deployments: Deployments, 
     status = json.loads(cli("status", str(topo), "--json").stdout)
     assert status["status"] == "ready" and status["ready"] is True and status["supervised"] is True
     assert [n["alive"] for n in status["nodes"]] == [True] * 4 and status["failure"] is None
+    assert status["probe_from"] == "here"  # launched from where rank 0's private ip is reachable
+    # Asked from a login node that cannot reach rank 0's private ip: readiness is checked on rank 0.
+    elsewhere = subprocess.run(["ip", "netns", "exec", rig4.controller(), sys.executable, "-m", "k3deploy", "status",
+                                str(topo), "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    status = json.loads(elsewhere.stdout)
+    assert status["ready"] is True and status["probe_from"] == "head", elsewhere.stdout + elsewhere.stderr
     assert cli("stop", str(topo)).returncode == 0
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
 
