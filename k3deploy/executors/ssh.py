@@ -106,10 +106,9 @@ class SshExecutor(ShellExecutor):
         """A jump host's endpoint: its own ~/.ssh/config entry; without an IdentityFile there, the node's key."""
         user, host, port = split_hop(spec)
         t = self.target
-        hop = resolve(ExecTarget(kind="ssh", host=host, user=user, port=port, key=None, known_hosts=t.known_hosts,
+        hop = resolve(ExecTarget(kind="ssh", host=host, user=user, port=port, known_hosts=t.known_hosts,
                                  ssh_config=t.ssh_config, accept_new_host_keys=t.accept_new_host_keys,
-                                 connect_timeout_s=t.connect_timeout_s, jump="none", ray_address=None,
-                                 node_ip=None))
+                                 connect_timeout_s=t.connect_timeout_s, jump="none"))
         if not hop.key_files and self.endpoint.key_files:
             hop = dataclasses.replace(hop, key_files=self.endpoint.key_files)
         return hop

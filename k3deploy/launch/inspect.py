@@ -11,7 +11,7 @@ from k3deploy.errors import LaunchError
 from k3deploy.executors.fanout import FanOut
 from k3deploy.launch.deploy import ExecutorFactory, close_gang, open_gang
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.readiness import reachable_from_here, serving
+from k3deploy.launch.readiness import choose_probe_from, serving
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 
 
@@ -75,8 +75,9 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     ask_http = bool(dep.url) and dep.status in ("ready", "restarting", "starting")
     probe_from = dep.probe_from
     if started and dep.status in ACTIVE:
-        if ask_http and probe_from == "here" and dep.url and not reachable_from_here(dep.url):
-            probe_from = "head"  # launched where rank 0's ip is reachable; asked from where it is not
+        if ask_http and probe_from == "here":
+            # Launched where rank 0's ip is reachable; this machine may not be (asking on rank 0 always works).
+            probe_from = choose_probe_from("auto", dep.url)
         with FanOut(len(started)) as pool:
             gang = open_gang(dep, pool, factory)
             gang.probe_from = probe_from

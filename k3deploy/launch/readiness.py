@@ -1,6 +1,7 @@
 """Is rank 0 serving, and does any node's log already say it cannot succeed?"""
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import socket
@@ -66,11 +67,16 @@ def choose_probe_from(setting: str, url: str | None) -> ProbeFrom:
     return "here" if not url or reachable_from_here(url) else "head"
 
 
+@functools.cache
+def _probe_source() -> str:
+    """http_probe's own source, read once: it is sent to rank 0 on every readiness poll."""
+    return Path(http_probe.__file__).read_text(encoding="utf-8")
+
+
 def probe_script(url: str, paths: Sequence[str], timeout_s: float) -> str:
     """A POSIX sh script that checks readiness on the node itself: http_probe under python3, else curl."""
     q = shlex.quote
-    source = Path(http_probe.__file__).read_text(encoding="utf-8")
-    python = shlex.join(["python3", "-c", source, url, f"{timeout_s:g}", *paths])
+    python = shlex.join(["python3", "-c", _probe_source(), url, f"{timeout_s:g}", *paths])
     curl_paths = " ".join(q(p) for p in paths or ("/health",))
     return (
         f"if command -v python3 >/dev/null 2>&1; then exec {python}; fi\n"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli_imports import imported_by
 from tests.unit.plan_helpers import codes, plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,28 +141,12 @@ def test_schema_is_json_schema() -> None:
 
 @pytest.mark.parametrize("argv", [["plan", "topologies/h100-4x8-sglang.yaml"], ["--help"], ["plan", "--help"]])
 def test_plan_and_help_import_no_heavy_modules(argv: list[str]) -> None:
-    code = ("import sys, io, contextlib\n"
-            f"sys.argv = ['k3deploy'] + {argv!r}\n"
-            "from k3deploy.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try:\n        main()\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('torch', 'ray', 'paramiko', 'httpx') if m in sys.modules))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       check=False)
-    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+    assert imported_by(argv, ["torch", "ray", "paramiko", "httpx"]) == []
 
 
 @pytest.mark.parametrize("mode", ["--json", "--check"])
 def test_machine_output_draws_no_tables(mode: str) -> None:
-    code = ("import sys, io, contextlib\n"
-            f"sys.argv = ['k3deploy', 'plan', {mode!r}, 'topologies/h100-4x8-sglang.yaml']\n"
-            "from k3deploy.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try:\n        main()\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('rich.console', 'rich.table') if m in sys.modules))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       check=False)
-    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+    assert imported_by(["plan", mode, "topologies/h100-4x8-sglang.yaml"], ["rich.console", "rich.table"]) == []
 
 
 def test_file_names_are_printed_verbatim(tmp_path: Path) -> None:

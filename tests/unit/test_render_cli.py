@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cli_imports import imported_by
 from tests.unit.test_render_support import ROOT, doc_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -116,12 +116,4 @@ def test_warnings_go_to_stderr_without_secret_values(k3: Callable[..., Result], 
 
 
 def test_render_imports_no_heavy_modules() -> None:
-    code = ("import sys, io, contextlib\n"
-            f"sys.argv = ['k3deploy', 'render', {str(H100)!r}, '--format', 'lws']\n"
-            "from k3deploy.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try:\n        main()\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('torch', 'ray', 'paramiko', 'numpy') if m in sys.modules))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       check=False)
-    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+    assert imported_by(["render", str(H100), "--format", "lws"], ["torch", "ray", "paramiko", "numpy"]) == []
