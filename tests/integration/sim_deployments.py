@@ -2,6 +2,7 @@
 for a rig, and a teardown that stops whatever a failed test left and reports it."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 
 from k3deploy.launch.state import ACTIVE, StateStore
+from tests.polling import wait_for
 from tests.rig import HostRig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +68,17 @@ class SimDeployments:
         path = self.tmp / f"{name}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
+
+    def failed_status(self, topo: Path, name: str, rank: int, host: str) -> dict[str, Any]:
+        """After the supervisor tore the group down: the record says failed, `status` (JSON and text) names
+        the node, and nobody supervises any more; the JSON status for further checks."""
+        store = StateStore(self.state_dir)
+        assert wait_for(lambda: store.require(name).status == "failed", 10), store.require(name).status
+        status: dict[str, Any] = json.loads(cli("status", str(topo), "--json", env=self.cli_env).stdout)
+        assert status["status"] == "failed" and status["supervised"] is False, status
+        assert (status["failure"]["rank"], status["failure"]["host"]) == (rank, host), status["failure"]
+        assert f"rank {rank} ({host})" in cli("status", str(topo), env=self.cli_env).stdout
+        return status
 
     def stop_leftovers(self) -> list[str]:
         """Stop every written deployment still active or owned; one line per deployment that was."""

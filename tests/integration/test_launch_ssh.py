@@ -208,12 +208,7 @@ def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments
     others = [h for h in rig4.hosts if h is not victim]
     assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
     took = time.monotonic() - t0
-    assert wait_for(lambda: store.require("it-kill-ready").status == "failed", 10)
-    status = json.loads(cli("status", str(topo), "--json").stdout)
-    assert status["status"] == "failed" and status["supervised"] is False
-    assert status["failure"]["rank"] == 2 and status["failure"]["host"] == victim.mgmt_ip
-    human = cli("status", str(topo)).stdout
-    assert f"rank 2 ({victim.mgmt_ip})" in human
+    deployments.failed_status(topo, "it-kill-ready", 2, victim.mgmt_ip)
     assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
     assert took < 10, took
     with capsys.disabled():
