@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from k3deploy.catalog.specs import DTYPE_BYTES, GIB, Architecture, EngineDefaults, ModelSpec
+from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec
 from k3deploy.planning.arith import stage_layers
 from k3deploy.planning.shape import EngineFamily, Shape
 
@@ -98,11 +98,6 @@ class MemoryBudget(NamedTuple):
     block_tokens: int | None = None
     kv_tokens: int = 0
     state_requests: int = 0
-
-    def lines_gib(self) -> dict[str, float]:
-        """The budget lines in GiB."""
-        names = ("weights_bytes", "reserve_bytes", "kv_pool_bytes", "state_pool_bytes", "headroom_bytes")
-        return {n.removesuffix("_bytes"): getattr(self, n) / GIB for n in names}
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""

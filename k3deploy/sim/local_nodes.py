@@ -146,39 +146,6 @@ def sglang_node_argv(
     ]
 
 
-def vllm_node_argv(
-    model_path: Path | str,
-    *,
-    rank: int,
-    nnodes: int,
-    dist_port: int,
-    http_port: int,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """vLLM's multi-node form (one TP group across nodes; --headless on workers)."""
-    argv = [
-        "--mimic",
-        "vllm",
-        str(model_path),
-        "--tensor-parallel-size",
-        str(nnodes),
-        "--nnodes",
-        str(nnodes),
-        "--node-rank",
-        str(rank),
-        "--master-addr",
-        node_ip(0),
-        "--master-port",
-        str(dist_port),
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(http_port),
-        *extra,
-    ]
-    return argv + (["--headless"] if rank > 0 else [])
-
-
 def node_env(mimic: str, rank: int, ifname: str = "lo", **extra: str) -> dict[str, str]:
     """Per-node env as k3deploy renders it: own IP, Gloo/NCCL interface."""
     ip_var = "SGLANG_HOST_IP" if mimic == "sglang" else "VLLM_HOST_IP"
