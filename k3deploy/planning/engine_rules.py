@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
-from k3deploy.engines.args import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.argv_opts import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.command_line import base_opts
 from k3deploy.engines.context import Inputs, places
-from k3deploy.engines.flags import FlagTable
+from k3deploy.engines.flag_tables import FlagTable
 from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effective_kernels
-from k3deploy.engines.options import base_opts
 from k3deploy.engines.redact import secret_arg, secret_env
 from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
 from k3deploy.planning.arith import fmt_gib

@@ -1,6 +1,6 @@
 """Every rendered flag and choice value exists in the pinned engine's flag table (engines/data/*.json).
 
-The checker here reads the JSON itself, independent of k3deploy.engines.flags, so a renderer bug and
+The checker here reads the JSON itself, independent of k3deploy.engines.flag_tables, so a renderer bug and
 a table-loading bug cannot cancel out.
 """
 from __future__ import annotations
