@@ -25,7 +25,7 @@ def flavour(kind: str, mimic: str | None = None, vendor: str | None = None) -> F
         return "vllm-ascend" if vendor == "huawei" else "vllm"
     if kind not in FAMILY:
         raise ValueError(f"unknown engine kind {kind!r}")
-    return kind  # type: ignore[return-value]  # checked just above
+    return kind
 
 
 def engine_flavour(engine: EngineLike, vendor: str | None = None) -> Flavour:
