@@ -11,9 +11,10 @@ from k3deploy.diagnostics import Issue
 from k3deploy.engines.argv_opts import Opt, arg_problems, merge, user_opt
 from k3deploy.engines.command_line import base_opts
 from k3deploy.engines.context import Inputs, places
-from k3deploy.engines.flag_tables import FlagTable
+from k3deploy.engines.flag_tables import FlagTable, flag_table
 from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effective_kernels
-from k3deploy.engines.launchers import SIM_FORM, model_how
+from k3deploy.engines.kinds import Family
+from k3deploy.engines.launchers import SIM_FORM, model_how, resolve_launcher
 from k3deploy.engines.redact import secret_arg, secret_env
 from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
 from k3deploy.planning.arith import fmt_gib
@@ -197,13 +198,25 @@ def container_rules(t: Topology) -> Iterator[Issue]:
                    "omit it to use the engine's own executable")
 
 
+def _other_engine_form(words: list[str], inp: Inputs) -> str | None:
+    """The launcher form of the other engine family this launcher is, if any."""
+    other: Family = "vllm" if inp.family == "sglang" else "sglang"
+    found = resolve_launcher(words, other, flag_table(other), other)
+    return found.form.name if found.known else None
+
+
 def launcher_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
     """A launcher k3deploy does not know, and entry points that cannot run this deployment."""
     if not t.engine.launcher:
         return
     launcher = inp.launcher
     form = launcher.form
-    if not launcher.known:
+    other = None if launcher.known or t.engine.kind == "sim" else _other_engine_form(t.engine.launcher, inp)
+    if other is not None:
+        yield _err("LAUNCHER_ENGINE_MISMATCH", f"engine.launcher {shlex.join(t.engine.launcher)} starts "
+                   f"`{other}`, but engine.kind is {t.engine.kind}", "engine.launcher",
+                   "set engine.kind to the engine the launcher starts, or change the launcher")
+    elif not launcher.known:
         forms = SIM_FORM.name if t.engine.kind == "sim" else ", ".join(f.name for f in inp.table.forms)
         yield _warn("LAUNCHER_UNKNOWN", f"engine.launcher {shlex.join(t.engine.launcher)} is none of the "
                     f"launcher forms k3deploy knows ({forms}): it is rendered as `{form.name}`, the model "

@@ -96,6 +96,10 @@ CASES = [
 ]
 
 
+def _plan_even_infeasible(doc: dict[str, Any]) -> Plan:
+    return make_plan(parse_topology(yaml.safe_dump(doc, sort_keys=False), "t.yaml"), load_catalog())
+
+
 def _engine_words(argv: tuple[str, ...]) -> list[str]:
     """The engine's argv: docker's `--entrypoint EXE IMAGE rest` becomes `EXE rest`."""
     if argv[0] != "docker":
@@ -154,7 +158,7 @@ def test_the_checker_rejects_the_commands_issue_17_found() -> None:
 @pytest.mark.timeout(60)
 def test_multi_node_api_server_is_a_plan_error() -> None:
     doc = _vl(**{"engine.launcher": VL_API})
-    plan = make_plan(parse_topology(yaml.safe_dump(doc, sort_keys=False), "t.yaml"), load_catalog())
+    plan = _plan_even_infeasible(doc)
     issue = next(i for i in plan.issues if i.code == "LAUNCHER_NO_HEADLESS")
     assert issue.severity == "error" and issue.path == "engine.launcher" and "vllm serve" in (issue.hint or "")
     assert not plan.feasible
@@ -170,3 +174,12 @@ def test_multi_node_api_server_is_a_plan_error() -> None:
 def test_launcher_recognition(launcher: list[str], form: str, known: bool) -> None:
     got = resolve_launcher(launcher, "sglang", flag_table("sglang"), "sglang")
     assert (got.form.name, got.known, got.prefix) == (form, known, tuple(launcher))
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_of_the_other_engine_is_a_plan_error() -> None:
+    doc = _sg(**{"engine.launcher": ["/opt/venv/bin/vllm", "serve"]})
+    plan = _plan_even_infeasible(doc)
+    issue = next(i for i in plan.issues if i.code.startswith("LAUNCHER"))
+    assert (issue.code, issue.severity, issue.path) == ("LAUNCHER_ENGINE_MISMATCH", "error", "engine.launcher")
+    assert "`vllm serve`" in issue.message and "sglang" in issue.message
