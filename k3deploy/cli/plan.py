@@ -42,7 +42,8 @@ def plan(
     if as_json:
         from k3deploy.planning.document import invalid_json, plan_json
 
-        docs = [plan_json(r.plan) if r.plan else invalid_json(r.file, list(r.load_issues)) for r in results]
+        docs = [plan_json(r.plan) if r.plan and not r.load_issues else invalid_json(r.file, list(r.issues))
+                for r in results]
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
     elif check:
         _check_lines(results)
@@ -62,13 +63,13 @@ def _console() -> "Console":
 def _show(results: "list[FileResult]") -> None:
     from rich.text import Text
 
-    from k3deploy.planning.report import issues_table, plan_renderable
+    from k3deploy.planning.report import issue_lines, plan_renderable
 
     console = _console()
     for r in results:
-        if r.plan is None:
-            console.print(Text.assemble(("INVALID", "bold red"), f" {r.file}"))
-            console.print(issues_table(r.file, r.load_issues))
+        if r.plan is None or r.load_issues:
+            console.print(Text.assemble(f"{r.file}: ", ("INVALID", "bold red")))
+            console.print(issue_lines(r.file, r.issues))
         else:
             console.print(plan_renderable(r.plan))
         console.print()
