@@ -10,7 +10,7 @@ from k3deploy.planning.shape import Shape
 from k3deploy.topology.schema import Topology
 
 Flavour = Literal["sglang", "vllm", "vllm-ascend"]
-SIM_MODULE_ARGV = ("python3", "-m", "k3deploy.sim", "serve")
+SIM_MODULE_ARGV = ("-m", "k3deploy.sim", "serve")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class Inputs:
     shape: Shape
     mem_fraction: float | None = None
     pool_ratio: float | None = None
+    # The interpreter that runs the stand-in engine: a portable `python3` on remote nodes; the local
+    # executor passes the one k3deploy runs under (the venv need not be activated).
+    python: str = "python3"
 
     @property
     def flavour(self) -> Flavour:
@@ -45,7 +48,7 @@ class Inputs:
         if e.launcher:
             return tuple(e.launcher)
         if e.kind == "sim":
-            return (*SIM_MODULE_ARGV, "--mimic", "vllm" if self.flavour != "sglang" else "sglang")
+            return (self.python, *SIM_MODULE_ARGV, "--mimic", "vllm" if self.flavour != "sglang" else "sglang")
         return ("sglang", "serve") if self.flavour == "sglang" else ("vllm", "serve")
 
 
