@@ -178,7 +178,10 @@ def _without_errors(data: dict[str, Any], errors: list[tuple[str, PathKey]]) -> 
     for kind, path in errors:
         parent: Any = fixed
         for part in path[:-1]:
-            parent = parent[part] if isinstance(parent, (dict, list)) else None
+            if isinstance(parent, list) and isinstance(part, int) and 0 <= part < len(parent):
+                parent = parent[part]
+            else:
+                parent = parent.get(part) if isinstance(parent, dict) else None
         if not path or not isinstance(parent, dict) or path[-1] not in parent:
             return None
         del parent[path[-1]]

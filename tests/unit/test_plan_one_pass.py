@@ -137,3 +137,10 @@ def test_feasible_plan_warns_when_the_context_cannot_all_fit_at_that_concurrency
     assert warn[0].hint is not None and "max_running_requests" in warn[0].hint
     roomy = plan_of(topology_dict(max_running_requests=4))
     assert roomy.feasible and "CONTEXT_AT_CONCURRENCY" not in {i.code for i in roomy.issues}
+
+
+def test_topology_error_is_an_input_error() -> None:
+    from k3deploy.errors import InputError, K3Error
+
+    err = TopologyError("t.yaml", [])
+    assert isinstance(err, InputError) and isinstance(err, K3Error) and err.exit_code == 2
