@@ -56,7 +56,7 @@ def test_every_exit_code_is_documented_including_70() -> None:
     assert 70 in EXIT_CODES and documented == set(EXIT_CODES), documented
     help_text = subprocess.run([sys.executable, "-m", "k3deploy", "--help"], capture_output=True, text=True,
                                cwd=ROOT, timeout=30, check=False, env={"COLUMNS": "200", "PATH": "/usr/bin"}).stdout
-    assert "70 internal error" in help_text
+    assert "70 a bug in k3deploy" in help_text
 
 
 def test_curl_asks_for_the_model_name_the_demo_serves() -> None:
