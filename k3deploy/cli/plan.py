@@ -79,14 +79,16 @@ def _check_lines(results: "list[FileResult]") -> None:
     for r in results:
         errors = [i for i in r.issues if i.severity == "error"]
         warnings = [i for i in r.issues if i.severity == "warning"]
+        waiting = [i for i in r.issues if i.code == "NOT_CHECKED"]
         status = {0: "ok", 1: "infeasible", 2: "invalid"}[r.exit_code]
-        detail = f"{len(errors)} error(s), {len(warnings)} warning(s)"
+        detail = f"{len(errors)} error(s), {len(warnings)} warning(s)" + (
+            f", {len(waiting)} group(s) of checks waiting for a fix" if waiting else "")
         if r.plan is not None and r.plan.shape is not None and r.exit_code == 0:
             s = r.plan.shape
             detail = f"TP{s.tp}/EP{s.ep}/DP{s.dp}/PP{s.pp} on {s.nnodes}x{s.gpus_per_node}; " + detail
         print(f"{status:<10} {r.file}: {detail}")
-        for i in errors + warnings:
-            level = "error" if i.severity == "error" else "warning"
+        for i in errors + warnings + waiting:
+            level = {"error": "error", "warning": "warning"}.get(i.severity, "notice")
             loc = f"file={r.file}" + (f",line={i.line},col={i.column or 1}" if i.line else "")
             text = i.render(r.file).replace("%", "%25").replace("\n", "%0A")
             print(f"::{level} {loc},title={i.code}::{text}")

@@ -62,6 +62,9 @@ def test_schema_catalog_and_legality_problems_come_in_one_pass(tmp_path: Path) -
     assert r.returncode == 2
     codes = [i["code"] for i in json.loads(r.stdout)["issues"]]
     assert {"SCHEMA", "UNKNOWN_HARDWARE", "DUPLICATE_IP", "TP_HIDDEN"} <= set(codes)
+    check = k3("plan", "--check", f)
+    assert "checks waiting for a fix" in check.stdout and "title=NOT_CHECKED::" in check.stdout
+    assert check.stdout.count("::error ") == 7 and "::notice file=" in check.stdout
 
 
 def test_a_value_left_out_by_a_schema_error_blocks_only_the_checks_that_read_it(tmp_path: Path) -> None:
