@@ -114,6 +114,7 @@ def test_identity_tells_a_process_from_a_reused_pid() -> None:
     assert not other.alive()
 
 
+@pytest.mark.timeout(60)
 def test_lock_of_a_name_without_record_leaves_no_file_and_still_excludes(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     holders, most, rounds = [0], [0], 40
