@@ -57,7 +57,9 @@ EXIT_CODES = {
     1: "plan infeasible, or a validation stage failed",
     2: "invalid input: YAML, schema, catalog id, or command-line option",
     3: "host error: unreachable host, SSH authentication or host key, Ray connection",
-    4: "launch failed: a node exited, readiness deadline passed, or the deployment was torn down",
+    4: "launch failed: a node exited, readiness deadline passed, or the deployment was torn down; "
+       "`status` of a deployment that failed",
     5: "state error: no such deployment, or one is already running",
+    70: "internal error: a bug in k3deploy (rerun with --debug for the traceback and report it)",
     130: "interrupted (Ctrl-C); every node that was started has been stopped",
 }

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Install everything the suite needs on a fresh Debian machine (as root), then run every test tier.
-# Used by the README's test command and by .ci/run.
+# Install everything the suite needs on a fresh Debian or Ubuntu machine (as root), then run every test
+# tier. Python packages go into the project venv .venv (made here when missing): Debian's own pip refuses
+# to install outside a venv ("externally-managed-environment"). Used by the README's test command and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   missing=""
-  for bin in /usr/sbin/sshd /usr/bin/shellcheck /usr/sbin/ip /usr/bin/nsenter; do
+  for bin in /usr/sbin/sshd /usr/bin/shellcheck /usr/sbin/ip /usr/bin/nsenter /usr/bin/pgrep; do
     [ -x "$bin" ] || missing=1
   done
+  # Debian ships venv's pip bootstrap (ensurepip) separately, in python3-venv.
+  [ -x .venv/bin/python ] || python3 -c 'import ensurepip' 2>/dev/null || missing=1
   if [ -n "$missing" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      openssh-server openssh-client iproute2 shellcheck util-linux procps >/dev/null
+      openssh-server openssh-client iproute2 shellcheck util-linux procps python3-venv >/dev/null
   fi
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[all,dev]'
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
+# The venv's console scripts (k3deploy, ray) first on PATH, as an activated venv would have them.
+export PATH="$PWD/.venv/bin:$PATH"
+# Static checks are their own step (the unit tier needs no mypy); skipped when pytest gets arguments.
+[ "$#" -gt 0 ] || bash scripts/static_checks.sh
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Annotated
 
 import typer
 
@@ -10,7 +11,8 @@ from k3deploy.cli.common import run_app
 
 HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "Exit codes: 0 ok; 1 infeasible plan or failed validation; 2 invalid input; 3 host error; "
-        "4 launch failed; 5 state error; 130 interrupted.")
+        "4 launch failed, or `status` of a failed deployment; 5 state error; 70 a bug in k3deploy ("
+        "rerun with --debug and report it); 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
 COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render")
@@ -19,17 +21,30 @@ COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render")
 def build_app(only: str | None = None) -> typer.Typer:
     """The typer app with every command, or (for a run of one command) just that one: typer builds each
     registered command's options on every run, so one command skips the others' imports and option work."""
-    app = typer.Typer(name="k3deploy", help=HELP, no_args_is_help=True, add_completion=False,
+    app = typer.Typer(name="k3deploy", help=HELP, no_args_is_help=True, add_completion=True,
                       pretty_exceptions_enable=False, rich_markup_mode=None)
-    if only is not None:
-        app.callback()(_group)  # keeps `k3deploy NAME ...` a group even with a single command
+    app.callback()(_group)  # global options; keeps `k3deploy NAME ...` a group even with a single command
     for name in (only,) if only is not None else COMMANDS:
         app.command(name)(getattr(importlib.import_module(f"k3deploy.cli.{name}"), name))
     return app
 
 
-def _group() -> None:
+def _version(value: bool) -> None:
+    if value:
+        from k3deploy import __version__
+
+        print(f"k3deploy {__version__}")
+        raise typer.Exit()
+
+
+def _group(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="show a traceback with an error (accepted anywhere on "
+                                        "the command line; or set K3DEPLOY_DEBUG=1)")] = False,
+) -> None:
     """Plan, render, launch and validate multi-node Kimi K3 deployments."""
+    # --debug is taken off the command line before typer parses it (see main): it is listed here for help.
 
 
 def __getattr__(name: str) -> typer.Typer:

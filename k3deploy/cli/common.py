@@ -4,18 +4,29 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from k3deploy.errors import K3Error
+
+if TYPE_CHECKING:
+    from k3deploy.diagnostics import Issue
 
 CatalogOpt = Annotated[
     list[Path] | None,
     typer.Option("--catalog", help="folder of extra catalog YAML files (adds or overrides entries by id)"),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
+
+
+def print_warnings(issues: Iterable[Issue], file: str) -> None:
+    """Each warning as one stderr line, `warning: file:line:col: path: message (hint) [CODE]`."""
+    for issue in issues:
+        if issue.severity == "warning":
+            print(f"warning: {issue.render(file)} [{issue.code}]", file=sys.stderr)
 
 
 def debug_enabled() -> bool:

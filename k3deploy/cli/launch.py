@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from k3deploy.cli.common import CatalogOpt
+from k3deploy.cli.common import CatalogOpt, print_warnings
 
 ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh | ray (default: launch.executor)")]
 StateDirOpt = Annotated[Path | None, typer.Option(
@@ -46,6 +47,7 @@ def launch(
 
     Any node exiting, the readiness deadline or Ctrl-C stops every node and names the one that failed
     first (exit 4; 3 when a host cannot be reached; 5 when the deployment already runs)."""
+    from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.errors import InputError
     from k3deploy.launch.jobs import jobs_for
     from k3deploy.launch.targets import ExecOverrides
@@ -60,6 +62,7 @@ def launch(
         raise InputError(f"--ssh-jump: {exc}") from None
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
+    print_warnings(secret_warnings(plan.topology, os.environ, executor), plan.file)
     overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,
                               ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
                               connect_timeout_s=connect_timeout_s, ray_address=ray_address, ssh_jump=ssh_jump)

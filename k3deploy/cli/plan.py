@@ -42,7 +42,8 @@ def plan(
     if as_json:
         from k3deploy.planning.document import invalid_json, plan_json
 
-        docs = [plan_json(r.plan) if r.plan else invalid_json(r.file, list(r.load_issues)) for r in results]
+        docs = [plan_json(r.plan) if r.plan and not r.load_issues else invalid_json(r.file, list(r.issues))
+                for r in results]
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
     elif check:
         _check_lines(results)
@@ -62,13 +63,13 @@ def _console() -> "Console":
 def _show(results: "list[FileResult]") -> None:
     from rich.text import Text
 
-    from k3deploy.planning.report import issues_table, plan_renderable
+    from k3deploy.planning.report import issue_lines, plan_renderable
 
     console = _console()
     for r in results:
-        if r.plan is None:
-            console.print(Text.assemble(("INVALID", "bold red"), f" {r.file}"))
-            console.print(issues_table(r.file, r.load_issues))
+        if r.plan is None or r.load_issues:
+            console.print(Text.assemble(f"{r.file}: ", ("INVALID", "bold red")))
+            console.print(issue_lines(r.file, r.issues))
         else:
             console.print(plan_renderable(r.plan))
         console.print()
@@ -78,14 +79,16 @@ def _check_lines(results: "list[FileResult]") -> None:
     for r in results:
         errors = [i for i in r.issues if i.severity == "error"]
         warnings = [i for i in r.issues if i.severity == "warning"]
+        waiting = [i for i in r.issues if i.code == "NOT_CHECKED"]
         status = {0: "ok", 1: "infeasible", 2: "invalid"}[r.exit_code]
-        detail = f"{len(errors)} error(s), {len(warnings)} warning(s)"
+        detail = f"{len(errors)} error(s), {len(warnings)} warning(s)" + (
+            f", {len(waiting)} group(s) of checks waiting for a fix" if waiting else "")
         if r.plan is not None and r.plan.shape is not None and r.exit_code == 0:
             s = r.plan.shape
             detail = f"TP{s.tp}/EP{s.ep}/DP{s.dp}/PP{s.pp} on {s.nnodes}x{s.gpus_per_node}; " + detail
         print(f"{status:<10} {r.file}: {detail}")
-        for i in errors + warnings:
-            level = "error" if i.severity == "error" else "warning"
+        for i in errors + warnings + waiting:
+            level = {"error": "error", "warning": "warning"}.get(i.severity, "notice")
             loc = f"file={r.file}" + (f",line={i.line},col={i.column or 1}" if i.line else "")
             text = i.render(r.file).replace("%", "%25").replace("\n", "%0A")
             print(f"::{level} {loc},title={i.code}::{text}")

@@ -1,13 +1,14 @@
 """`k3deploy render`: the exact per-node engine commands, as text, JSON, scripts, sbatch or LWS."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from k3deploy.cli.common import CatalogOpt
+from k3deploy.cli.common import CatalogOpt, print_warnings
 from k3deploy.errors import InputError
 
 
@@ -20,13 +21,12 @@ def render(
 ) -> None:
     """Render each node's engine command. Exit 0 ok, 1 infeasible plan, 2 invalid input."""
     from k3deploy.engines.exports import export, stdout_text
+    from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
 
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
-    for issue in plan.issues:
-        if issue.severity == "warning":
-            print(f"warning: {issue.render(plan.file)} [{issue.code}]", file=sys.stderr)
+    print_warnings((*plan.issues, *secret_warnings(plan.topology, os.environ)), plan.file)
     vendor = cat.vendors.get(plan.hardware.vendor) if plan.hardware else None
     files = export(plan, fmt, node=node, vendor=vendor)  # type: ignore[arg-type]
     if out is None:

@@ -15,18 +15,25 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Show a deployment: status, supervisor, each node's process, rank 0 serving, the failure if any."""
+    """Show a deployment: status, supervisor, each node's process, rank 0 serving, the failure if any.
+    Exit 4 when the deployment failed."""
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch.lookup import locate
     from k3deploy.launch.lookup import status as get_status
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
     report = get_status(store, name, open_executor)
+    # A failed deployment is not success for a script asking `k3deploy status x && ...` (README: exit 4).
+    code = 4 if report.status == "failed" else 0
     if as_json:
         print(report.model_dump_json(indent=2))
-        return
+        raise typer.Exit(code)
     from rich.console import Console
 
     from k3deploy.launch.views import status_view
 
-    Console(highlight=False).print(status_view(report))
+    console = Console(highlight=False, markup=False, emoji=False)
+    console.print(status_view(report))
+    for n in report.nodes:  # one whole line each: a long path wraps in the terminal, never cut or folded
+        console.print(f"rank {n.rank} log: {n.log_path}", soft_wrap=True)
+    raise typer.Exit(code)

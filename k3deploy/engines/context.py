@@ -21,6 +21,9 @@ class Inputs:
     shape: Shape
     mem_fraction: float | None = None
     pool_ratio: float | None = None
+    # The interpreter that runs the stand-in engine: a portable `python3` on remote nodes; the local
+    # executor passes the one k3deploy runs under (the venv need not be activated).
+    python: str = "python3"
 
     @property
     def flavour(self) -> Flavour:
@@ -41,7 +44,7 @@ class Inputs:
     def launcher(self) -> Launcher:
         """The argv prefix before the model (engine.launcher, else the engine's console script) and its form."""
         e = self.topology.engine
-        return resolve_launcher(e.launcher, e.kind, self.table, self.family)
+        return resolve_launcher(e.launcher, e.kind, self.table, self.family, python=self.python)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.redact import REDACTED, redact_argv, redact_env
 from k3deploy.engines.render import render_nodes
+from k3deploy.engines.secret_refs import node_secrets
 from k3deploy.engines.shell import command_text
 from k3deploy.engines.spec import LaunchSpec
 from k3deploy.errors import InputError
@@ -30,22 +31,19 @@ class RenderedFile:
     executable: bool = False
 
 
-def shown_env(spec: LaunchSpec) -> dict[str, str]:
-    """Env as shown to people: secret-looking values redacted, engine.secrets only as references."""
-    return {**redact_env(spec.env), **spec.secret_env}
-
-
-def node_json(spec: LaunchSpec) -> dict[str, Any]:
-    """One node for `--format json` (argv as executed, credentials redacted)."""
+def node_json(spec: LaunchSpec, executor: str) -> dict[str, Any]:
+    """One node for `--format json` (argv as executed, credentials redacted; plain values in `env`,
+    engine.secrets as references in `secrets`, with where the node resolves each)."""
     return {"rank": spec.rank, "host": spec.host, "ip": spec.ip, "head": spec.head,
-            "argv": list(redact_argv(spec.argv)), "env": shown_env(spec),
+            "argv": list(redact_argv(spec.argv)), "env": redact_env(spec.env),
+            "secrets": node_secrets(spec.secret_env, spec.host, executor),
             "ready": {"kind": spec.ready.kind, "url": spec.ready.url, "paths": list(spec.ready.paths)},
             "container": spec.container}
 
 
-def json_text(specs: tuple[LaunchSpec, ...]) -> str:
+def json_text(specs: tuple[LaunchSpec, ...], executor: str) -> str:
     """{"nodes": [...]}."""
-    return json.dumps({"nodes": [node_json(s) for s in specs]}, indent=2) + "\n"
+    return json.dumps({"nodes": [node_json(s, executor) for s in specs]}, indent=2) + "\n"
 
 
 def node_header(spec: LaunchSpec) -> str:
@@ -99,7 +97,7 @@ def export(plan: Plan, fmt: Format, *, node: int | None = None,
         return (RenderedFile("k3deploy.sbatch", sbatch, executable=True),)
     specs = select(specs, node)
     if fmt == "json":
-        return (RenderedFile("nodes.json", json_text(specs)),)
+        return (RenderedFile("nodes.json", json_text(specs, plan.topology.launch.executor)),)
     if fmt == "text":
         return (RenderedFile("commands.txt", text_text(specs)),)
     return tuple(RenderedFile(f"node-{s.rank}.sh", node_script(plan.topology, s), executable=True)

@@ -42,11 +42,11 @@ def _complete(words: tuple[str, ...], form: Form) -> tuple[str, ...] | None:
     return None
 
 
-def default_prefix(form: Form) -> tuple[str, ...]:
-    """The argv a form starts with when the topology names no launcher."""
+def default_prefix(form: Form, python: str = "python3") -> tuple[str, ...]:
+    """The argv a form starts with when the topology names no launcher (a module form under `python`)."""
     if form.script is not None:
         return (form.script, *form.subcommand)
-    return ("python3", "-m", form.modules[0], *form.subcommand)
+    return (python, "-m", form.modules[0], *form.subcommand)
 
 
 def _with_mimic(prefix: tuple[str, ...], family: Family) -> tuple[str, ...]:
@@ -54,12 +54,14 @@ def _with_mimic(prefix: tuple[str, ...], family: Family) -> tuple[str, ...]:
     return prefix if "--mimic" in prefix else (*prefix, "--mimic", family)
 
 
-def resolve_launcher(launcher: Sequence[str] | None, kind: str, table: FlagTable, family: Family) -> Launcher:
-    """The form of `engine.launcher` (default: the engine's console script); unknown ones are kept as given."""
+def resolve_launcher(launcher: Sequence[str] | None, kind: str, table: FlagTable, family: Family,
+                     python: str = "python3") -> Launcher:
+    """The form of `engine.launcher` (default: the engine's console script, the stand-in under `python`);
+    unknown ones are kept as given."""
     sim = kind == "sim"
     forms = (SIM_FORM,) if sim else table.forms
     if not launcher:
-        prefix = default_prefix(forms[0])
+        prefix = default_prefix(forms[0], python)
         return Launcher(_with_mimic(prefix, family) if sim else prefix, forms[0], True)
     words = tuple(launcher)
     for form in forms:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 HEAD_READY_PATHS = ("/health", "/v1/models")
 
 
-def inputs_for(plan: Plan) -> Inputs:
+def inputs_for(plan: Plan, python: str = "python3") -> Inputs:
     """The renderer's view of a feasible plan."""
     if not plan.feasible or plan.model is None or plan.hardware is None or plan.shape is None \
             or plan.memory is None:
@@ -25,7 +25,7 @@ def inputs_for(plan: Plan) -> Inputs:
         raise InfeasibleError(f"{plan.file}: cannot render an infeasible plan ({codes})",
                               hint=f"run `k3deploy plan {plan.file}`")
     return Inputs(topology=plan.topology, model=plan.model, hardware=plan.hardware, shape=plan.shape,
-                  mem_fraction=plan.memory.mem_fraction, pool_ratio=plan.memory.pool_ratio)
+                  mem_fraction=plan.memory.mem_fraction, pool_ratio=plan.memory.pool_ratio, python=python)
 
 
 def ready_spec(inp: Inputs, place: Place) -> ReadySpec:
@@ -62,8 +62,9 @@ def packaged_vendor(vendor: str) -> VendorSpec | None:
     return load_catalog().vendors.get(vendor)
 
 
-def render_nodes(plan: Plan, vendor: VendorSpec | None = None) -> tuple[LaunchSpec, ...]:
-    """Every node's LaunchSpec, rank 0 first; raises InfeasibleError for a plan with errors."""
-    inp = inputs_for(plan)
+def render_nodes(plan: Plan, vendor: VendorSpec | None = None, python: str = "python3") -> tuple[LaunchSpec, ...]:
+    """Every node's LaunchSpec, rank 0 first; raises InfeasibleError for a plan with errors. `python` runs
+    the stand-in engine (kind sim without engine.launcher)."""
+    inp = inputs_for(plan, python)
     vend = vendor if vendor is not None else packaged_vendor(inp.hardware.vendor)
     return tuple(launch_spec(inp, place, vend) for place in places(inp.topology))

@@ -43,7 +43,9 @@ def multinode_opts(inp: Inputs, place: Place) -> list[Opt]:
 def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     """Parallelism, multi-node form, memory, prefix caching, parsers and kernels for one node."""
     t, s, shape = inp.topology, inp.topology.serving, inp.shape
-    o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port), _o("--tensor-parallel-size", shape.tp)]
+    # A stable name for clients (the engine would answer with the checkpoint path); engine.args overrides it.
+    o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port),
+         _o("--served-model-name", t.model.id), _o("--tensor-parallel-size", shape.tp)]
     if shape.pp > 1:
         o.append(_o("--pipeline-parallel-size", shape.pp))
     if shape.dcp > 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import posixpath
+import sys
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,11 +57,13 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
     t = plan.topology
     targets = targets_for(t, overrides)
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
+    # Local nodes are this machine: the stand-in runs under this interpreter, not the first python3 on PATH.
+    python = sys.executable if all(tg.kind == "local" for tg in targets.values()) else "python3"
     return tuple(
         NodeJob(
             rank=s.rank, host=s.host, ip=s.ip, iface=s.node.iface, head=s.head, command=node_shell(s),
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )
-        for s in render_nodes(plan, vendor)
+        for s in render_nodes(plan, vendor, python)
     )

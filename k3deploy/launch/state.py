@@ -93,6 +93,19 @@ class Deployment(Record):
         return self.model_copy(update={"attempts": (*self.attempts[:-1], last)})
 
 
+def _flock(fd: int, name: str, deadline: float) -> None:
+    """Take the exclusive lock on `fd`, polling until `deadline`."""
+    for _ in range(100_000):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise StateError(f"deployment {name} is locked by another k3deploy process") from None
+            time.sleep(0.02)
+    raise StateError(f"deployment {name} is locked by another k3deploy process")
+
+
 def default_state_dir() -> Path:
     """$XDG_STATE_HOME/k3deploy, else ~/.local/state/k3deploy."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -121,22 +134,34 @@ class StateStore:
 
     @contextlib.contextmanager
     def lock(self, name: str, timeout_s: float = 30.0) -> Iterator[None]:
-        """Exclusive lock of one record (fcntl, so it dies with its holder)."""
+        """Exclusive lock of one record (fcntl, so it dies with its holder). A lock file that guards no
+        record when the holder is done (`stop` of a name never launched) is removed."""
         self._ensure()
-        fd = os.open(self.directory / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.directory / f"{name}.lock"
+        deadline = time.monotonic() + timeout_s
+        fd = self._acquire(path, name, deadline)
         try:
-            deadline = time.monotonic() + timeout_s
-            for _ in range(100_000):
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise StateError(f"deployment {name} is locked by another k3deploy process") from None
-                    time.sleep(0.02)
             yield
         finally:
+            if not self.path(name).exists():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # while still held: a waiter then sees a removed file and opens a new one
             os.close(fd)  # closing the descriptor releases the lock
+
+    @staticmethod
+    def _acquire(path: Path, name: str, deadline: float) -> int:
+        """A descriptor holding the lock on `path`, re-opening when the file was removed while we waited."""
+        for _ in range(1000):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                _flock(fd, name, deadline)
+                if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise StateError(f"deployment {name}: its lock file keeps being replaced")
 
     def load(self, name: str) -> Deployment | None:
         """The record, or None if there is none."""

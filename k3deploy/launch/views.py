@@ -105,12 +105,12 @@ def status_view(rep: StatusReport) -> RenderableType:
     head.add_row("plan", f"{rep.file} ({rep.plan_digest}), executor {rep.executor}")
     head.add_row("attempts", str(len(rep.attempts)))
     nodes = Table()
-    for col in ("rank", "host", "pid", "alive", "log"):
+    for col in ("rank", "host", "pid", "alive"):  # log paths: whole lines after the view (see cli/status)
         nodes.add_column(col)
     for n in rep.nodes:
         alive = Text({True: "yes", False: "no", None: "?"}[n.alive] + (f" ({n.error})" if n.error else ""),
                      style="green" if n.alive else "")
-        nodes.add_row(str(n.rank), Text(n.host), str(n.pid or "-"), alive, Text(n.log_path))
+        nodes.add_row(str(n.rank), Text(n.host), str(n.pid or "-"), alive)
     parts: list[RenderableType] = [head, nodes]
     if rep.failure is not None:
         f = rep.failure

@@ -16,6 +16,21 @@ from k3deploy.planning.shape import Shape, make_shape
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.schema import Topology
 
+# Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
+# error is a shape or budget that cannot run (exit 1).
+INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
+                         "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST"})
+# What each group of checks reads: a value left out by a schema error blocks the groups that read it.
+READS = {
+    "node": ("nodes", "launch.executor"),
+    "legality": ("parallel", "hardware.gpus_per_node", "engine.kind", "engine.mimic"),
+    "pairing": ("engine.kind", "model.revision"),
+    "engine": ("engine", "parallel", "serving", "launch", "model.path"),
+    "memory": ("parallel", "serving", "hardware", "engine.kind", "engine.mimic"),
+}
+CHECKS = {"node": "node checks (ranks, addresses)", "legality": "parallel legality",
+          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget"}
+
 
 class Capacity(NamedTuple):
     """What the caches hold."""
@@ -44,8 +59,9 @@ class Plan(NamedTuple):
 
     @property
     def valid(self) -> bool:
-        """The input resolved against the catalog (unknown ids make a plan invalid, exit 2)."""
-        return self.model is not None and self.hardware is not None
+        """No mistake in the file itself (exit 2): ids the catalog knows, a usable node list."""
+        return self.model is not None and self.hardware is not None and not any(
+            i.code in INPUT_CODES and i.severity == "error" for i in self.issues)
 
     @property
     def feasible(self) -> bool:
@@ -127,11 +143,32 @@ def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
                          f"max_running_requests {max_running_requests}"))
     per_request = m.kv_tokens // max(max_running_requests, 1)
     cap = Capacity(kv_tokens=m.kv_tokens, max_running_requests=running, max_context_tokens=min(per_request, ctx))
+    if m.kv_tokens >= ctx and per_request < ctx:
+        out.append(Issue(code="CONTEXT_AT_CONCURRENCY", severity="warning", path="serving.context_length",
+                         message=f"the KV pool holds {m.kv_tokens:,} tokens: at {max_running_requests} concurrent "
+                         f"requests each can get {per_request:,} tokens, not context_length {ctx:,}",
+                         hint=f"full-length requests fit {m.kv_tokens // ctx} at a time: lower "
+                         f"max_running_requests to {m.kv_tokens // ctx}, or context_length to {per_request:,}, "
+                         "or shard wider"))
     return out, cap
 
 
-def make_plan(loaded: LoadedTopology, catalog: Catalog) -> Plan:
-    """Check legality, size memory and decide feasibility; never raises on a bad shape."""
+def _blocked(group: str, unchecked: frozenset[str]) -> str | None:
+    """The first left-out value the group reads (a path equal to, inside or around one it reads)."""
+    for path in sorted(unchecked):
+        if any(f"{path}.".startswith(f"{r}.") or f"{r}.".startswith(f"{path}.") for r in READS[group]):
+            return path
+    return None
+
+
+def _not_checked(groups: list[str], why: str, path: str) -> Issue:
+    return Issue(code="NOT_CHECKED", severity="info", path=path,
+                 message=f"{', '.join(CHECKS[g] for g in groups)}: not checked {why}")
+
+
+def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
+    """Check legality, size memory and decide feasibility; never raises on a bad shape. Values in
+    `unchecked` (dotted paths a schema error left out) block only the checks that read them."""
     t = loaded.topology
     family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
     issues: list[Issue] = []
@@ -141,21 +178,35 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog) -> Plan:
         issues.append(_unknown("UNKNOWN_MODEL", "model", t.model.id, list(catalog.models), "model.id"))
     if hw is None:
         issues.append(_unknown("UNKNOWN_HARDWARE", "accelerator", t.hardware.gpu, list(catalog.hardware), "hardware.gpu"))
+    blocked = {g: b for g in READS if (b := _blocked(g, unchecked)) is not None}
+    for path in sorted(set(blocked.values())):
+        issues.append(_not_checked([g for g, b in blocked.items() if b == path], f"until {path} is fixed", path))
     shape = memory = capacity = None
-    issues += list(rules.node_rules(t))
-    if model is not None and hw is not None:
+    if "node" not in blocked:
+        issues += list(rules.node_rules(t))
+    if model is None:
+        issues.append(_not_checked([g for g in ("legality", "pairing", "engine", "memory") if g not in blocked],
+                                   "until model.id names a known model", "model.id"))
+    elif "legality" not in blocked:
         p = t.parallel
         shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
                            nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
                            num_experts=model.architecture.num_experts)
         legality = list(rules.parallel_rules(model.architecture, family, shape))
-        issues += legality + list(rules.pairing_rules(t, model, hw))
-        issues += list(engine_rules.engine_rules(t, model, hw, shape))
-        if not any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
-            memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
-            mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
-                                                  t.serving.max_running_requests)
-            issues += mem_issues
+        issues += legality
+        if hw is None:
+            issues.append(_not_checked([g for g in ("pairing", "engine", "memory") if g not in blocked],
+                                       "until hardware.gpu names a known accelerator", "hardware.gpu"))
+        else:
+            issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
+            issues += [] if "engine" in blocked else list(engine_rules.engine_rules(t, model, hw, shape))
+            if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
+                issues.append(_not_checked(["memory"], "while the parallel shape is illegal", "parallel"))
+            elif "memory" not in blocked:
+                memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
+                mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
+                                                      t.serving.max_running_requests)
+                issues += mem_issues
     located = tuple(_locate(i, loaded) for i in issues)
     return Plan(file=loaded.file, topology=t, model=model, hardware=hw, family=family, shape=shape,
                 memory=memory, capacity=capacity, issues=located)

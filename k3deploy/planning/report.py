@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -17,40 +18,43 @@ def _gib(n: float) -> str:
     return f"{n / GIB:,.2f}"
 
 
-def issues_table(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Table:
-    """One row per issue, errors first."""
-    t = Table(title="Legality and feasibility", title_justify="left", show_lines=False)
-    for col in ("severity", "code", "where", "message"):
-        t.add_column(col, overflow="fold")
+def issue_lines(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Group:
+    """One `severity file:line:col: path: message (hint) [CODE]` line per issue, errors first: a line wraps
+    between words (never inside a location) and reads whole when piped."""
     style = {"error": "bold red", "warning": "yellow", "info": "dim"}
+    lines = [Text("Legality and feasibility", style="italic")]
     for i in sorted(issues, key=lambda i: ("error", "warning", "info").index(i.severity)):
-        msg = i.message + (f" ({i.hint})" if i.hint else "")
-        t.add_row(Text(i.severity, style=style[i.severity]), i.code, f"{i.location(file)} {i.path}", msg)
-    return t
+        lines.append(Text.assemble((f"{i.severity:<7} ", style[i.severity]), f"{i.render(file)} [{i.code}]"))
+    return Group(*lines)
 
 
 def budget_table(plan: Plan) -> Table:
-    """The per-GPU memory budget, every line item; the lines sum to usable memory."""
+    """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
+    broken at phrase boundaries so the table reads at 80 columns."""
     m = plan.memory
     assert m is not None
-    t = Table(title=f"Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left")
+    t = Table(title=f"Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("line item")
     t.add_column("GiB", justify="right")
     t.add_column("bytes", justify="right")
-    t.add_column("how", overflow="fold")
+    t.add_column("how")
     s = plan.shape
     assert s is not None
+    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"]
+    kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
+    kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
     rows = [
-        ("weights: routed experts", m.routed_weights_bytes, f"routed / {s.expert_shards} ({s.experts_per_rank} experts per EP rank)"),
-        ("weights: non-expert", m.non_expert_weights_bytes, f"non-expert / attn_tp {s.attn_tp}"),
-        ("runtime reserve", m.reserve_bytes, "activations, CUDA graphs, NCCL buffers, fragmentation"),
-        ("MLA KV pool", m.kv_pool_bytes, f"{m.mla_kv_bytes_per_token:,.0f} B/token x {m.kv_tokens:,} tokens"),
-        ("KDA state pool", m.state_pool_bytes, f"{m.kda_state_bytes_per_slot:,} B/slot x {m.slots_per_request} slots/request"
-         + (f"; pool ratio {m.pool_ratio:.4f}" if m.pool_ratio else "") + (f"; block {m.block_tokens} tokens" if m.block_tokens else "")),
-        ("free headroom", m.headroom_bytes, f"outside the engine's pools (mem_fraction {m.mem_fraction})"),
+        ("weights: routed experts", m.routed_weights_bytes,
+         [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
+        ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
+        ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
+        ("MLA KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token", f"x {m.kv_tokens:,} tokens"]),
+        ("KDA state pool", m.state_pool_bytes, kda),
+        ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
     for name, n, how in rows:
-        t.add_row(name, Text(_gib(n), style="red" if n < 0 else ""), f"{n:,}", how)
+        t.add_row(name, Text(_gib(n), style="red" if n < 0 else ""), f"{n:,}", "\n".join(how))
     t.add_row(Text("usable", style="bold"), Text(_gib(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", "")
     return t
 
@@ -71,14 +75,16 @@ def capacity_table(plan: Plan) -> Table:
 def plan_renderable(plan: Plan) -> Group:
     """Everything `plan` shows for one file."""
     s = plan.shape
-    verdict = Text("FEASIBLE", style="bold green") if plan.feasible else Text("INFEASIBLE", style="bold red")
+    verdict = (Text("FEASIBLE", style="bold green") if plan.feasible else
+               Text("INFEASIBLE", style="bold red") if plan.valid else Text("INVALID", style="bold red"))
     head = Text.assemble(f"{plan.file}: {plan.topology.name} ", verdict)
-    if s is not None:
-        head.append(f"  {plan.topology.engine.kind} TP{s.tp}/EP{s.ep}/DP{s.dp}/PP{s.pp}/DCP{s.dcp} attn_tp={s.attn_tp} "
-                    f"world={s.world_size} on {s.nnodes} x {s.gpus_per_node} {plan.hardware.id if plan.hardware else ''}")
     parts: list[Any] = [head]
+    if s is not None:  # its own line: the headline reads at 80 columns
+        hw = f" {plan.hardware.id}" if plan.hardware else ""
+        parts.append(Text(f"  {plan.topology.engine.kind} TP{s.tp}/EP{s.ep}/DP{s.dp}/PP{s.pp}/DCP{s.dcp} "
+                          f"attn_tp={s.attn_tp} world={s.world_size} on {s.nnodes} x {s.gpus_per_node}{hw}"))
     if plan.issues:
-        parts.append(issues_table(plan.file, plan.issues))
+        parts.append(issue_lines(plan.file, plan.issues))
     if plan.memory is not None:
         parts.append(budget_table(plan))
     if plan.capacity is not None:
@@ -86,13 +92,21 @@ def plan_renderable(plan: Plan) -> Group:
     return Group(*parts)
 
 
-def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) -> Table:
-    """`plan --search` as a table."""
-    t = Table(title=f"Legal shapes for {gpus} x {hardware} with {engine}", title_justify="left")
-    for col in ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "weights GiB", "free GiB", "verdict"):
-        t.add_column(col, justify="right" if col != "verdict" else "left", overflow="fold")
+def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) -> Group:
+    """`plan --search` as a table, one line per shape; each distinct reason a shape is infeasible is a
+    numbered note below it, said once and whole."""
+    t = Table(title=f"Legal shapes for {gpus} x {hardware} with {engine} (GiB per GPU)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "weights", "cache", "headroom", "verdict"):
+        t.add_column(col, justify="right" if col != "verdict" else "left", no_wrap=True)
+    notes: dict[str, int] = {}
     for r in rows:
-        verdict = Text("feasible", style="green") if r.feasible else Text(f"infeasible: {r.reason}", style="red")
+        if r.feasible:
+            verdict = Text("feasible", style="green")
+        else:
+            verdict = Text(f"no ({notes.setdefault(r.reason, len(notes) + 1)})", style="red")
         t.add_row(str(r.tp), str(r.ep), str(r.dp), str(r.pp), str(r.dcp), str(r.attn_tp), _gib(r.weights_bytes),
-                  _gib(r.headroom_bytes), verdict)
-    return t
+                  _gib(r.cache_bytes), _gib(r.headroom_bytes), verdict)
+    legend = Text("cache: KV and KDA state pools; headroom: left outside the engine's pools after the "
+                  "runtime reserve (as in `k3deploy plan`)", style="dim")
+    return Group(t, legend, *(Text(f"({n}) {reason}") for reason, n in notes.items()))

@@ -68,10 +68,13 @@ def parallel_rules(arch: Architecture, family: EngineFamily, s: Shape) -> Iterat
     gpus = s.nnodes * s.gpus_per_node
     if gpus != s.world_size:
         rule = "tp x pp" if family == "sglang" else "tp x pp x dp"
+        # Suggest a node count only for a shape that is legal: more nodes never make an illegal tp legal.
+        legal = not any(i.code.startswith("TP_") for i in tp_divisibility(arch, s.tp))
+        hint = (f"use {s.world_size // s.gpus_per_node} nodes or change the shape"
+                if legal and s.world_size % s.gpus_per_node == 0 else
+                f"choose a legal shape: `k3deploy plan --search --hardware GPU --gpus {gpus}` lists them")
         yield _err("WORLD_SIZE", f"{s.nnodes} nodes x {s.gpus_per_node} GPUs = {gpus}, but the engine's world "
-                   f"size {rule} = {s.world_size}", "nodes",
-                   f"use {s.world_size // s.gpus_per_node} nodes or change the shape"
-                   if s.world_size % s.gpus_per_node == 0 else "change the shape to use every GPU")
+                   f"size {rule} = {s.world_size}", "nodes", hint)
 
 
 def node_rules(t: Topology) -> Iterator[Issue]:

@@ -27,6 +27,7 @@ class ShapeRow(NamedTuple):
     reason: str
     weights_bytes: int
     headroom_bytes: int
+    cache_bytes: int
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value (one `plan --search --json` shape)."""
@@ -50,7 +51,7 @@ def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int,
 
 def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
                   gpus_per_node: int | None = None, engine_id: str | None = None) -> list[ShapeRow]:
-    """Legal shapes for `gpus` accelerators: feasible first, most free memory first."""
+    """Legal shapes for `gpus` accelerators: feasible first, most cache memory first."""
     if model_id not in catalog.models:
         raise InputError(f"unknown model '{model_id}'", hint=f"known: {', '.join(catalog.models)}")
     if hardware_id not in catalog.hardware:
@@ -77,10 +78,12 @@ def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: in
                            prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
                            max_running_requests=serving.max_running_requests)
         m = memory_budget(model, hw.usable_bytes, shape, inp)
-        free = m.usable_bytes - m.weights_bytes - m.reserve_bytes
+        cache = max(m.kv_pool_bytes, 0) + max(m.state_pool_bytes, 0)
         errors = [i for i in memory_issues(m, family, serving.context_length, serving.max_running_requests)[0]
                   if i.severity == "error"]
-        reason = errors[0].message if errors else f"{fmt_gib(free)} free per GPU after weights and reserve"
+        reason = errors[0].message if errors else (f"{fmt_gib(cache)} for the KV and state caches per GPU, "
+                                                   f"{fmt_gib(m.headroom_bytes)} headroom")
         rows.append(ShapeRow(tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attn_tp=shape.attn_tp, feasible=not errors,
-                             reason=reason, weights_bytes=m.weights_bytes, headroom_bytes=free))
-    return sorted(rows, key=lambda r: (not r.feasible, -r.headroom_bytes, r.pp, -r.ep))
+                             reason=reason, weights_bytes=m.weights_bytes, headroom_bytes=m.headroom_bytes,
+                             cache_bytes=cache))
+    return sorted(rows, key=lambda r: (not r.feasible, -r.cache_bytes, r.pp, -r.ep))

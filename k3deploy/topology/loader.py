@@ -1,6 +1,7 @@
 """Load a topology file: every problem reported at once as file:line:col with a did-you-mean."""
 from __future__ import annotations
 
+import copy
 import difflib
 from pathlib import Path
 from typing import Any, NamedTuple, get_args, get_origin
@@ -8,6 +9,7 @@ from typing import Any, NamedTuple, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from k3deploy.diagnostics import Issue, dotted
+from k3deploy.errors import InputError
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
 
@@ -24,12 +26,18 @@ class LoadedTopology(NamedTuple):
         return self.source.file
 
 
-class TopologyError(Exception):
-    """A topology file with problems; `issues` holds every one of them."""
+class TopologyError(InputError):
+    """A topology file with problems; `issues` holds every one of them.
 
-    def __init__(self, file: str, issues: list[Issue]) -> None:
+    `partial` is the topology without the offending values (defaults in their place) when that still
+    validates, so later checks can run; `unchecked` names the values left out (dotted paths)."""
+
+    def __init__(self, file: str, issues: list[Issue], partial: LoadedTopology | None = None,
+                 unchecked: frozenset[str] = frozenset()) -> None:
         self.file = file
         self.issues = issues
+        self.partial = partial
+        self.unchecked = unchecked
         super().__init__("\n".join(i.render(file) for i in issues))
 
 
@@ -87,14 +95,19 @@ def _resolve(annotation: Any, node: Any, _indexed: bool) -> Any:
     return annotation
 
 
-def _issue_from_error(err: Any, data: Any, smap: SourceMap) -> Issue:
+def _error_path(err: Any, data: Any, smap: SourceMap) -> PathKey:
+    """Where in the document a pydantic error is, without the discriminator tags pydantic puts in
+    locations (engine.sglang.port -> engine.port)."""
     loc: list[str | int] = []
-    # Drop the discriminator tags pydantic puts in locations (engine.sglang.port -> engine.port).
     for part in err["loc"]:
         model = _model_at(tuple(loc), data)
         if isinstance(part, int) or smap.has(tuple(loc) + (part,)) or (model and _field(model, part)):
             loc.append(part)
-    path = tuple(loc)
+    return tuple(loc)
+
+
+def _issue_from_error(err: Any, data: Any, smap: SourceMap) -> Issue:
+    path = _error_path(err, data, smap)
     kind = err["type"]
     hint = None
     if kind == "extra_forbidden":
@@ -143,12 +156,41 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
     try:
         topology = Topology.model_validate(data)
     except ValidationError as exc:
-        issues += [_issue_from_error(e, data, smap) for e in exc.errors()]
+        errors = exc.errors()
+        issues += [_issue_from_error(e, data, smap) for e in errors]
         issues.sort(key=lambda i: (i.line or 0, i.column or 0))
-        raise TopologyError(file, issues) from None
+        partial = _without_errors(data, [(e["type"], _error_path(e, data, smap)) for e in errors])
+        if partial is None:
+            raise TopologyError(file, issues) from None
+        topo, left_out = partial
+        raise TopologyError(file, issues, LoadedTopology(topo, smap), left_out) from None
     if issues:
-        raise TopologyError(file, issues)
+        raise TopologyError(file, issues, LoadedTopology(topology, smap))
     return LoadedTopology(topology, smap)
+
+
+def _without_errors(data: dict[str, Any], errors: list[tuple[str, PathKey]]) -> tuple[Topology, frozenset[str]] | None:
+    """The topology with every offending key removed (its default takes its place), and the paths of the
+    values that were removed (an unknown key's value was never used, so it is not one of them); None
+    when a required value is wrong, as nothing can stand in for it."""
+    fixed = copy.deepcopy(data)
+    left_out: set[str] = set()
+    for kind, path in errors:
+        parent: Any = fixed
+        for part in path[:-1]:
+            if isinstance(parent, list) and isinstance(part, int) and 0 <= part < len(parent):
+                parent = parent[part]
+            else:
+                parent = parent.get(part) if isinstance(parent, dict) else None
+        if not path or not isinstance(parent, dict) or path[-1] not in parent:
+            return None
+        del parent[path[-1]]
+        if kind != "extra_forbidden":
+            left_out.add(dotted(path))
+    try:
+        return Topology.model_validate(fixed), frozenset(left_out)
+    except ValidationError:
+        return None
 
 
 def load_topology(path: Path | str) -> LoadedTopology:

@@ -75,6 +75,18 @@ def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: li
     return loader.construct_object(node, deep=True)
 
 
+def _syntax_error(exc: yaml.MarkedYAMLError) -> YamlSyntaxError:
+    """Point at the construct that is left open (an unclosed '{' or quote) when the parser only noticed on
+    a later line: the mistake is where it started, not where the parser gave up."""
+    problem, context = exc.problem_mark, exc.context_mark
+    pos = _pos(problem) if problem is not None else Position(1, 1)
+    opened = exc.context is not None and ("flow" in exc.context or "quoted" in exc.context)
+    if context is None or problem is None or context.line >= problem.line or not opened:
+        return YamlSyntaxError(f"{exc.problem or exc}", pos)
+    return YamlSyntaxError(f"{exc.problem} at line {pos.line} column {pos.column}, {exc.context} that starts "
+                           "here (is its closing bracket or quote missing?)", _pos(context))
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, SourceMap, list[tuple[PathKey, Position]]]:
     """Parse one YAML document; return data, positions and duplicate keys."""
     smap = SourceMap(file, {}, {})
@@ -87,9 +99,7 @@ def load_yaml(text: str, file: str) -> tuple[Any, SourceMap, list[tuple[PathKey,
         data = _walk(node, loader, (), smap, dups)
         return data, smap, dups
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        pos = _pos(mark) if mark is not None else Position(1, 1)
-        raise YamlSyntaxError(f"{exc.problem or exc}", pos) from exc
+        raise _syntax_error(exc) from exc
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(str(exc), Position(1, 1)) from exc
     finally:

@@ -37,7 +37,7 @@ def test_plan_json_reproduces_reference_numbers() -> None:
     r = k3("plan", "--json", ROOT / "topologies" / "h100-4x8-sglang.yaml")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["feasible"] is True and doc["issues"] == []
+    assert doc["feasible"] is True and [i["code"] for i in doc["issues"]] == ["CONTEXT_AT_CONCURRENCY"]
     assert doc["shape"] | {} == doc["shape"] and {k: doc["shape"][k] for k in
                                                    ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "world_size",
                                                     "nnodes", "experts_per_rank")} == {
@@ -158,5 +158,6 @@ def test_file_names_are_printed_verbatim(tmp_path: Path) -> None:
 
 
 def test_console_script_installed() -> None:
-    exe = shutil.which("k3deploy")
+    # Beside this interpreter: the venv is used as `.venv/bin/...`, never necessarily activated.
+    exe = shutil.which("k3deploy", path=str(Path(sys.executable).parent))
     assert exe, "pip install -e . installs the k3deploy console script"

@@ -62,7 +62,8 @@ def test_json_contract_and_node_filter(k3: Callable[..., Result]) -> None:
     (node,) = doc["nodes"]
     assert set(node) >= {"rank", "host", "ip", "head", "argv", "env", "ready"}
     assert node["rank"] == 2 and node["host"] == "gpu-c" and node["head"] is False
-    assert node["env"]["HF_TOKEN"] == "env:HF_TOKEN" and node["ready"]["kind"] == "dummy-health"
+    assert "HF_TOKEN" not in node["env"] and node["ready"]["kind"] == "dummy-health"
+    assert [(s["name"], s["ref"]) for s in node["secrets"]] == [("HF_TOKEN", "env:HF_TOKEN")]
     assert node["argv"][node["argv"].index("--node-rank") + 1] == "2"
 
 

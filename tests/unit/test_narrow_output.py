@@ -1,0 +1,66 @@
+"""Readable at 80 columns, and nothing lost when the output is piped into a CI log."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.planning.files import plan_path
+from k3deploy.planning.report import plan_renderable, search_table
+from k3deploy.planning.search import search_shapes
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+H100 = ROOT / "topologies" / "h100-4x8-sglang.yaml"
+
+
+def at_80(renderable: object) -> list[str]:
+    buf = io.StringIO()
+    Console(file=buf, width=80, highlight=False, markup=False, emoji=False).print(renderable)
+    return buf.getvalue().splitlines()
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_plan_headline_and_how_cells_fit_80_columns_without_splitting_a_phrase() -> None:
+    plan = plan_path(H100, load_catalog()).plan
+    assert plan is not None
+    lines = at_80(plan_renderable(plan))
+    assert max(len(ln) for ln in lines) <= 80
+    for phrase in ("sglang TP32/EP32/DP1/PP1/DCP1 attn_tp=32 world=32 on 4 x 8 h100-80gb",
+                   "(28 experts per EP rank)", "pool ratio 0.2255", "x 693,542 tokens", "14,042,880 B/slot",
+                   "(mem_fraction 0.85)", "NCCL buffers"):
+        assert any(phrase in ln for ln in lines), (phrase, "\n".join(lines))
+
+
+def test_search_reasons_are_whole_at_80_columns() -> None:
+    rows = search_shapes(load_catalog(), model_id="kimi-k3", hardware_id="h100-80gb", gpus=32, family="sglang")
+    lines = at_80(search_table("h100-80gb", 32, "sglang", rows))
+    assert max(len(ln) for ln in lines) <= 80
+    reasons = {r.reason for r in rows if not r.feasible}
+    assert reasons
+    text = squash("\n".join(lines))
+    for reason in reasons:
+        assert squash(reason) in text, reason
+    assert len(lines) < len(rows) + 10 + 3 * len(reasons)  # one line per shape, each reason said once
+
+
+def test_error_locations_are_never_split(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text((ROOT / "tests" / "assets" / "invalid" / "five-mistakes.yaml").read_text())
+    r = subprocess.run([sys.executable, "-m", "k3deploy", "plan", str(f)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=50, env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+                       check=False)  # piped: rich falls back to 80 columns
+    assert r.returncode == 2
+    result = plan_path(f, load_catalog())
+    for issue in result.issues:
+        assert any(issue.location(str(f)) in ln for ln in r.stdout.splitlines()), issue
+        assert squash(issue.message) in squash(r.stdout)
