@@ -15,6 +15,9 @@ from typing import Any
 
 TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|[^\s<]+|<")
 _SPECIAL_BASE = 1 << 32
+# Ids are hashes, so detokenizing needs the text each id came from; a day of traffic stays well under this.
+_SEEN_CAP = 1 << 20
+_SEEN: dict[int, str] = {}
 
 THINK_OPEN = "<|open|>think<|sep|>"
 THINK_CLOSE = "<|close|>think<|sep|>"
@@ -42,8 +45,22 @@ def token_id(token: str) -> int:
 
 
 def token_ids(text: str) -> list[int]:
-    """Ids of every token of text."""
-    return [token_id(t) for t in tokenize(text)]
+    """Ids of every token of text (remembered for detokenize)."""
+    ids = []
+    for token in tokenize(text):
+        code = token_id(token)
+        if len(_SEEN) < _SEEN_CAP:
+            _SEEN.setdefault(code, token)
+        ids.append(code)
+    return ids
+
+
+def detokenize(ids: Sequence[int]) -> str:
+    """Text for ids this process has seen, one space between tokens (it tokenizes back to the same ids)."""
+    missing = next((i for i in ids if i not in _SEEN), None)
+    if missing is not None:
+        raise KeyError(missing)
+    return " ".join(_SEEN[i] for i in ids)
 
 
 def message_text(content: Any) -> str:
