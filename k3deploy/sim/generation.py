@@ -29,7 +29,7 @@ Kind = Literal["think", "reasoning", "content", "tool_marker", "tool_id", "tool_
 EFFORT_REASONING_WORDS = {"low": 48, "high": 96, "max": 192}
 DEFAULT_EFFORT = "max"
 ANSWER_WORDS = 12
-_FILLER = (
+FILLER_WORDS = (
     "consider",
     "the",
     "request",
@@ -91,7 +91,7 @@ def _words(text: str) -> list[str]:
 
 def _filler(seed: bytes, count: int) -> list[str]:
     digest = hashlib.sha256(seed).digest()
-    return [_FILLER[(digest[i % len(digest)] + i) % len(_FILLER)] for i in range(count)]
+    return [FILLER_WORDS[(digest[i % len(digest)] + i) % len(FILLER_WORDS)] for i in range(count)]
 
 
 def _fit(words: list[str], count: int, seed: bytes) -> str:

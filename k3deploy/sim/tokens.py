@@ -1,7 +1,8 @@
 """The stand-in's deterministic tokenizer and K3-style chat template (turn boundaries for the prefix cache).
 
-A token is a K3 special token (`<|...|>`), or a run of characters without whitespace or `<`. Token ids are
-crc32 of the text (special tokens get ids above 2^32), so equal text always gives equal ids across processes.
+A token is a K3 special token (`<|...|>`), a run of characters without whitespace or `<`, or a lone `<`.
+Token ids are crc32 of the text (special tokens get ids above 2^32), so equal text always gives equal ids
+across processes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|[^\s<]+|<")
+# Python's \s, spelled out so that the Hugging Face tokenizer (Oniguruma regex) splits exactly the same way.
+WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+TOKEN_PATTERN = f"<\\|[a-z_]+\\|>|[^{WHITESPACE}<]+|<"
+TOKEN_RE = re.compile(TOKEN_PATTERN)
 _SPECIAL_BASE = 1 << 32
 # Ids are hashes, so detokenizing needs the text each id came from; a day of traffic stays well under this.
 _SEEN_CAP = 1 << 20
