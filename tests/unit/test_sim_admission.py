@@ -131,7 +131,9 @@ REFERENCE_SHAPES = [
 
 
 @pytest.mark.parametrize(("gpu", "tp", "per_node", "engine"), REFERENCE_SHAPES)
-def test_planner_and_stand_in_agree_on_the_reference_shapes(gpu: str, tp: int, per_node: int, engine: str) -> None:
+def test_planner_and_stand_in_agree_on_the_reference_shapes(
+    gpu: str, tp: int, per_node: int, engine: str
+) -> None:
     from tests.unit.plan_helpers import codes, plan_of, topology_dict
 
     nodes = tp // per_node

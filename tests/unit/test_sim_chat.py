@@ -42,7 +42,9 @@ def service(mimic: str, argv: str = "", context: int = 32768) -> ChatService:
 
 def ask(svc: ChatService, **body: Any) -> dict[str, Any]:
     body.setdefault("messages", [{"role": "user", "content": "What is the weather in Paris?"}])
-    return svc.chat(body).body
+    reply = svc.chat(body).body
+    assert reply is not None
+    return reply
 
 
 def test_tokenizer_keeps_k3_special_tokens_whole() -> None:
