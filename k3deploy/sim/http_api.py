@@ -32,6 +32,8 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn; the OpenAI client reuses connections
+    # uvicorn (asyncio) sets TCP_NODELAY; without it Nagle holds each small SSE chunk for the client's ACK.
+    disable_nagle_algorithm = True
     api: ApiServer
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -57,7 +57,7 @@ class Node:
             attn_tp=self.adm.shape.attn_tp,
             expert_shards=self.adm.shape.expert_shards,
             kv_bytes_per_token=b.mla_kv_bytes_per_token,
-            state_bytes_per_request=b.kda_state_bytes_per_slot * b.slots_per_request,
+            state_bytes_per_request=b.kda_state_bytes_per_slot,  # one live state per running request
             speed=speed,
         )
         self.members = Membership(cfg, log, faults)

@@ -50,12 +50,10 @@ def token_id(token: str) -> int:
 
 def token_ids(text: str) -> list[int]:
     """Ids of every token of text (remembered for detokenize)."""
-    ids = []
-    for token in tokenize(text):
-        code = token_id(token)
-        if len(_SEEN) < _SEEN_CAP:
-            _SEEN.setdefault(code, token)
-        ids.append(code)
+    tokens = tokenize(text)
+    ids = [token_id(t) for t in tokens]
+    if len(_SEEN) < _SEEN_CAP:
+        _SEEN.update(zip(ids, tokens))
     return ids
 
 
