@@ -178,7 +178,7 @@ class ChatService(EngineCore):
             self.cfg.tool_calls_structured or guided,
         )
         job = Job(prompt.ids, prompt.boundaries, done)
-        frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk", self.cfg.mimic)
+        frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
         if body.get("stream"):
             return Reply(chunks=self._chat_chunks(job, parser, frame, body))
         with closing(self._run(job)) as pieces:
@@ -236,7 +236,7 @@ class ChatService(EngineCore):
         ids = token_ids(prompt)
         args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
         job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args))
-        frame = Frame(self._head("cmpl", body), "text_completion", self.cfg.mimic)
+        frame = Frame(self._head("cmpl", body), "text_completion")
         if body.get("stream"):
             return Reply(chunks=self._text_chunks(job, frame, body))
         with closing(self._run(job)) as pieces:

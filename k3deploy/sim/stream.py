@@ -78,7 +78,6 @@ class Frame:
 
     head: dict[str, Any]
     chunk_object: str
-    mimic: str
 
     def chat(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         """One chat.completion.chunk."""
