@@ -134,6 +134,7 @@ class HardwareSpec(Sourced):
     memory_gib: float
     usable_gib: float
     bandwidth_tbps: float
+    bf16_tflops: float | None = Field(None, description="dense BF16 tensor throughput, TFLOP/s (prefill pacing)")
     native_mxfp4: bool
     typical_gpus_per_node: int
     runtime_reserve_gib: float | None = None

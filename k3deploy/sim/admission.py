@@ -1,4 +1,4 @@
-"""Load-time decisions: the MoE kernel the engine runs and whether the model fits (planner arithmetic)."""
+"""Load-time decisions: the MoE kernel the engine runs and whether the model fits (the engine's own rules)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Literal
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import GIB, HardwareSpec, ModelSpec
-from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
-from k3deploy.planning.shape import Shape, make_shape
+from k3deploy.sim.engine_memory import Budget, Layout, Sizing, budget, layout
 from k3deploy.sim.serve_config import ServeConfig
 
 Verdict = Literal["ok", "oom", "no_cache", "kv_short"]
@@ -41,8 +40,8 @@ class Admission:
     """Load-time verdict with the numbers the engine's start-up lines print."""
 
     moe: MoeChoice
-    shape: Shape
-    budget: MemoryBudget
+    shape: Layout
+    budget: Budget
     hardware: HardwareSpec
     context_length: int
     max_running_requests: int
@@ -83,32 +82,34 @@ def moe_choice(cfg: ServeConfig, hw: HardwareSpec, *, wrong_kernel: bool = False
     return MoeChoice("triton" if asked == "auto" else asked, None, not hw.native_mxfp4)
 
 
-def _memory_inputs(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, experts_bf16: bool) -> MemoryInputs:
+def _sizing(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, experts_bf16: bool) -> Sizing:
     catalog = load_catalog()
     engine = catalog.engines[cfg.mimic]
     reserve_gib = (
         hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib
     )
     kv = _KV_DTYPES.get(cfg.kv_cache_dtype, "fp8")  # every other choice is an 8-bit (or smaller) format
-    ratio = (cfg.pool_ratio or engine.mamba_full_memory_ratio_default) if cfg.mimic == "sglang" else None
-    return MemoryInputs(
-        family=cfg.mimic,
+    if cfg.mimic == "sglang":
+        slots_key = cfg.radix_cache_strategy if cfg.prefix_cache else "disabled"
+    else:
+        slots_key = "enabled" if cfg.prefix_cache else "disabled"
+    return Sizing(
+        mimic=cfg.mimic,
         engine=engine,
-        reserve_bytes=round(reserve_gib * GIB),
         mem_fraction=cfg.mem_fraction or engine.default_mem_fraction,
+        reserve_bytes=round(reserve_gib * GIB),
         kv_dtype=kv or model.cache.kv_cache_dtype,
         ssm_dtype=_SSM_DTYPES.get(cfg.ssm_dtype or "", model.cache.ssm_state_dtype),
-        prefix_cache=cfg.prefix_cache,
-        prefix_cache_strategy=cfg.radix_cache_strategy,
+        slots_per_request=engine.slots_per_request[slots_key],
         max_running_requests=cfg.max_running_requests or 1,
-        pool_ratio=ratio,
+        pool_ratio=cfg.pool_ratio if cfg.mimic == "sglang" else None,
         experts_bf16=experts_bf16,
     )
 
 
-def engine_shape(cfg: ServeConfig, model: ModelSpec) -> Shape:
-    """The parallel shape the flags describe (one sim process = one node = gpus_per_node GPUs)."""
-    return make_shape(
+def engine_shape(cfg: ServeConfig, model: ModelSpec) -> Layout:
+    """The parallel layout the flags describe."""
+    return layout(
         cfg.mimic,
         tp=cfg.tp,
         ep=cfg.ep,
@@ -116,14 +117,12 @@ def engine_shape(cfg: ServeConfig, model: ModelSpec) -> Shape:
         pp=cfg.pp,
         dcp=cfg.dcp,
         attention_dp=cfg.attention_dp,
-        nnodes=cfg.rendezvous.nnodes,
-        gpus_per_node=cfg.gpus_per_node,
         num_experts=model.architecture.num_experts,
     )
 
 
 def _error(
-    cfg: ServeConfig, verdict: Verdict, b: MemoryBudget, hw: HardwareSpec, ctx: int, moe_layers: int
+    cfg: ServeConfig, verdict: Verdict, b: Budget, hw: HardwareSpec, ctx: int, moe_layers: int
 ) -> str | None:
     if verdict == "oom":
         return oom_line(b, hw, moe_layers)
@@ -144,7 +143,7 @@ def _error(
     return None
 
 
-def oom_line(b: MemoryBudget, hw: HardwareSpec, moe_layers: int = 1) -> str:
+def oom_line(b: Budget, hw: HardwareSpec, moe_layers: int = 1) -> str:
     """PyTorch's CUDA out-of-memory message for loading these weights layer by layer on this GPU."""
     chunk = b.weights_bytes / max(moe_layers, 1)
     if b.weights_bytes > b.usable_bytes:  # loading stops at the first layer that no longer fits
@@ -167,8 +166,8 @@ def admit(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, *, wrong_kernel:
     """Resolve the MoE kernel and size one GPU's memory the way the engine will; never raises."""
     moe = moe_choice(cfg, hw, wrong_kernel=wrong_kernel)
     shape = engine_shape(cfg, model)
-    inputs = _memory_inputs(cfg, model, hw, moe.experts_bf16)
-    b = memory_budget(model, hw.usable_bytes, shape, inputs)
+    sizing = _sizing(cfg, model, hw, moe.experts_bf16)
+    b = budget(model, shape, hw.usable_bytes, sizing)
     ctx = cfg.context_length or model.architecture.max_position_embeddings
     verdict: Verdict = "ok"
     if b.weights_bytes + b.reserve_bytes > b.usable_bytes:
@@ -189,6 +188,6 @@ def admit(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, *, wrong_kernel:
         max_running_requests=max(running, 1),
         verdict=verdict,
         error=_error(cfg, verdict, b, hw, ctx, model.architecture.moe_layers),
-        kv_dtype=inputs.kv_dtype,
-        ssm_dtype=inputs.ssm_dtype,
+        kv_dtype=sizing.kv_dtype,
+        ssm_dtype=sizing.ssm_dtype,
     )

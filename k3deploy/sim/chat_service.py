@@ -1,28 +1,20 @@
-"""OpenAI chat completions as the mimicked engine answers them: validation, prefix cache, usage, streaming."""
+"""OpenAI chat and text completions as the mimicked engine answers them: validation, limits, effort,
+parsers and streams that never break (the engine core paces the tokens)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import threading
 import time
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from k3deploy.sim.admission import Admission
-from k3deploy.sim.generation import Completion, ParsedMessage, complete, parse
-from k3deploy.sim.log_format import EngineLog
-from k3deploy.sim.metrics import ServingStats
-from k3deploy.sim.prefix_cache import PrefixCache
-from k3deploy.sim.serve_config import ServeConfig
-from k3deploy.sim.tokens import render_prompt, token_ids, token_spans
+from k3deploy.sim.engine_core import STALL_S, EngineCore, Job
+from k3deploy.sim.generation import complete
+from k3deploy.sim.stream import ChatParser, Frame, stream_flags
+from k3deploy.sim.tokens import render_prompt, token_ids
 
-State = Literal["starting", "ready", "stalled", "dead"]
-HASH_BLOCK_TOKENS = 512  # K3's documented fine hash block; 12 of them make one physical block
-PHYSICAL_BLOCKS_PER_PAGE = 12
-STREAM_PIECE_TOKENS = 8
-# A head stuck in a collective never answers; the stand-in gives up after this long so tests end.
-STALL_S = 600.0
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens default in the OpenAI API and both engines
 
 
 class ApiError(Exception):
@@ -36,35 +28,15 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
-class ChatReply:
-    """A finished completion: the JSON body, and the SSE chunks when the client asked to stream."""
+class Reply:
+    """A JSON body, or SSE chunks produced as the tokens come out when the client asked to stream."""
 
-    body: dict[str, Any]
-    chunks: list[dict[str, Any]] | None
+    body: dict[str, Any] | None = None
+    chunks: Generator[dict[str, Any], None, None] | None = None
 
 
-class ChatService:
-    """The head's request path; thread-safe (the HTTP server runs one thread per connection)."""
-
-    def __init__(self, cfg: ServeConfig, admission: Admission, log: EngineLog) -> None:
-        self.cfg = cfg
-        self.admission = admission
-        self.log = log
-        self.state: State = "starting"
-        block = cfg.prefix_match_unit or HASH_BLOCK_TOKENS
-        self.cache: PrefixCache[None] = PrefixCache(
-            hash_block_tokens=block,
-            physical_block_tokens=block * PHYSICAL_BLOCKS_PER_PAGE,
-            capacity_tokens=max(admission.budget.kv_tokens, block * PHYSICAL_BLOCKS_PER_PAGE),
-            enabled=cfg.prefix_cache,
-        )
-        self.stats = ServingStats(
-            kv_total_tokens=max(admission.budget.kv_tokens, 1),
-            state_slots_total=max(admission.budget.state_requests, 1),
-        )
-        self._cond = threading.Condition()
-        self._never = threading.Event()
-        self._serial = 0
+class ChatService(EngineCore):
+    """The head's OpenAI API: chat and text completions, the models list, errors as the engine words them."""
 
     @property
     def reasoning_key(self) -> str:
@@ -114,9 +86,9 @@ class ChatService:
             self._never.wait(STALL_S)
             raise ApiError(503, "The engine stopped making progress.", "ServiceUnavailableError")
 
-    def _max_tokens(self, body: dict[str, Any], prompt_tokens: int) -> int:
+    def _max_tokens(self, body: dict[str, Any], prompt_tokens: int, default: int | None = None) -> int:
         ctx = self.admission.context_length
-        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or default
         if self.cfg.mimic == "sglang":
             limit = min(ctx - 1, self.admission.budget.kv_tokens - 1)
             if prompt_tokens > limit:
@@ -141,9 +113,7 @@ class ChatService:
             )
         return int(asked) if asked else ctx - prompt_tokens
 
-    def _validate(self, body: Any) -> tuple[list[dict[str, Any]], Any, Any]:
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise ApiError(400, "messages: Field required (a non-empty list of chat messages)")
+    def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
         if (
             self.cfg.mimic == "vllm"
@@ -151,6 +121,11 @@ class ChatService:
             and model not in (self.cfg.served_model_name, self.cfg.model_path)
         ):
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+    def _validate(self, body: Any) -> tuple[list[dict[str, Any]], Any, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise ApiError(400, "messages: Field required (a non-empty list of chat messages)")
+        self._check_model(body)
         tools = body.get("tools") or None
         # vLLM (and the OpenAI API) default tool_choice to auto when tools are given.
         choice = body.get("tool_choice", "auto" if tools else "none")
@@ -165,118 +140,120 @@ class ChatService:
             )
         return body["messages"], tools, choice
 
-    def chat(self, body: Any) -> ChatReply:
+    def _generation(
+        self, body: dict[str, Any], n_prompt: int, default_max: int | None = None
+    ) -> dict[str, Any]:
+        """complete()'s length and effort arguments, read the ways the engines accept them."""
+        max_tokens = self._max_tokens(body, n_prompt, default_max)
+        min_tokens = int(body.get("min_tokens") or 0)
+        if self.cfg.mimic == "vllm" and min_tokens > max_tokens:
+            raise ApiError(
+                400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+            )
+        kwargs = body.get("chat_template_kwargs") or {}
+        # Top-level reasoning_effort (SGLang cookbook) or the chat template's thinking_effort (Moonshot's
+        # vendor verifier); K3's template thinks at max effort when neither is given.
+        effort = (
+            body.get("reasoning_effort") or kwargs.get("thinking_effort") or kwargs.get("reasoning_effort")
+        )
+        return {
+            "max_tokens": max_tokens,
+            "min_tokens": min_tokens,
+            "ignore_eos": bool(body.get("ignore_eos")),
+            "effort": effort,
+        }
+
+    def chat(self, body: Any) -> Reply:
         """Answer one /v1/chat/completions request (raises ApiError like the engine would)."""
         self._check_alive()
         messages, tools, choice = self._validate(body)
         prompt = render_prompt(messages, tools if choice != "none" else None)
-        n_prompt = len(prompt.ids)
-        max_tokens = self._max_tokens(body, n_prompt)
-        effort = body.get("reasoning_effort") or (body.get("chat_template_kwargs") or {}).get(
-            "reasoning_effort"
+        done = complete(messages, tools=tools, tool_choice=choice, **self._generation(body, len(prompt.ids)))
+        # A required or named tool_choice runs guided decoding, which returns the call structured
+        # whatever the tool parser; `auto` relies on the kimi_k3 parser.
+        guided = choice == "required" or isinstance(choice, dict)
+        parser = ChatParser(
+            self.reasoning_key,
+            self.cfg.reasoning_parser == "kimi_k3",
+            self.cfg.tool_calls_structured or guided,
         )
-        with self._cond:
-            self.stats.queued += 1
-            self._cond.wait_for(
-                lambda: self.stats.running < self.admission.max_running_requests, timeout=STALL_S
-            )
-            self.stats.queued -= 1
-            self.stats.running += 1
-            cached = (
-                min(self.cache.lookup(prompt.ids).hit_tokens, n_prompt - 1) if self.cfg.prefix_cache else 0
-            )
-        try:
-            done = complete(messages, tools=tools, tool_choice=choice, effort=effort, max_tokens=max_tokens)
-            # A required or named tool_choice runs guided decoding, which returns the call structured
-            # whatever the tool parser; `auto` relies on the kimi_k3 parser.
-            guided = choice == "required" or isinstance(choice, dict)
-            parsed = parse(
-                done,
-                reasoning_parser=self.cfg.reasoning_parser == "kimi_k3",
-                tool_parser=self.cfg.tool_calls_structured or guided,
-            )
-        finally:
-            with self._cond:
-                self.stats.running -= 1
-                self._cond.notify()
-        return self._finish(body, prompt.ids, prompt.boundaries, cached, done, parsed)
-
-    def _finish(
-        self,
-        body: dict[str, Any],
-        ids: list[int],
-        boundaries: list[int],
-        cached: int,
-        done: Completion,
-        parsed: ParsedMessage,
-    ) -> ChatReply:
-        full = ids + token_ids(done.raw)
-        with self._cond:
-            self.cache.insert(full, turn_boundaries=[*boundaries, len(full)])
-            s = self.stats
-            s.requests += 1
-            s.prompt_tokens += len(ids)
-            s.generation_tokens += done.tokens
-            s.cached_tokens += cached
-            s.cache_queries += len(ids) if self.cfg.prefix_cache else 0
-            s.kv_used_tokens = self.cache.used_tokens
-            self._serial += 1
-            serial = self._serial
-        if self.cfg.mimic == "sglang":
-            self.log.info(
-                f"Prefill batch. #new-seq: 1, #new-token: {len(ids) - cached}, #cached-token: {cached}, "
-                f"token usage: {s.kv_used_tokens / s.kv_total_tokens:.2f}, #running-req: {s.running}, "
-                f"#queue-req: {s.queued}"
-            )
-        usage: dict[str, Any] = {
-            "prompt_tokens": len(ids),
-            "completion_tokens": done.tokens,
-            "total_tokens": len(ids) + done.tokens,
-            "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
-            "prompt_tokens_details": {"cached_tokens": cached} if self.cfg.cache_report else None,
+        job = Job(prompt.ids, prompt.boundaries, done)
+        frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
+        if body.get("stream"):
+            return Reply(chunks=self._chat_chunks(job, parser, frame, body))
+        with closing(self._run(job)) as pieces:
+            for piece in pieces:
+                parser.delta(piece)
+        choice_out = {
+            "index": 0,
+            "message": parser.message(self.cfg.mimic),
+            "logprobs": None,
+            "finish_reason": parser.finish_reason(done),
         }
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:24]
-        head = {
-            "id": f"chatcmpl-{digest}{serial:04x}",
-            "created": int(time.time()),
-            "model": self.cfg.served_model_name,
-        }
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": parsed.content,
-            self.reasoning_key: parsed.reasoning,
-        }
-        calls = [{k: v for k, v in c.items() if k != "index"} for c in parsed.tool_calls or []]
-        message["tool_calls"] = calls if calls else ([] if self.cfg.mimic == "vllm" else None)
-        reply = {
-            **head,
-            "object": "chat.completion",
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": parsed.finish_reason}
-            ],
-            "usage": usage,
-        }
-        chunks = self._chunks(head, parsed, usage, body) if body.get("stream") else None
-        return ChatReply(body=reply, chunks=chunks)
-
-    def _chunks(
-        self, head: dict[str, Any], parsed: ParsedMessage, usage: dict[str, Any], body: dict[str, Any]
-    ) -> list[dict[str, Any]]:
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            return {
-                **head,
-                "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        return Reply(
+            body={
+                **frame.head,
+                "object": "chat.completion",
+                "choices": [choice_out],
+                "usage": self.usage(job),
             }
+        )
 
-        out = [chunk({"role": "assistant", "content": ""})]
-        for key, text in ((self.reasoning_key, parsed.reasoning), ("content", parsed.content)):
-            starts = [a for a, _ in token_spans(text or "")][::STREAM_PIECE_TOKENS]
-            for a, b in zip(starts, [*starts[1:], len(text or "")], strict=True):
-                out.append(chunk({key: (text or "")[a if a != starts[0] else 0 : b]}))
-        if parsed.tool_calls:
-            out.append(chunk({"tool_calls": parsed.tool_calls}))
-        out.append(chunk({}, parsed.finish_reason))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            out.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-        return out
+    def _chat_chunks(
+        self, job: Job, parser: ChatParser, frame: Frame, body: dict[str, Any]
+    ) -> Generator[dict[str, Any], None, None]:
+        include_usage, continuous = stream_flags(body, self.cfg.mimic)
+
+        def out(chunk: dict[str, Any]) -> dict[str, Any]:
+            return {**chunk, "usage": self.usage(job, brief=True)} if continuous else chunk
+
+        last = job.done.tokens - 1
+        finished = False
+        with closing(self._run(job)) as pieces:
+            for i, piece in enumerate(pieces):
+                if i == 0:
+                    yield out(frame.chat({"role": "assistant", "content": ""}))
+                delta = parser.delta(piece)
+                if delta is None:
+                    continue
+                # vLLM sends finish_reason with the last token; SGLang in a chunk of its own.
+                finished = i == last and self.cfg.mimic == "vllm"
+                yield out(frame.chat(delta, parser.finish_reason(job.done) if finished else None))
+        if not finished:
+            yield out(frame.chat({}, parser.finish_reason(job.done)))
+        if include_usage:
+            yield frame.usage(self.usage(job))
+
+    def completion(self, body: Any) -> Reply:
+        """Answer one /v1/completions request: the raw text, no chat template and no parsers."""
+        self._check_alive()
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise ApiError(400, "prompt: a non-empty string is required")
+        self._check_model(body)
+        ids = token_ids(prompt)
+        args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
+        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args))
+        frame = Frame(self._head("cmpl", body), "text_completion")
+        if body.get("stream"):
+            return Reply(chunks=self._text_chunks(job, frame, body))
+        with closing(self._run(job)) as pieces:
+            text = "".join(p.text for p in pieces)
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.done.finish_reason}
+        return Reply(
+            body={**frame.head, "object": "text_completion", "choices": [choice], "usage": self.usage(job)}
+        )
+
+    def _text_chunks(self, job: Job, frame: Frame, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
+        include_usage, continuous = stream_flags(body, self.cfg.mimic)
+        last = job.done.tokens - 1
+        with closing(self._run(job)) as pieces:
+            for i, piece in enumerate(pieces):
+                chunk = frame.text(piece.text, job.done.finish_reason if i == last else None)
+                yield {**chunk, "usage": self.usage(job, brief=True)} if continuous else chunk
+        if last < 0:
+            yield frame.text("", job.done.finish_reason)
+        if include_usage:
+            yield frame.usage(self.usage(job))

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from k3deploy.sim.tiny_config import TensorSpec, payload_bytes, tensor_specs, tiny_config
+from k3deploy.sim.tokenizer_files import write_tokenizer_files
 
 __all__ = [
     "FileDigest",
@@ -148,7 +149,8 @@ def write_checkpoint(
     }
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    files = {name: _digest(out / name) for name in [*data_starts, INDEX_FILE, CONFIG_FILE]}
+    tokenizer = write_tokenizer_files(out, config["text_config"]["max_position_embeddings"])
+    files = {name: _digest(out / name) for name in [*data_starts, INDEX_FILE, CONFIG_FILE, *tokenizer]}
     manifest = Manifest(revision=revision, files=files)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
     if corrupt is not None:

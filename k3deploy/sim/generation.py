@@ -1,4 +1,5 @@
-"""Deterministic K3-style completions (the model always thinks) and the kimi_k3 reasoning/tool parsers."""
+"""Deterministic K3-style completions (the model always thinks), token by token, each token labelled with
+the part of K3's output it belongs to so that the streaming parsers never need to look back."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from k3deploy.sim.tokens import (
     THINK_CLOSE,
@@ -21,12 +22,14 @@ from k3deploy.sim.tokens import (
     token_spans,
 )
 
+Kind = Literal["think", "reasoning", "content", "tool_marker", "tool_id", "tool_args"]
+
 # Reasoning words per effort; with a 12-word answer and the 6 think-marker tokens, reasoning is ~82% of
 # the completion at low effort, as K3's was measured (~81%), and more at high and max.
 EFFORT_REASONING_WORDS = {"low": 48, "high": 96, "max": 192}
 DEFAULT_EFFORT = "max"
 ANSWER_WORDS = 12
-_FILLER = (
+FILLER_WORDS = (
     "consider",
     "the",
     "request",
@@ -48,35 +51,38 @@ _FILLER = (
     "it",
     "short",
 )
-_CALL_RE = re.compile(
-    re.escape(TOOL_CALL_BEGIN)
-    + r"(?P<id>.*?)"
-    + re.escape(TOOL_ARGUMENT_BEGIN)
-    + r"(?P<args>.*?)"
-    + re.escape(TOOL_CALL_END),
-    re.DOTALL,
-)
 _WORD_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)
-class Completion:
-    """Raw generated text (what a detokenizer returns before any parser) and why it stopped."""
+class Piece:
+    """One generated token: its text with the whitespace before it, and which part of the output it is."""
 
-    raw: str
-    tokens: int
-    reasoning_tokens: int
-    finish_reason: str
+    kind: Kind
+    text: str
 
 
 @dataclass(frozen=True)
-class ParsedMessage:
-    """The assistant message after the engine's parsers (or without them)."""
+class Completion:
+    """The generated tokens (what a detokenizer returns before any parser) and why generation stopped."""
 
-    content: str | None
-    reasoning: str | None
-    tool_calls: list[dict[str, Any]] | None
+    pieces: tuple[Piece, ...]
     finish_reason: str
+
+    @property
+    def raw(self) -> str:
+        """The raw text, markers included."""
+        return "".join(p.text for p in self.pieces)
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens."""
+        return len(self.pieces)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens of the think block, its markers included."""
+        return sum(1 for p in self.pieces if p.kind in ("think", "reasoning"))
 
 
 def _words(text: str) -> list[str]:
@@ -85,7 +91,7 @@ def _words(text: str) -> list[str]:
 
 def _filler(seed: bytes, count: int) -> list[str]:
     digest = hashlib.sha256(seed).digest()
-    return [_FILLER[(digest[i % len(digest)] + i) % len(_FILLER)] for i in range(count)]
+    return [FILLER_WORDS[(digest[i % len(digest)] + i) % len(FILLER_WORDS)] for i in range(count)]
 
 
 def _fit(words: list[str], count: int, seed: bytes) -> str:
@@ -129,6 +135,35 @@ def tool_arguments(fn: dict[str, Any], user_text: str) -> dict[str, Any]:
     return {name: _argument(props.get(name, {}), last_word) for name in names}
 
 
+def _tail(fn: dict[str, Any] | None, asked: str, seed: bytes) -> list[tuple[Kind, str]]:
+    if fn is None:
+        return [("content", _fit(["Stand-in", "answer:", *_words(asked)[:6]], ANSWER_WORDS, seed + b"a"))]
+    args = json.dumps(tool_arguments(fn, asked), ensure_ascii=False)
+    return [
+        ("tool_marker", TOOL_SECTION_BEGIN + TOOL_CALL_BEGIN),
+        ("tool_id", f"functions.{fn.get('name')}:0"),
+        ("tool_marker", TOOL_ARGUMENT_BEGIN),
+        ("tool_args", args),
+        ("tool_marker", TOOL_CALL_END + TOOL_SECTION_END),
+    ]
+
+
+def _pieces(segments: Sequence[tuple[Kind, str]]) -> list[Piece]:
+    """Tokenize the whole text once and label each token by the segment it ends in."""
+    raw, ends, kinds = "", [], []
+    for kind, text in segments:
+        raw += text
+        ends.append(len(raw))
+        kinds.append(kind)
+    out, start, seg = [], 0, 0
+    for _, end in token_spans(raw):
+        while ends[seg] < end:
+            seg += 1
+        out.append(Piece(kinds[seg], raw[start:end]))
+        start = end
+    return out
+
+
 def complete(
     messages: Sequence[dict[str, Any]],
     *,
@@ -136,8 +171,10 @@ def complete(
     tool_choice: Any = None,
     effort: str | None = None,
     max_tokens: int | None = None,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
 ) -> Completion:
-    """The raw completion for a conversation, cut at max_tokens."""
+    """The completion for a conversation: past its natural end with ignore_eos or min_tokens, cut at max_tokens."""
     seed = json.dumps([messages, tools, tool_choice, effort], sort_keys=True, default=str).encode()
     last = messages[-1] if messages else {}
     asked = message_text(last.get("content"))
@@ -145,58 +182,18 @@ def complete(
     verb = "The tool returned:" if last.get("role") == "tool" else "The user asks:"
     reasoning = _fit([*verb.split(), *_words(asked)[:12]], words, seed + b"r")
     fn = wanted_tool(messages, tools, tool_choice)
-    if fn is not None:
-        args = json.dumps(tool_arguments(fn, asked), ensure_ascii=False)
-        tail = (
-            f"{TOOL_SECTION_BEGIN}{TOOL_CALL_BEGIN}functions.{fn.get('name')}:0{TOOL_ARGUMENT_BEGIN}{args}"
-            f"{TOOL_CALL_END}{TOOL_SECTION_END}"
-        )
-    else:
-        tail = _fit(["Stand-in", "answer:", *_words(asked)[:6]], ANSWER_WORDS, seed + b"a")
-    raw = f"{THINK_OPEN} {reasoning} {THINK_CLOSE}{tail}"
-    spans = token_spans(raw)
-    close_at = raw.index(THINK_CLOSE) + len(THINK_CLOSE)
-    finish = "stop"
-    if max_tokens is not None and 0 <= max_tokens < len(spans):
-        spans, finish = spans[:max_tokens], "length"
-        raw = raw[: spans[-1][1]] if spans else ""
-    reasoning_tokens = sum(1 for _, end in spans if end <= close_at)
-    return Completion(raw=raw, tokens=len(spans), reasoning_tokens=reasoning_tokens, finish_reason=finish)
-
-
-def _tool_calls(section: str) -> list[dict[str, Any]]:
-    calls = []
-    for i, m in enumerate(_CALL_RE.finditer(section)):
-        call_id = m.group("id").strip()
-        name = call_id.split(".", 1)[-1].rsplit(":", 1)[0]
-        calls.append(
-            {
-                "id": call_id,
-                "type": "function",
-                "index": i,
-                "function": {"name": name, "arguments": m.group("args").strip()},
-            }
-        )
-    return calls
-
-
-def parse(c: Completion, *, reasoning_parser: bool, tool_parser: bool) -> ParsedMessage:
-    """Apply the kimi_k3 reasoning and tool-call parsers that are enabled; without them the raw text stays."""
-    content: str | None = c.raw
-    reasoning: str | None = None
-    finish = c.finish_reason
-    if reasoning_parser and c.raw.startswith(THINK_OPEN):
-        body = c.raw[len(THINK_OPEN) :]
-        reasoning, closed, rest = body.partition(THINK_CLOSE)
-        reasoning = reasoning.strip()
-        content = rest if closed else None
-    calls: list[dict[str, Any]] | None = None
-    if tool_parser and content and TOOL_SECTION_BEGIN in content and TOOL_SECTION_END in content:
-        before, _, section = content.partition(TOOL_SECTION_BEGIN)
-        calls = _tool_calls(section) or None
-        if calls:
-            content = before.strip() or None
-            finish = "tool_calls" if finish == "stop" else finish
-    return ParsedMessage(
-        content=content or None, reasoning=reasoning or None, tool_calls=calls, finish_reason=finish
+    pieces = _pieces(
+        [
+            ("think", THINK_OPEN),
+            ("reasoning", f" {reasoning}"),
+            ("think", f" {THINK_CLOSE}"),
+            *_tail(fn, asked, seed),
+        ]
     )
+    wanted = max(min_tokens, max_tokens if ignore_eos and max_tokens is not None else 0)
+    if wanted > len(pieces):  # EOS suppressed: the answer goes on
+        pieces += [Piece("content", f" {w}") for w in _filler(seed + b"x", wanted - len(pieces))]
+    finish = "stop"
+    if max_tokens is not None and 0 <= max_tokens < len(pieces) or (ignore_eos and len(pieces) == max_tokens):
+        pieces, finish = pieces[: max(max_tokens or 0, 0)], "length"
+    return Completion(pieces=tuple(pieces), finish_reason=finish)

@@ -6,13 +6,16 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Generator
+from contextlib import closing
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from k3deploy.sim.chat_service import ApiError, ChatService
+from k3deploy.sim.chat_service import ApiError, ChatService, Reply
 from k3deploy.sim.log_format import EngineLog
-from k3deploy.sim.metrics import render_metrics
+from k3deploy.sim.metrics import CONTENT_TYPE
+from k3deploy.sim.routes import post_route
 
 NOT_FOUND = {"detail": "Not Found"}
 MAX_BODY_BYTES = 64 << 20
@@ -29,6 +32,8 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn; the OpenAI client reuses connections
+    # uvicorn (asyncio) sets TCP_NODELAY; without it Nagle holds each small SSE chunk for the client's ACK.
+    disable_nagle_algorithm = True
     api: ApiServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -47,21 +52,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.api.access_log(self.client_address, self.command, self.path, status)
 
-    def _stream(self, chunks: list[dict[str, Any]]) -> None:
+    def _stream(self, chunks: Generator[dict[str, Any], None, None]) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for event in [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]:
-            data = event.encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-        self.wfile.write(b"0\r\n\r\n")
+        # Each chunk is written as the engine produces it; closing the iterator (the client went away)
+        # frees the request's running slot at once.
+        with closing(chunks):
+            try:
+                for chunk in chunks:
+                    self._event(f"data: {json.dumps(chunk)}\n\n")
+                self._event("data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
         self.api.access_log(self.client_address, self.command, self.path, 200)
+
+    def _event(self, event: str) -> None:
+        data = event.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
     def do_GET(self) -> None:
         """GET routes."""
-        status, body, kind = self.api.get(self.path.split("?", 1)[0])
+        path = self.path.split("?", 1)[0]
+        if path == "/flush_cache":  # SGLang takes it as GET or POST
+            self.do_POST()
+            return
+        status, body, kind = self.api.get(path)
         self._send(status, body, kind)
 
     def do_POST(self) -> None:
@@ -69,29 +89,30 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(min(length, MAX_BODY_BYTES)) if length else b""
         path = self.path.split("?", 1)[0]
-        if path != "/v1/chat/completions":
+        service = self.api.service
+        route = post_route(service, path) if service is not None else None
+        if route is None or service is None:
             status, body, kind = (
                 self.api.get(path) if path == "/ping" else (404, NOT_FOUND, "application/json")
             )
             self._send(status, body, kind)
-            return
-        service = self.api.service
-        if service is None:
-            self._send(404, NOT_FOUND)
             return
         try:
             try:
                 request = json.loads(raw or b"null")
             except ValueError as exc:
                 raise ApiError(400, f"Invalid JSON body: {exc}") from exc
-            reply = service.chat(request)
+            reply = route(request)
         except ApiError as err:
             self._send(err.status, service.error_body(err))
             return
-        if reply.chunks is not None:
+        if isinstance(reply, Reply) and reply.chunks is not None:
             self._stream(reply.chunks)
-        else:
+        elif isinstance(reply, Reply):
             self._send(200, reply.body)
+        else:
+            status, body, kind = reply
+            self._send(status, body, kind)
 
 
 class ApiServer:
@@ -148,8 +169,7 @@ class ApiServer:
         if path == "/v1/models":
             return 200, s.models(), json_type
         if path == "/metrics" and (s.cfg.metrics or not sglang):
-            body = render_metrics(s.cfg.mimic, s.stats, s.cfg.served_model_name)
-            return 200, body, "text/plain; version=0.0.4; charset=utf-8"
+            return 200, s.metrics.render(), CONTENT_TYPE
         if path in ("/server_info", "/get_server_info") and (
             sglang or os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         ):

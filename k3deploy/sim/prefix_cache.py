@@ -106,6 +106,11 @@ class PrefixCache(Generic[S]):
         """Memory in use, in tokens: allocated physical blocks x physical_block_tokens."""
         return len(self._pages) * self.physical_block_tokens
 
+    def clear(self) -> None:
+        """Forget every cached block and checkpoint (a flush); counters keep counting."""
+        self._roots.clear()
+        self._pages.clear()
+
     def lookup(self, tokens: Sequence[int]) -> Hit:
         """Match tokens against the cache, refresh LRU order and count the query."""
         return self._find(tokens)[0]

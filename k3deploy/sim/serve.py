@@ -26,6 +26,7 @@ from k3deploy.sim.http_api import ApiServer
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.membership import FAILED, Membership, exit_now
 from k3deploy.sim.model_info import ModelError, hardware, missing_shards, model_spec, read_config
+from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
 
 LIFETIME_ENV = "K3SIM_MAX_LIFETIME_S"
@@ -44,10 +45,21 @@ class Node:
         faults: Faults,
         log: EngineLog,
         lifetime_s: float = DEFAULT_LIFETIME_S,
+        speed: float = 1.0,
     ) -> None:
         self.cfg, self.model, self.hw, self.faults, self.log = cfg, model, hw, faults, log
         self.lifetime_s = lifetime_s
         self.adm: Admission = admit(cfg, model, hw, wrong_kernel="wrong_kernel" in faults)
+        b = self.adm.budget
+        self.perf = PerfModel.build(
+            model,
+            hw,
+            attn_tp=self.adm.shape.attn_tp,
+            expert_shards=self.adm.shape.expert_shards,
+            kv_bytes_per_token=b.mla_kv_bytes_per_token,
+            state_bytes_per_request=b.kda_state_bytes_per_slot,  # one live state per running request
+            speed=speed,
+        )
         self.members = Membership(cfg, log, faults)
         self.service: ChatService | None = None
         self.api: ApiServer | None = None
@@ -72,7 +84,7 @@ class Node:
         return self._load_and_serve()
 
     def _bind(self) -> bool:
-        self.service = ChatService(self.cfg, self.adm, self.log)
+        self.service = ChatService(self.cfg, self.adm, self.log, self.perf)
         try:
             self.api = ApiServer(
                 self.service, self.log, self.cfg.bind_host, self.cfg.port, self._server_info()
@@ -98,6 +110,7 @@ class Node:
             "moe_runner_backend": moe,
             "version": self.cfg.version,
             "k3sim_gpu": self.hw.id,
+            "k3sim_pacing": self.perf.describe(),
         }
 
     def _load(self) -> float:
@@ -231,7 +244,9 @@ def serve_main(mimic: Mimic, argv: Sequence[str], env: Mapping[str, str] | None 
         model = model_spec(read_config(cfg.model_path))
         hw = hardware(env)
         lifetime_s = float(env.get(LIFETIME_ENV) or DEFAULT_LIFETIME_S)
-    except (FaultError, ModelError, ValueError) as exc:
+        speed = speed_factor(env)
+        node = Node(cfg, model, hw, faults, log, lifetime_s, speed)
+    except (FaultError, ModelError, PacingError, ValueError) as exc:
         log.error(str(exc), source="server")
         return FAILED
-    return Node(cfg, model, hw, faults, log, lifetime_s).run()
+    return node.run()

@@ -1,7 +1,8 @@
 """The stand-in's deterministic tokenizer and K3-style chat template (turn boundaries for the prefix cache).
 
-A token is a K3 special token (`<|...|>`), or a run of characters without whitespace or `<`. Token ids are
-crc32 of the text (special tokens get ids above 2^32), so equal text always gives equal ids across processes.
+A token is a K3 special token (`<|...|>`), a run of characters without whitespace or `<`, or a lone `<`.
+Token ids are crc32 of the text (special tokens get ids above 2^32), so equal text always gives equal ids
+across processes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TOKEN_RE = re.compile(r"<\|[a-z_]+\|>|[^\s<]+|<")
+# Python's \s, spelled out so that the Hugging Face tokenizer (Oniguruma regex) splits exactly the same way.
+WHITESPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+TOKEN_PATTERN = f"<\\|[a-z_]+\\|>|[^{WHITESPACE}<]+|<"
+TOKEN_RE = re.compile(TOKEN_PATTERN)
 _SPECIAL_BASE = 1 << 32
+# Ids are hashes, so detokenizing needs the text each id came from; a day of traffic stays well under this.
+_SEEN_CAP = 1 << 20
+_SEEN: dict[int, str] = {}
 
 THINK_OPEN = "<|open|>think<|sep|>"
 THINK_CLOSE = "<|close|>think<|sep|>"
@@ -42,8 +49,20 @@ def token_id(token: str) -> int:
 
 
 def token_ids(text: str) -> list[int]:
-    """Ids of every token of text."""
-    return [token_id(t) for t in tokenize(text)]
+    """Ids of every token of text (remembered for detokenize)."""
+    tokens = tokenize(text)
+    ids = [token_id(t) for t in tokens]
+    if len(_SEEN) < _SEEN_CAP:
+        _SEEN.update(zip(ids, tokens))
+    return ids
+
+
+def detokenize(ids: Sequence[int]) -> str:
+    """Text for ids this process has seen, one space between tokens (it tokenizes back to the same ids)."""
+    missing = next((i for i in ids if i not in _SEEN), None)
+    if missing is not None:
+        raise KeyError(missing)
+    return " ".join(_SEEN[i] for i in ids)
 
 
 def message_text(content: Any) -> str:

@@ -112,3 +112,76 @@ def test_model_identity_comes_from_config_json() -> None:
     assert (
         spec.id == "k3-variant" and spec.weights.total_bytes > cat.models["kimi-k3-tiny"].weights.total_bytes
     )
+
+
+# (gpu, tp, GPUs per node, engine): the documented deployment shapes and their neighbours.
+REFERENCE_SHAPES = [
+    ("h100-80gb", 8, 8, "sglang"),
+    ("h100-80gb", 16, 8, "sglang"),
+    ("h100-80gb", 32, 8, "sglang"),
+    ("h100-80gb", 16, 8, "vllm"),
+    ("h100-80gb", 32, 8, "vllm"),
+    ("h200", 16, 8, "sglang"),
+    ("b200", 16, 8, "sglang"),
+    ("b300", 8, 8, "sglang"),
+    ("gb200", 8, 4, "sglang"),
+    ("gb200", 16, 4, "sglang"),
+    ("mi355x", 8, 8, "vllm"),
+]
+
+
+@pytest.mark.parametrize(("gpu", "tp", "per_node", "engine"), REFERENCE_SHAPES)
+def test_planner_and_stand_in_agree_on_the_reference_shapes(
+    gpu: str, tp: int, per_node: int, engine: str
+) -> None:
+    from tests.unit.plan_helpers import codes, plan_of, topology_dict
+
+    nodes = tp // per_node
+    plan = plan_of(topology_dict(gpu=gpu, tp=tp, ep=tp, nodes=nodes, per_node=per_node, kind=engine))
+    assert plan.memory is not None
+    if engine == "sglang":
+        argv = (
+            f"--tp-size {tp} --ep-size {tp} --nnodes {nodes} --dist-init-addr 10.0.0.1:1 "
+            "--context-length 131072 --max-running-requests 32 --moe-runner-backend marlin "
+            # The renderer passes the planner's pool ratio; SGLang itself would use 0.9.
+            f"--mamba-full-memory-ratio {plan.memory.pool_ratio!r}"
+        )
+    else:
+        argv = (
+            f"--tensor-parallel-size {tp} --enable-expert-parallel --nnodes {nodes} --master-addr 10.0.0.1 "
+            "--max-model-len 131072 --max-num-seqs 32 --enable-prefix-caching --moe-backend marlin"
+        )
+    adm = run(engine, argv, gpu=gpu)
+    planner_fits = "MEM_WEIGHTS" not in codes(plan)
+    assert planner_fits == (adm.verdict != "oom"), (plan.issues, adm.error)
+    assert plan.memory.weights_bytes == adm.budget.weights_bytes
+    if planner_fits:
+        assert (plan.memory.kv_tokens, plan.memory.state_requests) == (
+            adm.budget.kv_tokens,
+            adm.budget.state_requests,
+        )
+
+
+def test_only_tp32_fits_h100_in_the_stand_in() -> None:
+    verdicts = {
+        tp: run(
+            "sglang",
+            f"--tp-size {tp} --ep-size {tp} --nnodes {max(tp // 8, 1)} --dist-init-addr 10.0.0.1:1 "
+            "--context-length 131072 --moe-runner-backend marlin",
+        ).verdict
+        for tp in (1, 2, 4, 8, 16, 32)
+    }
+    assert [tp for tp, v in verdicts.items() if v != "oom"] == [32]
+
+
+def test_the_stand_in_never_imports_the_planner() -> None:
+    import ast
+    from pathlib import Path
+
+    import k3deploy.sim
+
+    for path in Path(k3deploy.sim.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            assert not any(n.startswith("k3deploy.planning") for n in names), path.name

@@ -15,7 +15,6 @@ from k3deploy.sim.chat_service import ApiError, ChatService
 from k3deploy.sim.engine_args import parse_engine_args
 from k3deploy.sim.generation import complete
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
-from k3deploy.sim.metrics import render_metrics
 from k3deploy.sim.serve_config import resolve_config
 from k3deploy.sim.tokens import THINK_CLOSE, THINK_OPEN, TOOL_SECTION_BEGIN, render_prompt, tokenize
 from tests.sim_requests import LONG_QUESTION, TOOLS
@@ -43,7 +42,9 @@ def service(mimic: str, argv: str = "", context: int = 32768) -> ChatService:
 
 def ask(svc: ChatService, **body: Any) -> dict[str, Any]:
     body.setdefault("messages", [{"role": "user", "content": "What is the weather in Paris?"}])
-    return svc.chat(body).body
+    reply = svc.chat(body).body
+    assert reply is not None
+    return reply
 
 
 def test_tokenizer_keeps_k3_special_tokens_whole() -> None:
@@ -150,7 +151,7 @@ def test_second_turn_reports_cached_tokens(mimic: str, argv: str) -> None:
     assert (
         second["usage"]["prompt_tokens_details"]["cached_tokens"] == 1024
     )  # the turn boundary, block-aligned
-    metrics = render_metrics(svc.cfg.mimic, svc.stats, svc.cfg.served_model_name)
+    metrics = svc.metrics.render().decode()
     name = "sglang:cached_tokens_total" if mimic == "sglang" else "vllm:prefix_cache_hits_total"
     assert re.search(rf"^{re.escape(name)}{{[^}}]*}} 1024\.0$", metrics, re.MULTILINE)
 
@@ -200,12 +201,13 @@ def test_streaming_chunks_add_up_to_the_message(mimic: str, argv: str, key: str)
     }
     reply = svc.chat(body)
     assert reply.chunks is not None
-    deltas = [c["choices"][0]["delta"] for c in reply.chunks if c["choices"]]
-    message = reply.body["choices"][0]["message"]
+    chunks = list(reply.chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    message = svc.chat({**body, "stream": False}).body["choices"][0]["message"]  # type: ignore[index]
     assert "".join(d.get(key, "") for d in deltas) == message[key]
     assert "".join(d.get("content") or "" for d in deltas) == message["content"]
-    assert reply.chunks[-2]["choices"][0]["finish_reason"] == "stop"
-    assert reply.chunks[-1]["choices"] == [] and reply.chunks[-1]["usage"]["total_tokens"] > 0
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
 
 
 def test_error_envelopes_and_model_name() -> None:
@@ -220,39 +222,57 @@ def test_error_envelopes_and_model_name() -> None:
     assert vllm.models()["data"][0]["id"] == "/m"
 
 
-def test_metric_names_match_the_engines() -> None:
-    for mimic, names in (
+@pytest.mark.parametrize(
+    ("mimic", "families"),
+    [
         (
             "sglang",
-            [
-                "sglang:cache_hit_rate",
-                "sglang:cached_tokens_total",
-                "sglang:prompt_tokens_total",
-                "sglang:generation_tokens_total",
-                "sglang:token_usage",
-                "sglang:mamba_usage",
-                "sglang:num_running_reqs",
-                "sglang:num_queue_reqs",
-            ],
+            {
+                "sglang:cache_hit_rate": "gauge",
+                "sglang:cached_tokens": "counter",
+                "sglang:prompt_tokens": "counter",
+                "sglang:generation_tokens": "counter",
+                "sglang:num_requests": "counter",
+                "sglang:token_usage": "gauge",
+                "sglang:mamba_usage": "gauge",
+                "sglang:num_running_reqs": "gauge",
+                "sglang:num_queue_reqs": "gauge",
+                "sglang:time_to_first_token_seconds": "histogram",
+                "sglang:inter_token_latency_seconds": "histogram",
+                "sglang:e2e_request_latency_seconds": "histogram",
+            },
         ),
         (
             "vllm",
-            [
-                "vllm:prefix_cache_queries_total",
-                "vllm:prefix_cache_hits_total",
-                "vllm:kv_cache_usage_perc",
-                "vllm:prompt_tokens_total",
-                "vllm:generation_tokens_total",
-                "vllm:num_requests_running",
-                "vllm:num_requests_waiting",
-            ],
+            {
+                "vllm:prefix_cache_queries": "counter",
+                "vllm:prefix_cache_hits": "counter",
+                "vllm:kv_cache_usage_perc": "gauge",
+                "vllm:prompt_tokens": "counter",
+                "vllm:generation_tokens": "counter",
+                "vllm:request_success": "counter",
+                "vllm:num_requests_running": "gauge",
+                "vllm:num_requests_waiting": "gauge",
+                "vllm:time_to_first_token_seconds": "histogram",
+                "vllm:inter_token_latency_seconds": "histogram",
+                "vllm:e2e_request_latency_seconds": "histogram",
+            },
         ),
-    ):
-        svc = service(mimic)
-        ask(svc)
-        text = render_metrics(svc.cfg.mimic, svc.stats, "k3")
-        samples = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
-        assert samples == set(names)
+    ],
+)
+def test_metric_families_parse_with_their_declared_types(mimic: str, families: dict[str, str]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    svc = service(mimic)
+    ask(svc, max_tokens=20)
+    parsed = {f.name: f for f in text_string_to_metric_families(svc.metrics.render().decode())}
+    assert {name: f.type for name, f in parsed.items()} == families
+    samples = {s.name: s.value for f in parsed.values() for s in f.samples}
+    assert samples[f"{mimic}:generation_tokens_total"] == 20.0
+    itl = "sglang:inter_token_latency_seconds" if mimic == "sglang" else "vllm:inter_token_latency_seconds"
+    assert samples[f"{itl}_count"] == 19.0  # one gap between each pair of the 20 tokens
+    ttft = f"{mimic}:time_to_first_token_seconds_count"
+    assert samples[ttft] == 1.0
 
 
 def test_log_prefixes() -> None:
