@@ -48,6 +48,7 @@ from k3deploy.executors.posix import (
     follow_script,
     signal_script,
     start_script,
+    started_handle,
     tail_script,
     with_env,
 )
@@ -135,19 +136,17 @@ class RayExecutor:
         except BaseException:
             _kill_actor(agent)
             raise
-        parts = out.split()
         if code is None:
             _kill_actor(agent)
             raise CommandTimeout(f"the detached start timed out after {self.control_timeout_s:g} s", host=self.host)
-        if code != 0 or not parts or not parts[0].isdigit():
+        try:
+            handle = started_handle(self.host, CommandResult(exit_code=code, stdout=out, stderr=err), log_path,
+                                    workdir, tag, container=name)
+        except ExecError:
             _kill_actor(agent)
-            why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
-            raise ExecError(why.get(code, "detached start failed") + f" (exit {code}): {err.strip()[-500:]}",
-                            host=self.host)
+            raise
         self._agents[name] = agent
-        ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-        return ProcessHandle(host=self.host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
-                             container=name)
+        return handle
 
     def alive(self, handle: ProcessHandle) -> bool:
         """The group leader runs and is the process that was started."""
