@@ -13,7 +13,7 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "4 launch failed; 5 state error; 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
-COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render")
+COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render", "manifest")
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -24,7 +24,11 @@ def build_app(only: str | None = None) -> typer.Typer:
     if only is not None:
         app.callback()(_group)  # keeps `k3deploy NAME ...` a group even with a single command
     for name in (only,) if only is not None else COMMANDS:
-        app.command(name)(getattr(importlib.import_module(f"k3deploy.cli.{name}"), name))
+        target = getattr(importlib.import_module(f"k3deploy.cli.{name}"), name)
+        if isinstance(target, typer.Typer):  # a command group (manifest create / from-hub)
+            app.add_typer(target, name=name)
+        else:
+            app.command(name)(target)
     return app
 
 
