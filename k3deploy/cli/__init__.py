@@ -13,7 +13,7 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "4 launch failed; 5 state error; 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
-COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render", "manifest")
+COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render", "validate", "manifest")
 
 
 def build_app(only: str | None = None) -> typer.Typer:
