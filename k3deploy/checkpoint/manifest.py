@@ -13,7 +13,7 @@ from k3deploy.validate.probes import shards as probe
 INDEX_FILE = probe.INDEX_FILE
 CONFIG_FILE = probe.CONFIG_FILE
 MANIFEST_FILE = probe.MANIFEST_FILE
-FORMAT = "k3deploy-manifest/1"
+FORMAT: Literal["k3deploy-manifest/1"] = "k3deploy-manifest/1"
 
 
 class FileDigest(BaseModel):

@@ -124,3 +124,22 @@ def test_full_scale_sparse_k3_checkpoint_passes_structure(tmp_path: Path) -> Non
     assert sum(f.stat().st_blocks * 512 for f in shard_files) < total // 1000
     _, result = probe(tmp_path, expect=expect_of("kimi-k3"), hash=False)
     assert result["problems"] == []
+
+
+def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: Path, tiny: tuple[Path, Manifest]) -> None:
+    sha = "f831ab6" + "0" * 33
+    local = tmp_path / "local-dir"
+    shutil.copytree(tiny[0], local, ignore=shutil.ignore_patterns("k3-manifest.json"))
+    meta = local / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    for name in ("config.json", "model-00001-of-00004.safetensors"):  # what `hf download --local-dir` leaves
+        (meta / f"{name}.metadata").write_text(f"{sha}\n\"etag\"\n1764000000.0\n")
+    assert shards.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
+    assert ".cache/huggingface/download/config.json.metadata" not in shards.local_files(str(local))
+    snapshot = tmp_path / "models--moonshotai--Kimi-K3" / "snapshots" / sha
+    snapshot.mkdir(parents=True)
+    for f in local.iterdir():  # the hub cache: a snapshot directory of symlinks into blobs/
+        (snapshot / f.name).symlink_to(f)
+    shutil.rmtree(meta.parent.parent)
+    assert shards.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
+    assert shards.revision_hint(str(local)) == (None, "")

@@ -333,17 +333,17 @@ def revision_hint(root: str) -> tuple[str | None, str]:
         pass
     meta = os.path.join(root, ".cache", "huggingface", "download")
     commits = set()
-    for base, _, files in os.walk(meta):
-        for f in files:
-            if f.endswith(".metadata"):
+    for base, _, names in os.walk(meta):
+        for name in names:
+            if name.endswith(".metadata"):
                 try:
-                    with open(os.path.join(base, f)) as fh:
+                    with open(os.path.join(base, name)) as fh:
                         commits.add(fh.readline().strip())
                 except OSError:
                     pass
     if len(commits) == 1:
         return commits.pop(), ".cache/huggingface/download"
-    m = re.search(r"/snapshots/([0-9a-f]{40})(/|$)", os.path.realpath(root))
+    m = re.search(r"/snapshots/([0-9a-f]{40})(/|$)", os.path.abspath(root))
     return (m.group(1), "hub cache snapshot path") if m else (None, "")
 
 
