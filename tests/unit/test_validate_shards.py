@@ -143,3 +143,10 @@ def test_stages_needing_a_deployment_skip_and_fail_fast_stops_the_rest(tmp_path:
     assert [s.status for s in stopped.stages] == ["fail", "skip"]
     assert stopped.stages[1].detail == "not run: --fail-fast after shards failed"
     assert seen == ["shards:start", "shards:fail", "short:start", "short:skip"]
+
+
+def test_a_node_without_the_checkpoint_directory_fails_naming_the_path(tmp_path: Path, seeded: dict[int, Path]) -> None:
+    report, _ = run(tmp_path, {0: seeded[0], 1: tmp_path / "nowhere"})
+    status, problems = rows(report)[1]
+    assert status == "fail" and problems == [f"{tmp_path / 'nowhere'}: no such directory"]
+    assert rows(report)[0][0] == "pass"
