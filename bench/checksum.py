@@ -106,7 +106,7 @@ def hashing(tmp: Path, files: int, mib: int, runs: int) -> dict[str, float]:
 def sparse(tmp: Path, runs: int) -> dict[str, float]:
     from k3deploy.catalog.loader import load_catalog
     from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
-    from k3deploy.validate.stages.shards import config_expectations, probe_source
+    from k3deploy.validate.stages.shards import config_expectations
 
     model = load_catalog().model("kimi-k3")
     path = tmp / "k3-sparse"
@@ -116,7 +116,7 @@ def sparse(tmp: Path, runs: int) -> dict[str, float]:
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", probe_source(), spec], capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, "-c", Path(shards.__file__).read_text(), spec], capture_output=True, text=True, check=True)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         result = json.loads(done.stdout.splitlines()[-1])

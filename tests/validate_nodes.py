@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -55,9 +56,10 @@ class LocalNodes:
         self.calls: list[tuple[Sequence[str], float]] = []
         self.lines: list[tuple[int, str]] = []
 
-    def __call__(self, source: str, args: Sequence[str], timeout_s: float,
+    def __call__(self, module: ModuleType, args: Sequence[str], *, timeout_s: float,
                  on_line: Callable[[int, str], None] | None = None) -> dict[int, LocalOutcome]:
         self.calls.append((args, timeout_s))
+        source = Path(str(module.__file__)).read_text(encoding="utf-8")
         out: dict[int, LocalOutcome] = {}
         threads = [threading.Thread(target=self._one, args=(rank, source, args, timeout_s, on_line, out))
                    for rank in self.roots]

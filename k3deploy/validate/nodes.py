@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from k3deploy.errors import ExecError
@@ -24,8 +26,10 @@ def executor_runner(topology: Topology, deployment: Deployment | None) -> Iterat
     targets = targets_for(topology)
     executors: dict[int, Executor] = {}
 
-    def probe(source: str, args: Sequence[str], timeout_s: float,
+    def probe(module: ModuleType, args: Sequence[str], *, timeout_s: float,
               on_line: Callable[[int, str], None] | None = None) -> Mapping[int, ProbeOutcome]:
+        source = Path(str(module.__file__)).read_text(encoding="utf-8")
+
         def one(rank: int) -> Any:
             if rank not in executors:
                 executors[rank] = open_executor(targets[rank])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,9 +70,10 @@ class ProbeOutcome(Protocol):
 
 
 class ProbeRunner(Protocol):
-    """Runs a stdlib-only probe module's source with `python3 -c` on every node (NodeFleet.run_probe)."""
+    """Ships a stdlib-only probe module by source to `python3 -c` on every node (NodeFleet.run_probe); each
+    node's value is the JSON of its last stdout line, earlier lines reach on_line(rank, line)."""
 
-    def __call__(self, source: str, args: Sequence[str], timeout_s: float,
+    def __call__(self, module: ModuleType, args: Sequence[str], *, timeout_s: float,
                  on_line: Callable[[int, str], None] | None = None) -> Mapping[int, ProbeOutcome]: ...
 
 

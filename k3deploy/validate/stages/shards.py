@@ -2,10 +2,8 @@
 manifest, and the digests across nodes."""
 from __future__ import annotations
 
-import functools
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from k3deploy.catalog.specs import ModelSpec
@@ -34,12 +32,6 @@ def config_expectations(model: ModelSpec) -> dict[str, Any]:
     return out
 
 
-@functools.cache
-def probe_source() -> str:
-    """The probe module's own source, shipped to `python3 -c` on each node."""
-    return Path(probe.__file__).read_text(encoding="utf-8")
-
-
 class ShardsStage:
     """Structure, content and cross-node agreement of the checkpoint on every node."""
 
@@ -63,7 +55,7 @@ class ShardsStage:
                 ctx.progress(ProgressEvent(self.name, rank, ctx.host(rank), int(tick["done"]), int(tick["total"]),
                                            float(tick["elapsed_s"])))
 
-        outcomes = ctx.run_probe(probe_source(), [json.dumps(spec)], timeout_s, on_line)
+        outcomes = ctx.run_probe(probe, [json.dumps(spec)], timeout_s=timeout_s, on_line=on_line)
         return self._result(ctx, outcomes, time.monotonic() - start)
 
     def _result(self, ctx: ValidateContext, outcomes: Any, seconds: float) -> StageResult:
