@@ -30,6 +30,7 @@ SCALE_DTYPES = ("U8", "F8_E8M0")  # MXFP4 scales: E8M0 exponents, stored as eith
 SHARD_RE = re.compile(r"-(\d{5})-of-\d{5}\.safetensors$")
 EXPERTS = ".block_sparse_moe.experts."
 MAX_LISTED = 5
+MAX_WORKERS = 32  # header-parsing processes; a 200-core node gains nothing from more for ~100 shards
 
 Problem = dict[str, str]
 
@@ -198,6 +199,7 @@ def _shard_job(path: str) -> tuple[list[str], int, int | None]:
 def _map_shards(paths: list[str], workers: int) -> Any:
     """shard_problems over every shard: in forked processes across the node's cores (headers of a full K3
     are ~130 MB of JSON), serially where fork is not available."""
+    workers = min(workers, len(paths), MAX_WORKERS)
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
         return pool, [pool.submit(_shard_job, p) for p in paths]
