@@ -4,7 +4,7 @@ the same through Ray to 4 and 8 of those hosts, against SSH.
 Usage (root; builds its own rig of network-namespace hosts and removes it):
     python bench/fanout.py [--sizes 1,8,32] [--ray-sizes 4,8] [--runs 5]
 Measures, per size, the wall time of the launch fan-out phase exactly as `k3deploy launch` does it
-(FanOut pool: connect+authenticate every host, then a detached start of a cheap process on each) and the
+(NodeFleet: connect+authenticate every host, then a detached start of a cheap process on each) and the
 time of a second command round over the open connections; prints medians and the largest/smallest
 ratio. Target: 32 hosts within 2x of 1 host (serial would be ~32x).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from k3deploy.executors import ExecTarget, FanOut, open_executor
+from k3deploy.executors import ExecTarget, Executor, NodeFleet, ProcessHandle
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
@@ -54,7 +54,7 @@ def _own_cpu_s() -> float:
     return t.user + t.system
 
 
-def one_round(rig: HostRig, n: int, pool: FanOut, ray_address: str | None = None,
+def one_round(rig: HostRig, n: int, ray_address: str | None = None,
               run: int = 0) -> tuple[float, float, float, float]:
     """(connect+start seconds, one more command round seconds, CPU seconds of connect+start in client and
     hosts, of which in this client process) for the first n hosts, over SSH or (with ray_address) through
@@ -65,29 +65,25 @@ def one_round(rig: HostRig, n: int, pool: FanOut, ray_address: str | None = None
     else:
         targets = [ExecTarget(kind="ray", host=h.name, node_ip=h.priv_ip, ray_address=ray_address)
                    for h in rig.hosts[:n]]
-    executors = [open_executor(t) for t in targets]
+    with NodeFleet(dict(enumerate(targets))) as fleet:
+        def connect_start(rank: int, ex: Executor) -> ProcessHandle:
+            ex.connect()
+            # One tag per host and round: a Ray agent is named after it.
+            return ex.start("sleep 60", "/tmp/k3bench/fanout.log", "/tmp", f"bench-fanout.{ex.host}.{n}-{run}")
 
-    def connect_start(ex: object) -> object:
-        ex.connect()  # type: ignore[attr-defined]
-        # One tag per host and round: a Ray agent is named after it.
-        tag = f"bench-fanout.{ex.host}.{n}-{run}"  # type: ignore[attr-defined]
-        return ex.start("sleep 60", "/tmp/k3bench/fanout.log", "/tmp", tag)  # type: ignore[attr-defined]
-
-    own0, hosts0 = _own_cpu_s(), _hosts_cpu_s(rig, n)
-    t0 = time.perf_counter()
-    started = pool.map(connect_start, executors)
-    fan = time.perf_counter() - t0
-    own = _own_cpu_s() - own0
-    cpu = own + _hosts_cpu_s(rig, n) - hosts0
-    failed = [o.error for o in started if not o.ok]
-    t0 = time.perf_counter()
-    pool.map(lambda pair: pair[0].alive(pair[1]), [(e, o.value) for e, o in zip(executors, started) if o.ok])
-    again = time.perf_counter() - t0
-    pool.map(lambda pair: pair[0].signal(pair[1], signal.SIGKILL),
-             [(e, o.value) for e, o in zip(executors, started) if o.ok])
-    pool.map(lambda pair: pair[0].signal(pair[1], 0),  # nothing left: a Ray agent is released at close
-             [(e, o.value) for e, o in zip(executors, started) if o.ok])
-    pool.map(lambda e: e.close(), executors)
+        own0, hosts0 = _own_cpu_s(), _hosts_cpu_s(rig, n)
+        t0 = time.perf_counter()
+        started = fleet.map(connect_start)
+        fan = time.perf_counter() - t0
+        own = _own_cpu_s() - own0
+        cpu = own + _hosts_cpu_s(rig, n) - hosts0
+        failed = [o.error for o in started.values() if not o.ok]
+        handles = {rank: o.value for rank, o in started.items() if o.value is not None}
+        t0 = time.perf_counter()
+        fleet.map(lambda rank, ex: ex.alive(handles[rank]), handles)
+        again = time.perf_counter() - t0
+        fleet.map(lambda rank, ex: ex.signal(handles[rank], signal.SIGKILL), handles)
+        fleet.map(lambda rank, ex: ex.signal(handles[rank], 0), handles)  # nothing left: a Ray agent goes at close
     if failed:
         raise SystemExit(f"fan-out to {n} hosts failed: {failed[0]}")
     return fan, again, cpu, own
@@ -128,7 +124,7 @@ def _ray_leftovers(rig: HostRig, n: int, wait_s: float = 10.0) -> dict[str, list
     return left
 
 
-def ray_rounds(rig: HostRig, sizes: list[int], pool: FanOut,
+def ray_rounds(rig: HostRig, sizes: list[int],
                runs: int) -> tuple[float, dict[int, tuple[float, ...]], dict[str, list[int]]]:
     """(cluster start seconds, size -> medians (connect+start, command round, CPU), leftovers) through Ray on
     the first max(sizes) hosts; the cluster is torn down before returning."""
@@ -136,11 +132,11 @@ def ray_rounds(rig: HostRig, sizes: list[int], pool: FanOut,
     t0 = time.perf_counter()
     with RayRig(rig, max(sizes)) as cluster:
         up = time.perf_counter() - t0
-        one_round(rig, max(sizes), pool, cluster.address, run=99)  # warm-up: first worker starts, .pyc
+        one_round(rig, max(sizes), cluster.address, run=99)  # warm-up: first worker starts, .pyc
         results: dict[int, tuple[list[float], ...]] = {n: ([], [], [], []) for n in sizes}
         for run in range(max(1, runs)):
             for n in sizes:
-                for i, value in enumerate(one_round(rig, n, pool, cluster.address, run)):
+                for i, value in enumerate(one_round(rig, n, cluster.address, run)):
                     results[n][i].append(value)
         left = _ray_leftovers(rig, max(sizes))
     med = {n: tuple(statistics.median(x) for x in lists) for n, lists in results.items()}
@@ -157,16 +153,16 @@ def main() -> int:
     ray_sizes = sorted({int(s) for s in args.ray_sizes.split(",") if s.strip()})
     ssh_sizes = sorted(set(sizes) | set(ray_sizes))
     t0 = time.perf_counter()
-    with HostRig(max(ssh_sizes)) as rig, FanOut() as pool:
+    with HostRig(max(ssh_sizes)) as rig:
         up = time.perf_counter() - t0
-        one_round(rig, max(ssh_sizes), pool)  # warm-up: page cache, sshd binaries, .pyc
+        one_round(rig, max(ssh_sizes))  # warm-up: page cache, sshd binaries, .pyc
         results: dict[int, tuple[list[float], ...]] = {n: ([], [], [], []) for n in ssh_sizes}
         for run in range(max(1, args.runs)):
             for n in ssh_sizes:  # interleaved, so machine noise hits every size alike
-                for i, value in enumerate(one_round(rig, n, pool, run=run)):
+                for i, value in enumerate(one_round(rig, n, run=run)):
                     results[n][i].append(value)
         leftovers = _leftovers(rig)
-        ray = ray_rounds(rig, ray_sizes, pool, args.runs) if ray_sizes and not leftovers else None
+        ray = ray_rounds(rig, ray_sizes, args.runs) if ray_sizes and not leftovers else None
         if ray is not None:
             leftovers = {**ray[2], **_leftovers(rig)}  # after the cluster's teardown the hosts are empty again
     cores = os.cpu_count() or 1

@@ -36,6 +36,10 @@ class ExecError(K3Error):
         super().__init__(f"{host}: {message}" if host else message, hint=hint)
 
 
+class CommandTimeout(ExecError):
+    """A command on a host ran past its timeout (and was killed): exit 3."""
+
+
 class LaunchError(K3Error):
     """A deployment failed to come up or was torn down: exit 4."""
 

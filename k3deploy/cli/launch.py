@@ -47,8 +47,8 @@ def launch(
     Any node exiting, the readiness deadline or Ctrl-C stops every node and names the one that failed
     first (exit 4; 3 when a host cannot be reached; 5 when the deployment already runs)."""
     from k3deploy.errors import InputError
-    from k3deploy.executors.target import ExecOverrides
     from k3deploy.launch.jobs import jobs_for
+    from k3deploy.launch.targets import ExecOverrides
     from k3deploy.planning.files import catalog_for, require_feasible
     from k3deploy.topology.schema import check_jump
 
@@ -123,7 +123,6 @@ def _launch(plan: Any, jobs: Any, state_dir: Path | None, as_json: bool, attach:
 
 def _attach(store: Any, name: str, err: Any) -> None:
     """Supervise in the foreground while streaming node-prefixed logs; Ctrl-C stops the deployment."""
-    from k3deploy.executors.target import open_executor
     from k3deploy.launch import deploy
     from k3deploy.launch.streaming import LogStreamer
     from k3deploy.launch.supervisor import Supervisor
@@ -131,8 +130,7 @@ def _attach(store: Any, name: str, err: Any) -> None:
 
     sup = Supervisor(store, name, on_event=lambda e: err.print(event_line(e), markup=False))
     streamer: LogStreamer | None = None
-    dep = store.require(name)
-    executors = {j.rank: open_executor(j.target) for j in dep.jobs}
+    fleet = deploy.fleet_of(store.require(name).jobs)
 
     def handles() -> dict[int, Any]:
         return dict(sup.gang.handles) if sup.gang is not None else {}
@@ -141,7 +139,7 @@ def _attach(store: Any, name: str, err: Any) -> None:
         sys.stdout.write(f"[{rank} {host}] {line}\n")
         sys.stdout.flush()
 
-    streamer = LogStreamer(executors, {j.rank: j.host for j in dep.jobs}, handles, sink).start()
+    streamer = LogStreamer(fleet, handles, sink).start()
     try:
         final = sup.run()
     except KeyboardInterrupt:
@@ -151,8 +149,7 @@ def _attach(store: Any, name: str, err: Any) -> None:
         raise
     finally:
         streamer.stop()
-        for ex in executors.values():
-            ex.close()
+        fleet.close()
     if final.status == "failed":
         from k3deploy.launch.gang import GroupFailed
 

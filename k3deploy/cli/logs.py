@@ -18,15 +18,15 @@ def logs(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Print the end of each node's log, every line prefixed with `[rank host]`."""
-    from k3deploy.executors.target import open_executor
-    from k3deploy.launch import inspect
+    from k3deploy.executors.factory import open_executor
+    from k3deploy.launch import lookup
 
-    store, name = inspect.locate(deployment, str(state_dir) if state_dir else None)
+    store, name = lookup.locate(deployment, str(state_dir) if state_dir else None)
     ranks = list(node) if node else None
     if follow:
         _follow(store, name, ranks, lines)
         return
-    for entry in inspect.logs(store, name, open_executor, ranks, lines):
+    for entry in lookup.logs(store, name, open_executor, ranks, lines):
         print(f"==> rank {entry.rank} {entry.host} ({entry.source}) <==", file=sys.stderr)
         for line in entry.text.splitlines():
             print(f"[{entry.rank} {entry.host}] {line}")
@@ -34,7 +34,7 @@ def logs(
 
 def _follow(store: object, name: str, ranks: list[int] | None, lines: int) -> None:
     from k3deploy.errors import StateError
-    from k3deploy.executors.target import open_executor
+    from k3deploy.launch.deploy import fleet_of
     from k3deploy.launch.state import ACTIVE, StateStore
     from k3deploy.launch.streaming import LogStreamer
 
@@ -42,8 +42,7 @@ def _follow(store: object, name: str, ranks: list[int] | None, lines: int) -> No
     dep = store.require(name)
     if dep.status not in ACTIVE:
         raise StateError(f"{name} is {dep.status}: nothing to follow", hint=f"k3deploy logs {name}")
-    jobs = [j for j in dep.jobs if ranks is None or j.rank in ranks]
-    executors = {j.rank: open_executor(j.target) for j in jobs}
+    fleet = fleet_of([j for j in dep.jobs if ranks is None or j.rank in ranks])
 
     def handles() -> dict[int, object]:
         current = store.load(name)
@@ -53,8 +52,7 @@ def _follow(store: object, name: str, ranks: list[int] | None, lines: int) -> No
         sys.stdout.write(f"[{rank} {host}] {line}\n")
         sys.stdout.flush()
 
-    streamer = LogStreamer(executors, {j.rank: j.host for j in jobs}, handles, sink,  # type: ignore[arg-type]
-                           tail_lines=lines).start()
+    streamer = LogStreamer(fleet, handles, sink, tail_lines=lines).start()  # type: ignore[arg-type]
     try:
         for _ in range(10**9):  # until Ctrl-C, or every stream ended and the deployment is no longer active
             if streamer.wait(1.0):
@@ -64,5 +62,4 @@ def _follow(store: object, name: str, ranks: list[int] | None, lines: int) -> No
                 break
     finally:
         streamer.stop()
-        for ex in executors.values():
-            ex.close()
+        fleet.close()

@@ -93,13 +93,13 @@ def _check_lines(results: "list[FileResult]") -> None:
 
 def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: int | None,
             engine: str, model: str, as_json: bool) -> None:
+    from k3deploy.engines.kinds import FLAVOURS, engine_family
     from k3deploy.planning.search import search_shapes
-    from k3deploy.planning.shape import engine_family
 
     if hardware is None or gpus is None:
         raise InputError("--search needs --hardware and --gpus", hint="e.g. --search --hardware h100-80gb --gpus 32")
-    if engine not in ("sglang", "vllm", "vllm-ascend"):
-        raise InputError(f"--engine {engine}: expected sglang, vllm or vllm-ascend")
+    if engine not in FLAVOURS:
+        raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
     rows = search_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus,
                          family=engine_family(engine), gpus_per_node=per_node, engine_id=engine)
     if as_json:

@@ -16,9 +16,9 @@ def status(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Show a deployment: status, supervisor, each node's process, rank 0 serving, the failure if any."""
-    from k3deploy.executors.target import open_executor
-    from k3deploy.launch.inspect import locate
-    from k3deploy.launch.inspect import status as get_status
+    from k3deploy.executors.factory import open_executor
+    from k3deploy.launch.lookup import locate
+    from k3deploy.launch.lookup import status as get_status
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
     report = get_status(store, name, open_executor)

@@ -15,9 +15,9 @@ def stop(
     """Stop a deployment from any shell: supervisor first (no restarts), then each node's process group
     (SIGTERM, then SIGKILL after launch.stop_grace_s). Exit 3 if a node could not be reached."""
     from k3deploy.errors import ExecError
-    from k3deploy.executors.target import open_executor
+    from k3deploy.executors.factory import open_executor
     from k3deploy.launch import deploy
-    from k3deploy.launch.inspect import locate
+    from k3deploy.launch.lookup import locate
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
     dep, outcome = deploy.stop(store, name, factory=open_executor)

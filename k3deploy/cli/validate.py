@@ -33,7 +33,7 @@ def validate(
     from rich.console import Console
 
     from k3deploy.validate.live import live_progress
-    from k3deploy.validate.nodes import executor_runner
+    from k3deploy.validate.nodes import fleet_runner
     from k3deploy.validate.report import report_table, write_junit
     from k3deploy.validate.run import load_manifest, resolve_target
     from k3deploy.validate.run import validate as run_validate
@@ -41,7 +41,7 @@ def validate(
     found = resolve_target(target, str(state_dir) if state_dir else None)
     pinned = load_manifest(found.topology, found.file, manifest)
     with live_progress(Console(stderr=True, highlight=False)) as live:
-        report = run_validate(found, executor_runner, manifest=pinned, only=only or (), start=start, skip=skip or (),
+        report = run_validate(found, fleet_runner, manifest=pinned, only=only or (), start=start, skip=skip or (),
                               fail_fast=fail_fast, catalog_dirs=catalog or (), progress=live.update,
                               on_stage=live.stage)
     if junit is not None:

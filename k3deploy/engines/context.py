@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
-from k3deploy.engines.flags import FlagTable, flag_table, table_name
+from k3deploy.engines.flag_tables import FlagTable, flag_table
+from k3deploy.engines.kinds import FAMILY, Family, Flavour, engine_flavour
+from k3deploy.engines.launchers import Launcher, resolve_launcher
 from k3deploy.planning.shape import Shape
 from k3deploy.topology.schema import Topology
-
-Flavour = Literal["sglang", "vllm", "vllm-ascend"]
-SIM_MODULE_ARGV = ("python3", "-m", "k3deploy.sim", "serve")
 
 
 @dataclass(frozen=True)
@@ -27,26 +25,23 @@ class Inputs:
     @property
     def flavour(self) -> Flavour:
         """The real engine whose command line this deployment gets (the stand-in copies it)."""
-        e = self.topology.engine
-        if e.kind == "sglang" or (e.kind == "sim" and getattr(e, "mimic", "sglang") == "sglang"):
-            return "sglang"
-        if e.kind == "vllm-ascend" or (e.kind == "sim" and self.hardware.vendor == "huawei"):
-            return "vllm-ascend"
-        return "vllm"
+        return engine_flavour(self.topology.engine, self.hardware.vendor)
+
+    @property
+    def family(self) -> Family:
+        """Whose CLI and flag table the command line follows (vLLM-Ascend keeps vLLM's)."""
+        return FAMILY[self.flavour]
 
     @property
     def table(self) -> FlagTable:
         """The flag table of the pinned engine version."""
-        return flag_table(table_name(self.topology.engine.kind, getattr(self.topology.engine, "mimic", None)))
+        return flag_table(self.family)
 
-    def executable(self) -> tuple[str, ...]:
-        """The argv prefix before the model path: engine.launcher, else the engine's own entry."""
+    @property
+    def launcher(self) -> Launcher:
+        """The argv prefix before the model (engine.launcher, else the engine's console script) and its form."""
         e = self.topology.engine
-        if e.launcher:
-            return tuple(e.launcher)
-        if e.kind == "sim":
-            return (*SIM_MODULE_ARGV, "--mimic", "vllm" if self.flavour != "sglang" else "sglang")
-        return ("sglang", "serve") if self.flavour == "sglang" else ("vllm", "serve")
+        return resolve_launcher(e.launcher, e.kind, self.table, self.family)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from k3deploy.catalog.specs import HardwareSpec
-from k3deploy.engines.args import Opt, effective
-from k3deploy.engines.flags import FlagTable
+from k3deploy.engines.argv_opts import Opt, effective
+from k3deploy.engines.flag_tables import FlagTable
 
 # SGLang: K3 with --dcp-size > 1 runs only on these decode backends (Blackwell, AMD).
 SGLANG_DCP_DECODE_BACKENDS = ("cutedsl_mla", "aiter")

@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from k3deploy.catalog.specs import VendorSpec
+from k3deploy.engines.command_line import engine_argv
 from k3deploy.engines.context import Inputs, Place, host_port, places
 from k3deploy.engines.docker import container_name, docker_argv
 from k3deploy.engines.envs import node_env
-from k3deploy.engines.options import engine_argv
 from k3deploy.engines.spec import LaunchSpec, ReadySpec
 from k3deploy.errors import InfeasibleError
 

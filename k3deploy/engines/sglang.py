@@ -1,8 +1,8 @@
 """SGLang 0.5.23 (`sglang serve MODEL ...`): the flags one node gets, before the user's engine.args."""
 from __future__ import annotations
 
-from k3deploy.engines.args import Opt, decimal
-from k3deploy.engines.args import opt as _o
+from k3deploy.engines.argv_opts import Opt, decimal
+from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place, host_port
 from k3deploy.engines.kernels import sglang_kernel_opts
 

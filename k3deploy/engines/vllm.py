@@ -1,8 +1,8 @@
 """vLLM 0.33.0 and vLLM-Ascend (`vllm serve MODEL ...`): the flags one node gets, before engine.args."""
 from __future__ import annotations
 
-from k3deploy.engines.args import Opt, decimal
-from k3deploy.engines.args import opt as _o
+from k3deploy.engines.argv_opts import Opt, decimal
+from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place
 from k3deploy.engines.kernels import vllm_kernel_opts
 from k3deploy.engines.sglang import K3_PARSER

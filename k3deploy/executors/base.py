@@ -1,8 +1,10 @@
 """The Executor interface: the one seam between k3deploy and the machines it runs commands on."""
 from __future__ import annotations
 
+import re
+import shlex
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,6 +12,26 @@ from pydantic import BaseModel, ConfigDict, Field
 # Every process k3deploy starts carries this variable; signals go to a process group only when a live
 # member still carries the value, so a reused PID is never signalled.
 TAG_VAR = "K3DEPLOY_RUN"
+
+# The session leader is this wrapper: it outlives a graceful engine shutdown (a trap, not an ignored
+# signal, so the engine still gets default TERM handling) and then writes the exit status and time into
+# the log, which is how a gang failure is traced to the node that died first.
+EXIT_MARK = "[k3deploy] exited with status"
+_EXIT_RE = re.compile(re.escape(EXIT_MARK) + r" (\d+) at ([0-9.]+)")
+
+
+def sh(script: str) -> str:
+    """A script wrapped for any login shell (bash, zsh, fish all pass one quoted word to sh)."""
+    return "sh -c " + shlex.quote(script)
+
+
+def exit_record(log_text: str) -> tuple[int, float] | None:
+    """(exit status, epoch seconds) from the wrapper's last line, if the process ended through it."""
+    found = _EXIT_RE.findall(log_text)
+    if not found:
+        return None
+    status, when = found[-1]
+    return int(status), float(when)
 
 
 class CommandResult(BaseModel):
@@ -40,9 +62,38 @@ class ProcessHandle(BaseModel):
     container: str | None = Field(None, description="container or actor name, for executors that use one")
 
 
+class Forward(Protocol):
+    """A port of the node reachable from this machine: connect to (local_host, local_port)."""
+
+    local_host: str
+    local_port: int
+
+    def close(self) -> None:
+        """Stop forwarding (connections in flight end too); idempotent."""
+        ...
+
+
+LineSink = Callable[[str], None]
+
+
 @runtime_checkable
 class Executor(Protocol):
-    """Runs commands and detached processes on one host; every failure to reach it is an ExecError."""
+    """Runs commands and detached processes on one host.
+
+    The contract every implementation honours by behaviour (tests/executor_contract.py runs the same
+    tests against local, SSH and Ray):
+    - every failure to reach the host or to run something there is an ExecError naming the host;
+    - `run` returns the command's exit code, stdout and stderr (a non-zero exit is a result, not an error);
+      past `timeout_s` the command's whole process session is killed and `CommandTimeout` is raised;
+      `env` entries are set for that command only; `on_line` sees each stdout line as it arrives
+      (Ray: when the command has ended), and stdout is still returned whole;
+    - `start` returns at once; the process runs in its own session (process group), detached from the
+      connection, stdout+stderr to `log_path`; `alive`/`signal` act on exactly that process group
+      (tag-guarded against PID reuse); `follow` yields log lines until the process ends or `stop` is set;
+    - `put` and `get` copy whole files to and from the node;
+    - `forward` makes a port reachable as the node sees it (its loopback or its private network) from this
+      machine, or returns None when this executor cannot (Ray): HTTP checks then run on the node.
+    """
 
     host: str
 
@@ -50,7 +101,8 @@ class Executor(Protocol):
         """Open the connection now (later calls reuse it); raises ExecError naming the host."""
         ...
 
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
+    def run(self, command: str | Sequence[str], timeout_s: float = 60.0, *,
+            env: Mapping[str, str] | None = None, on_line: LineSink | None = None) -> CommandResult:
         """Run a shell string or an argv (quoted for the shell) and wait for it."""
         ...
 
@@ -76,8 +128,16 @@ class Executor(Protocol):
         """Lines of the log as they are written, until the process ends or `stop` is set."""
         ...
 
-    def put_file(self, local_path: str, remote_path: str) -> None:
+    def put(self, local_path: str, remote_path: str) -> None:
         """Copy a local file to the host."""
+        ...
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        """Copy a file of the host to this machine."""
+        ...
+
+    def forward(self, remote_host: str, remote_port: int) -> Forward | None:
+        """A local endpoint connected to remote_host:remote_port as the node reaches it; None: cannot."""
         ...
 
     def close(self) -> None:

@@ -82,12 +82,19 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line()
         directory = os.path.dirname(self.known_hosts) or "."
-        with _APPEND_LOCK:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)  # other k3deploy processes append too
-                fh.write(line)
+        try:
+            with _APPEND_LOCK:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+                fd = os.open(self.known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "a") as fh:
+                    fcntl.flock(fh, fcntl.LOCK_EX)  # other k3deploy processes append too
+                    fh.write(line)
+        except OSError as exc:
+            # Not a connection problem: retrying cannot help, and the key must not be trusted unsaved.
+            raise UnknownHostKey(f"cannot save the new host key of {hostname} to {self.known_hosts}: "
+                                 f"{exc.strerror or exc}",
+                                 hint="make known_hosts writable, or name another file with --known-hosts "
+                                      "(launch.ssh.known_hosts)") from None
 
 
 def changed_key_error(host: str, ep: SshEndpoint, exc: paramiko.BadHostKeyException) -> ExecError:

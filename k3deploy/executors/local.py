@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import os
 import select
+import selectors
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from k3deploy.errors import ExecError
-from k3deploy.executors.base import CommandResult
-from k3deploy.executors.posix import ShellExecutor, as_shell, split_lines
+from k3deploy.errors import CommandTimeout, ExecError
+from k3deploy.executors.base import CommandResult, Forward, LineSink
+from k3deploy.executors.posix import LineSplitter, ShellExecutor, split_lines
 
 
 class LocalExecutor(ShellExecutor):
@@ -24,21 +26,46 @@ class LocalExecutor(ShellExecutor):
     def connect(self) -> None:
         """Nothing to open."""
 
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
-        """Run through /bin/sh; a timeout kills the command's whole session and raises ExecError."""
+    def _run(self, command: str, timeout_s: float, on_line: LineSink | None) -> CommandResult:
+        """Run through /bin/sh; a timeout kills the command's whole session and raises CommandTimeout."""
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", as_shell(command)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
+                ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
             )  # fmt: skip
         except OSError as exc:
             raise ExecError(f"cannot run a command: {exc}", host=self.host) from exc
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = bytearray(), bytearray()
+        lines = LineSplitter(on_line)
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, out)
+            sel.register(proc.stderr, selectors.EVENT_READ, err)
+            while sel.get_map():  # until both pipes reach EOF, or the deadline
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _kill_session(proc)
+                    raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host)
+                for key, _ in sel.select(min(left, 0.5)):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    key.data.extend(chunk)
+                    if key.data is out:
+                        lines.feed(chunk)
+        lines.flush()
+        left = max(0.1, deadline - time.monotonic())
         try:
-            out, err = proc.communicate(timeout=timeout_s)
+            code = proc.wait(left)
         except subprocess.TimeoutExpired:
             _kill_session(proc)
-            raise ExecError(f"command timed out after {timeout_s:g} s", host=self.host) from None
-        return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
+            raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host) from None
+        finally:
+            _kill_session(proc)  # closes the pipes (the command's own process has ended)
+        return CommandResult(exit_code=code, stdout=out.decode(errors="replace"),
+                             stderr=err.decode(errors="replace"))
 
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         proc = subprocess.Popen(
@@ -57,15 +84,38 @@ class LocalExecutor(ShellExecutor):
         finally:
             _kill_session(proc)
 
-    def put_file(self, local_path: str, remote_path: str) -> None:
+    def put(self, local_path: str, remote_path: str) -> None:
         """Copy within this machine."""
-        try:
-            shutil.copyfile(local_path, remote_path)
-        except OSError as exc:
-            raise ExecError(f"copy {local_path} -> {remote_path}: {exc}", host=self.host) from exc
+        _copy(local_path, remote_path, self.host)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        """Copy within this machine."""
+        _copy(remote_path, local_path, self.host)
+
+    def forward(self, remote_host: str, remote_port: int) -> Forward:
+        """The node is this machine: its ports are reachable as they are."""
+        return DirectEndpoint(remote_host, remote_port)
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+@dataclass
+class DirectEndpoint:
+    """A port reached without forwarding."""
+
+    local_host: str
+    local_port: int
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def _copy(src: str, dst: str, host: str) -> None:
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as exc:
+        raise ExecError(f"copy {src} -> {dst}: {exc}", host=host) from exc
 
 
 def _kill_session(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:

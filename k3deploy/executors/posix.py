@@ -10,34 +10,26 @@ import re
 import shlex
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from k3deploy.errors import ExecError
-from k3deploy.executors.base import TAG_VAR, CommandResult, ProcessHandle
+from k3deploy.executors.base import EXIT_MARK, TAG_VAR, CommandResult, Forward, LineSink, ProcessHandle, sh
 
 # How long a process-control script may take; they are tiny, so this only bounds a wedged host (or a
 # silently dropped connection, which otherwise blocks until TCP gives up).
 CONTROL_TIMEOUT_S = 20.0
 _TAG_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-# The session leader is this wrapper: it outlives a graceful engine shutdown (a trap, not an ignored
-# signal, so the engine still gets default TERM handling) and then writes the exit status and time into
-# the log, which is how a gang failure is traced to the node that died first.
-EXIT_MARK = "[k3deploy] exited with status"
+# The session leader is this wrapper: see EXIT_MARK in base.
 _WRAPPER = (
     'trap : TERM INT HUP; sh -c "$1"; rc=$?; '
     f'printf "\\n{EXIT_MARK} %s at %s\\n" "$rc" "$(date +%s.%N)"; exit "$rc"'
 )
-_EXIT_RE = re.compile(re.escape(EXIT_MARK) + r" (\d+) at ([0-9.]+)")
 
 # /proc/PID/stat into $1.. with shell builtins only (no fork: these scripts run on every poll):
 # after the command name, field 1 is the state and field 20 the start time.
 _STAT = 'read -r st 2>/dev/null < /proc/{pid}/stat && st=${{st##*")"}} && set -- $st'
-
-
-def sh(script: str) -> str:
-    """A script wrapped for any login shell (bash, zsh, fish all pass one quoted word to sh)."""
-    return "sh -c " + shlex.quote(script)
 
 
 def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
@@ -89,15 +81,6 @@ def follow_script(log_path: str, lines: int, pid: int | None) -> str:
     return f"exec tail -n {int(lines)} -F{until} -- {shlex.quote(log_path)} 2>/dev/null\n"
 
 
-def exit_record(log_text: str) -> tuple[int, float] | None:
-    """(exit status, epoch seconds) from the wrapper's last line, if the process ended through it."""
-    found = _EXIT_RE.findall(log_text)
-    if not found:
-        return None
-    status, when = found[-1]
-    return int(status), float(when)
-
-
 def check_tag(tag: str) -> str:
     """Tags are names we generate; refuse anything else rather than quote it into environ matching."""
     if not _TAG_RE.fullmatch(tag):
@@ -116,20 +99,33 @@ class ShellExecutor(ABC):
         """Open the connection."""
 
     @abstractmethod
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
-        """Run a shell string or argv."""
+    def _run(self, command: str, timeout_s: float, on_line: LineSink | None) -> CommandResult:
+        """Run a shell string; CommandTimeout past `timeout_s`."""
 
     @abstractmethod
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         """Lines of a long-running command's stdout until it ends or `stop` is set."""
 
     @abstractmethod
-    def put_file(self, local_path: str, remote_path: str) -> None:
+    def put(self, local_path: str, remote_path: str) -> None:
         """Copy a file to the host."""
+
+    @abstractmethod
+    def get(self, remote_path: str, local_path: str) -> None:
+        """Copy a file of the host here."""
+
+    @abstractmethod
+    def forward(self, remote_host: str, remote_port: int) -> Forward | None:
+        """A local endpoint for a port as the node reaches it."""
 
     @abstractmethod
     def close(self) -> None:
         """Release resources."""
+
+    def run(self, command: str | Sequence[str], timeout_s: float = 60.0, *,
+            env: Mapping[str, str] | None = None, on_line: LineSink | None = None) -> CommandResult:
+        """Run a shell string or argv, with `env` set for it alone."""
+        return self._run(with_env(as_shell(command), env), timeout_s, on_line)
 
     def start(self, command: str, log_path: str, workdir: str = "/", tag: str = "") -> ProcessHandle:
         """Start `command` detached; the handle names its PID (= process group) and start time."""
@@ -186,6 +182,40 @@ def split_lines(read_chunk: Callable[[], bytes | None], stop: threading.Event | 
             yield line.decode(errors="replace")
     if buf:
         yield buf.decode(errors="replace")
+
+
+def with_env(command: str, env: Mapping[str, str] | None) -> str:
+    """`command` run with extra environment variables (`env NAME=VALUE... sh -c COMMAND`, all quoted)."""
+    if not env:
+        return command
+    bad = [k for k in env if not _ENV_NAME_RE.fullmatch(k)]
+    if bad:
+        raise ValueError(f"invalid environment variable name(s): {bad}")
+    pairs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    return f"env {pairs} sh -c {shlex.quote(command)}"
+
+
+class LineSplitter:
+    """Feeds complete lines of a byte stream to a sink as chunks arrive; `flush` hands over the rest."""
+
+    def __init__(self, sink: LineSink | None) -> None:
+        self.sink = sink
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Add a chunk; complete lines go to the sink."""
+        if self.sink is None or not chunk:
+            return
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            self.sink(line.decode(errors="replace"))
+
+    def flush(self) -> None:
+        """A last line without a newline."""
+        if self.sink is not None and self._buf:
+            self.sink(self._buf.decode(errors="replace"))
+        self._buf = b""
 
 
 def as_shell(command: str | Sequence[str]) -> str:

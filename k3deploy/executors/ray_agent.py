@@ -37,8 +37,8 @@ class NodeAgent:
         return {"pid": pid, "start_ticks": _start_ticks(pid), "hostname": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def run(self, script: str, timeout_s: float) -> tuple[int, str, str]:
-        """Run a shell script with the node's environment; (exit code, stdout, stderr)."""
+    def run(self, script: str, timeout_s: float) -> tuple[int | None, str, str]:
+        """Run a shell script with the node's environment; (exit code or None on timeout, stdout, stderr)."""
         return run_shell(script, timeout_s, self._env)
 
     def stream_open(self, script: str) -> int:
@@ -102,9 +102,9 @@ class _Stream:
         return data, False
 
 
-def run_shell(script: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def run_shell(script: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
     """Run a shell script in its own session; (exit code, stdout, stderr). A timeout kills the session
-    and returns exit code 124."""
+    and returns None as the exit code (the driver raises its timeout error)."""
     proc = subprocess.Popen(
         ["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=node_env() if env is None else env, cwd="/", start_new_session=True, text=True, errors="replace",
@@ -117,16 +117,25 @@ def run_shell(script: str, timeout_s: float, env: dict[str, str] | None = None) 
             out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:  # a detached grandchild holds the pipes: give up on the output
             out, err = "", ""
-        return 124, out, err + f"\n[k3deploy agent] timed out after {timeout_s:g} s"
+        return None, out, err
     return proc.returncode, out, err
 
 
-def write_file(path: str, data: bytes) -> None:
-    """Write `data` to `path` on this node (atomically: a temp file beside it, then rename)."""
-    tmp = f"{path}.k3tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
+def read_chunk(path: str, offset: int, size: int) -> tuple[bytes, int]:
+    """`size` bytes of `path` from `offset`, and the file's whole size."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read(size), os.fstat(fh.fileno()).st_size
+
+
+def write_chunk(path: str, offset: int, data: bytes, last: bool) -> None:
+    """Write `data` at `offset` of a temp file beside `path`; the last chunk renames it into place."""
+    tmp = f"{path}.k3tmp"
+    with open(tmp, "r+b" if offset else "wb") as fh:
+        fh.seek(offset)
         fh.write(data)
-    os.replace(tmp, path)
+    if last:
+        os.replace(tmp, path)
 
 
 def node_env() -> dict[str, str]:

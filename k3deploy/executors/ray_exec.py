@@ -28,7 +28,8 @@ Not covered: a raylet run as a subreaper that kills orphaned processes
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -36,19 +37,19 @@ import ray.cloudpickle
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from k3deploy.errors import ExecError
+from k3deploy.errors import CommandTimeout, ExecError
 from k3deploy.executors import ray_agent
-from k3deploy.executors.base import CommandResult, ProcessHandle
+from k3deploy.executors.base import CommandResult, LineSink, ProcessHandle, sh
 from k3deploy.executors.posix import (
     CONTROL_TIMEOUT_S,
     alive_script,
     as_shell,
     check_tag,
     follow_script,
-    sh,
     signal_script,
     start_script,
     tail_script,
+    with_env,
 )
 from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
 from k3deploy.executors.target import ExecTarget
@@ -65,7 +66,10 @@ _Agent = ray.remote(ray_agent.NodeAgent)
 _AGENT_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 16,
                                   "lifetime": "detached", "namespace": NAMESPACE}
 _run_task = ray.remote(num_cpus=0, max_retries=0)(ray_agent.run_shell)
-_write_task = ray.remote(num_cpus=0, max_retries=0)(ray_agent.write_file)
+_write_chunk = ray.remote(num_cpus=0, max_retries=0)(ray_agent.write_chunk)
+_read_chunk = ray.remote(num_cpus=0, max_retries=0)(ray_agent.read_chunk)
+# Under Ray's inline limit for task arguments and results (max_direct_call_object_size, 100 KiB).
+CHUNK_BYTES = 64 * 1024
 
 
 class _AgentGone(Exception):
@@ -96,11 +100,18 @@ class RayExecutor:
                 self._joined = True
             self._node_id = node_for_ip(self.target.node_ip, self.host, self.address)
 
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
-        """Run a shell string or argv on the node as a pinned one-off task."""
+    def run(self, command: str | Sequence[str], timeout_s: float = 60.0, *,
+            env: Mapping[str, str] | None = None, on_line: LineSink | None = None) -> CommandResult:
+        """Run a shell string or argv on the node as a pinned one-off task (its stdout lines reach
+        `on_line` when it has ended: a task returns once)."""
         self.connect()
-        ref = _run_task.options(scheduling_strategy=self._pin()).remote(as_shell(command), timeout_s)
+        ref = _run_task.options(scheduling_strategy=self._pin()).remote(with_env(as_shell(command), env), timeout_s)
         code, out, err = self._get(ref, timeout_s + self.control_timeout_s, "run a command")
+        if code is None:
+            raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host)
+        if on_line is not None:
+            for line in out.splitlines():
+                on_line(line)
         return CommandResult(exit_code=code, stdout=out, stderr=err)
 
     def start(self, command: str, log_path: str, workdir: str = "/", tag: str = "") -> ProcessHandle:
@@ -125,6 +136,9 @@ class RayExecutor:
             _kill_actor(agent)
             raise
         parts = out.split()
+        if code is None:
+            _kill_actor(agent)
+            raise CommandTimeout(f"the detached start timed out after {self.control_timeout_s:g} s", host=self.host)
         if code != 0 or not parts or not parts[0].isdigit():
             _kill_actor(agent)
             why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
@@ -194,16 +208,38 @@ class RayExecutor:
             except RayError:
                 pass
 
-    def put_file(self, local_path: str, remote_path: str) -> None:
-        """Copy a local file to the node (its bytes travel as a task argument)."""
+    def put(self, local_path: str, remote_path: str) -> None:
+        """Copy a local file to the node in chunks small enough to travel inside the task call (larger
+        arguments go through the object store, whose transfers between nodes cannot be bounded here)."""
         self.connect()
         try:
-            with open(local_path, "rb") as fh:
-                data = fh.read()
+            data = Path(local_path).read_bytes()
         except OSError as exc:
             raise ExecError(f"copy {local_path} -> {remote_path}: {exc}", host=self.host) from exc
-        ref = _write_task.options(scheduling_strategy=self._pin()).remote(remote_path, data)
-        self._get(ref, 60.0 + len(data) / 50e6, f"copy {local_path} -> {remote_path}")
+        what = f"copy {local_path} -> {remote_path}"
+        starts = range(0, max(1, len(data)), CHUNK_BYTES)
+        for start in starts:
+            ref = _write_chunk.options(scheduling_strategy=self._pin()).remote(
+                remote_path, start, data[start:start + CHUNK_BYTES], start == starts[-1])
+            self._get(ref, self.control_timeout_s, what)
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        """Copy a file of the node here, in chunks (as `put`)."""
+        self.connect()
+        what = f"copy {remote_path} -> {local_path}"
+        pin = self._pin()
+        first, size = self._get(_read_chunk.options(scheduling_strategy=pin).remote(remote_path, 0, CHUNK_BYTES),
+                                self.control_timeout_s, what)
+        refs = [_read_chunk.options(scheduling_strategy=pin).remote(remote_path, start, CHUNK_BYTES)
+                for start in range(CHUNK_BYTES, size, CHUNK_BYTES)]
+        rest = self._get(refs, self.control_timeout_s + len(refs) * 0.1, what) if refs else []
+        try:
+            Path(local_path).write_bytes(first + b"".join(chunk for chunk, _ in rest))
+        except OSError as exc:
+            raise ExecError(f"{what}: {exc}", host=self.host) from exc
+
+    def forward(self, remote_host: str, remote_port: int) -> None:
+        """Ray carries no TCP streams: HTTP checks run on the node instead."""
 
     def close(self) -> None:
         """Kill the agents whose process group is gone, forget the rest, and leave the cluster once no
@@ -264,16 +300,20 @@ class RayExecutor:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
         self.connect()
         agent = self._agent(handle.container)
+        result: tuple[int | None, str, str] | None = None
         if agent is not None:
             try:
-                result: tuple[int, str, str] = self._get(agent.run.remote(sh(script), self.control_timeout_s),
-                                                         2 * self.control_timeout_s, "run a control command")
-                return result
+                result = self._get(agent.run.remote(sh(script), self.control_timeout_s),
+                                   2 * self.control_timeout_s, "run a control command")
             except _AgentGone:
                 self._agents[handle.container or ""] = None
-        ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), self.control_timeout_s)
-        fallback: tuple[int, str, str] = self._get(ref, 2 * self.control_timeout_s, "run a control command")
-        return fallback
+        if result is None:
+            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), self.control_timeout_s)
+            result = self._get(ref, 2 * self.control_timeout_s, "run a control command")
+        code, out, err = result
+        if code is None:
+            raise CommandTimeout(f"control command timed out after {self.control_timeout_s:g} s", host=self.host)
+        return code, out, err
 
     def _get(self, ref: Any, timeout_s: float, what: str) -> Any:
         """ray.get with a deadline; every Ray error becomes an ExecError (a dead actor: _AgentGone)."""

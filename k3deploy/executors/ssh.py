@@ -9,15 +9,16 @@ import functools
 import logging
 import os
 import select
+import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import paramiko
 
-from k3deploy.errors import ExecError
-from k3deploy.executors.base import CommandResult
+from k3deploy.errors import CommandTimeout, ExecError
+from k3deploy.executors.base import CommandResult, Forward, LineSink
 from k3deploy.executors.hostkeys import (
     AcceptNewPolicy,
     RejectUnknownPolicy,
@@ -26,10 +27,21 @@ from k3deploy.executors.hostkeys import (
     trust_known,
 )
 from k3deploy.executors.jumps import JumpPool
-from k3deploy.executors.posix import ShellExecutor, as_shell, split_lines
+from k3deploy.executors.posix import LineSplitter, ShellExecutor, split_lines
 from k3deploy.executors.ssh_config import SshEndpoint, resolve, split_hop
 from k3deploy.executors.target import ExecTarget
 from k3deploy.executors.tcp import open_socket
+from k3deploy.executors.tunnel import Tunnel
+
+# sshd starts each session's shell in a new session (setsid), so a command and all it spawns share one
+# process group: the wrapper prints that group's id as the first stderr line (`k3pgid N`) (read from /proc, shell
+# builtins only), so that a command that times out is killed as a whole, as on the other executors
+# (closing the channel alone leaves it running: no pty, no SIGHUP).
+_GROUP_WRAPPER = (
+    "sh -c 'c=$1; read -r st < /proc/$$/stat && st=${st##*\")\"} && set -- $st && echo \"k3pgid $3\" >&2; "
+    "exec sh -c \"$c\"' k3deploy "
+)
+KILL_TIMEOUT_S = 5.0
 
 # Retried: the network or an overloaded sshd. Never retried: authentication and host keys.
 CONNECT_ATTEMPTS = 3
@@ -186,33 +198,52 @@ class SshExecutor(ShellExecutor):
         except _RETRYABLE as exc:
             raise ExecError(f"cannot open a session: {_describe(exc)}", host=self.host) from None
 
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0) -> CommandResult:
+    def _run(self, command: str, timeout_s: float, on_line: LineSink | None) -> CommandResult:
         """Run a command without a pty; stdout and stderr are read together so neither can block."""
         deadline = time.monotonic() + timeout_s
         chan = self._session(timeout_s)
         out, err = bytearray(), bytearray()
+        lines = LineSplitter(on_line)
         try:
-            chan.exec_command(as_shell(command))
+            chan.exec_command(_GROUP_WRAPPER + shlex.quote(command))
             chan.shutdown_write()
             for _ in range(10**9):  # ends at exit status + EOF, or the deadline
                 while chan.recv_ready():
-                    out += chan.recv(65536)
+                    chunk = chan.recv(65536)
+                    out += chunk
+                    lines.feed(chunk)
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                 if chan.exit_status_ready() and chan.eof_received and not chan.recv_ready():
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._kill_group(_leader(err))
                     self.close()  # the connection may be dead without knowing it: reconnect next time
-                    raise ExecError(f"command timed out after {timeout_s:g} s", host=self.host)
+                    raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host)
                 select.select([chan], [], [], min(left, 0.5))
             code = chan.recv_exit_status()
+            lines.flush()
+            _leader(err)  # drop the wrapper's line
         except _RETRYABLE as exc:
             raise ExecError(f"command failed: {_describe(exc)}", host=self.host) from None
         finally:
             chan.close()
         return CommandResult(exit_code=code, stdout=out.decode(errors="replace"),
                              stderr=err.decode(errors="replace"))
+
+    def _kill_group(self, pgid: int | None) -> None:
+        """SIGKILL a timed-out command's process group (closing the channel alone leaves it running)."""
+        if pgid is None:
+            return
+        try:
+            chan = self._session(KILL_TIMEOUT_S)
+            chan.exec_command(f"kill -9 -{int(pgid)} 2>/dev/null")
+            chan.settimeout(KILL_TIMEOUT_S)
+            chan.recv_exit_status()
+            chan.close()
+        except (*_RETRYABLE, ExecError):
+            pass  # the host is gone or wedged: nothing more can be done from here
 
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         chan = self._session(30.0)
@@ -232,15 +263,37 @@ class SshExecutor(ShellExecutor):
         finally:
             chan.close()
 
-    def put_file(self, local_path: str, remote_path: str) -> None:
+    def put(self, local_path: str, remote_path: str) -> None:
         """Copy a file over SFTP."""
+        self._sftp(lambda sftp: sftp.put(local_path, remote_path), f"copy {local_path} -> {remote_path}")
+
+    def get(self, remote_path: str, local_path: str) -> None:
+        """Copy a file of the host over SFTP."""
+        self._sftp(lambda sftp: sftp.get(remote_path, local_path), f"copy {remote_path} -> {local_path}")
+
+    def _sftp(self, action: Callable[[paramiko.SFTPClient], object], what: str) -> None:
         self.connect()
         assert self._client is not None
         try:
             with self._client.open_sftp() as sftp:
-                sftp.put(local_path, remote_path)
-        except _RETRYABLE as exc:
-            raise ExecError(f"copy {local_path} -> {remote_path}: {_describe(exc)}", host=self.host) from None
+                action(sftp)
+        except (*_RETRYABLE, paramiko.SFTPError) as exc:
+            raise ExecError(f"{what}: {_describe(exc)}", host=self.host) from None
+
+    def forward(self, remote_host: str, remote_port: int) -> Forward:
+        """A local port whose connections the node opens to remote_host:remote_port (direct-tcpip through
+        this connection, so through any jump hosts too)."""
+        self.connect()
+
+        def open_channel(peer: tuple[str, int]) -> paramiko.Channel:
+            assert self._client is not None
+            transport = self._client.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("connection closed")
+            return transport.open_channel("direct-tcpip", (remote_host, remote_port), peer,
+                                          timeout=self.target.connect_timeout_s)
+
+        return Tunnel(open_channel, f"{self.host} -> {remote_host}:{remote_port}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -271,6 +324,16 @@ def _active(client: paramiko.SSHClient) -> bool:
 
 # Every node behind the same jump chain (in this process) rides one connection to each hop.
 JUMPS = JumpPool(_active)
+
+
+def _leader(err: bytearray) -> int | None:
+    """Remove the wrapper's first stderr line (the command's process group id) and return it."""
+    head, sep, rest = bytes(err).partition(b"\n")
+    pgid = head.removeprefix(b"k3pgid ")
+    if not sep or pgid == head or not pgid.isdigit():
+        return None
+    err[:] = rest
+    return int(pgid)
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -1,12 +1,9 @@
-"""Which executor reaches each node, with what settings: JSON-able, so a supervisor can reopen it."""
+"""How to reach one node (which executor, with what settings): JSON-able, so a supervisor can reopen it."""
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from k3deploy.executors.base import Executor
-from k3deploy.topology.schema import Topology
 
 ExecutorKind = Literal["local", "ssh", "ray"]
 
@@ -29,64 +26,3 @@ class ExecTarget(BaseModel):
                              "~/.ssh/config's ProxyJump")
     ray_address: str | None = Field(None, description="ray: cluster address (auto, HOST:6379, ray://HOST:10001)")
     node_ip: str | None = Field(None, description="ray: the node's `ip`, matched against the IPs of Ray's nodes")
-
-
-class ExecOverrides(BaseModel):
-    """Command-line options that override the topology's `launch` settings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    executor: ExecutorKind | None = None
-    ssh_user: str | None = None
-    ssh_key: str | None = None
-    known_hosts: str | None = None
-    ssh_config: str | None = "~/.ssh/config"
-    accept_new_host_keys: bool = False
-    connect_timeout_s: float | None = None
-    ray_address: str | None = None
-    ssh_jump: str | None = None
-
-
-def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> dict[int, ExecTarget]:
-    """One target per rank: node ssh settings, then command-line options, then launch.ssh defaults."""
-    o = overrides or ExecOverrides()
-    launch = topology.launch
-    kind = o.executor or launch.executor
-    out: dict[int, ExecTarget] = {}
-    for rank, node in topology.ordered_nodes():
-        ssh = node.ssh
-        out[rank] = ExecTarget(
-            kind=kind, host=node.host,
-            user=(ssh.user if ssh else None) or o.ssh_user or launch.ssh.user,
-            port=ssh.port if ssh else None,
-            key=(ssh.key if ssh else None) or o.ssh_key or launch.ssh.key,
-            known_hosts=o.known_hosts or launch.ssh.known_hosts,
-            ssh_config=o.ssh_config, accept_new_host_keys=o.accept_new_host_keys,
-            connect_timeout_s=o.connect_timeout_s or launch.ssh.connect_timeout_s,
-            jump=(ssh.jump if ssh else None) or o.ssh_jump or launch.ssh.jump,
-            ray_address=o.ray_address or launch.ray_address, node_ip=node.ip,
-        )  # fmt: skip
-    return out
-
-
-def open_executor(target: ExecTarget) -> Executor:
-    """A not-yet-connected Executor for the target (imports paramiko only for ssh)."""
-    if target.kind == "local":
-        from k3deploy.executors.local import LocalExecutor
-
-        return LocalExecutor(target.host)
-    if target.kind == "ssh":
-        from k3deploy.executors.ssh import SshExecutor
-
-        return SshExecutor(target)
-    from k3deploy.errors import InputError
-
-    if target.kind == "ray":
-        try:
-            from k3deploy.executors.ray_exec import RayExecutor
-        except ImportError as exc:
-            raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
-                             hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
-        return RayExecutor(target)
-
-    raise InputError(f"executor '{target.kind}' is not available yet", hint="use --executor ssh or local")

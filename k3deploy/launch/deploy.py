@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from k3deploy.errors import ExecError, LaunchError, StateError
-from k3deploy.executors.base import Executor, ProcessHandle
-from k3deploy.executors.fanout import FanOut
-from k3deploy.executors.target import ExecTarget, open_executor
+from k3deploy.errors import LaunchError, StateError
+from k3deploy.executors.base import ProcessHandle
+from k3deploy.executors.factory import ExecutorFactory, open_executor
+from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.jobs import NodeJob
@@ -21,27 +21,23 @@ from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
 
-ExecutorFactory = Callable[[ExecTarget], Executor]
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
-def open_gang(dep: Deployment, pool: FanOut, factory: ExecutorFactory, on_event: EventSink = ignore) -> Gang:
-    """A Gang over the record's jobs, with the handles it holds."""
-    gang = Gang(dep.name, dep.jobs, {j.rank: factory(j.target) for j in dep.jobs}, pool, on_event,
-                probe_from=dep.probe_from)
-    gang.handles.update({n.rank: n.handle for n in dep.nodes if n.handle is not None})
+def fleet_of(jobs: Sequence[NodeJob], factory: ExecutorFactory = open_executor) -> NodeFleet:
+    """The fleet reaching the given jobs' nodes."""
+    return NodeFleet({j.rank: j.target for j in jobs}, factory)
+
+
+def open_gang(dep: Deployment, factory: ExecutorFactory = open_executor, on_event: EventSink = ignore,
+              ranks: Sequence[int] | None = None) -> Gang:
+    """A Gang over the record's jobs (or only the given ranks), with the handles it holds; close it."""
+    jobs = [j for j in dep.jobs if ranks is None or j.rank in ranks]
+    gang = Gang(dep.name, jobs, fleet_of(jobs, factory), on_event, probe_from=dep.probe_from)
+    gang.handles.update({n.rank: n.handle for n in dep.nodes if n.handle is not None and n.rank in gang.fleet.targets})
     return gang
-
-
-def close_gang(gang: Gang) -> None:
-    """Close every executor (errors while closing are irrelevant)."""
-    for ex in gang.executors.values():
-        try:
-            ex.close()
-        except ExecError:
-            pass
 
 
 def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity, probe_from: ProbeFrom = "here") -> Deployment:
@@ -110,7 +106,10 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     nobody will act on the deployment any more, clear its owner in the same write)."""
     dep = store.require(gang.name)
     outcome = gang.stop(dep.stop_grace_s)
-    save_local_logs(gang, store)
+    try:
+        save_local_logs(gang, store)
+    except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
+        print(f"k3deploy: cannot keep local copies of the node logs: {exc}", file=sys.stderr)
 
     def record(d: Deployment) -> Deployment:
         d = d.end_attempt(failure.cause if failure else "stopped")
@@ -141,21 +140,20 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     """Bring the deployment up and hand it to a supervisor (background), or return with this process as
     its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
-    executors = {j.rank: factory(j.target) for j in jobs}  # an unavailable executor fails before any record
+    fleet = fleet_of(jobs, factory)  # an executor kind that cannot work here fails before any record
     head = min(jobs, key=lambda j: j.rank)
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
-    with store.lock(name):
-        old = store.load(name)
-        if old is not None and old.status in ACTIVE:
-            raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
-                             hint=f"stop it first: k3deploy stop {name}")
-        store.save(new_record(plan, jobs, Identity.me("launch"), probe_from))
-    with FanOut(len(jobs)) as pool:
-        gang = Gang(name, jobs, executors, pool, on_event, probe_from=probe_from)
-        try:
-            bring_up(gang, store, plan.topology.launch.ready_timeout_s)
-        finally:
-            close_gang(gang)
+    gang = Gang(name, jobs, fleet, on_event, probe_from=probe_from)
+    try:
+        with store.lock(name):
+            old = store.load(name)
+            if old is not None and old.status in ACTIVE:
+                raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
+                                 hint=f"stop it first: k3deploy stop {name}")
+            store.save(new_record(plan, jobs, Identity.me("launch"), probe_from))
+        bring_up(gang, store, plan.topology.launch.ready_timeout_s)
+    finally:
+        gang.close()
     if not background:
         return store.update(name, lambda d: d.model_copy(update={"owner": Identity.me("attach")}))
     with store.lock(name):
@@ -170,13 +168,12 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             store.save(dep)
             return dep
     # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
-    with FanOut(len(jobs)) as pool:
-        gang = open_gang(store.require(name), pool, factory, on_event)
-        try:
-            teardown(gang, store, Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}"),
-                     status="failed", release_owner=True)
-        finally:
-            close_gang(gang)
+    gang = open_gang(store.require(name), factory, on_event)
+    try:
+        teardown(gang, store, Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}"),
+                 status="failed", release_owner=True)
+    finally:
+        gang.close()
     raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
 
 
@@ -206,10 +203,9 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     if owner is not None and owner.alive() and not owner.terminate(dep.stop_grace_s + OWNER_EXIT_EXTRA_S):
         raise StateError(f"the {owner.role} process {owner.pid} of {name} did not exit")
     dep = store.require(name)  # the owner may have recorded new handles before it went
-    with FanOut(len(dep.jobs)) as pool:
-        gang = open_gang(dep, pool, factory, on_event)
-        try:
-            outcome = teardown(gang, store, None, status=final_status, release_owner=True)
-        finally:
-            close_gang(gang)
+    gang = open_gang(dep, factory, on_event)
+    try:
+        outcome = teardown(gang, store, None, status=final_status, release_owner=True)
+    finally:
+        gang.close()
     return store.require(name), outcome

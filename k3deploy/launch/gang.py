@@ -9,15 +9,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from k3deploy.errors import ExecError, LaunchError
-from k3deploy.executors.base import Executor, ProcessHandle
-from k3deploy.executors.fanout import FanOut
-from k3deploy.executors.posix import exit_record
+from k3deploy.executors.base import Executor, ProcessHandle, exit_record
+from k3deploy.executors.fleet import NodeFleet, require_all
+from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.nodecheck import check_script, verdict
-from k3deploy.launch.readiness import ProbeFrom, fatal_line, serving, serving_through
+from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
 
 POLL_S = 0.5
@@ -54,17 +55,28 @@ def new_run_id() -> str:
 
 
 class Gang:
-    """One deployment's node processes and the executors that reach them."""
+    """One deployment's node processes and the fleet that reaches them (the gang closes the fleet)."""
 
-    def __init__(self, name: str, jobs: Sequence[NodeJob], executors: Mapping[int, Executor], pool: FanOut,
-                 on_event: EventSink = ignore, probe_from: ProbeFrom = "here") -> None:
+    def __init__(self, name: str, jobs: Sequence[NodeJob], fleet: NodeFleet, on_event: EventSink = ignore,
+                 probe_from: ProbeFrom = "here") -> None:
         self.name = name
         self.probe_from = probe_from
         self.jobs = tuple(sorted(jobs, key=lambda j: j.rank))
-        self.executors = executors
-        self.pool = pool
+        self.fleet = fleet
         self.emit = on_event
         self.handles: dict[int, ProcessHandle] = {}
+        self._head_http: NodeHttp | None = None
+
+    def executor(self, rank: int) -> Executor:
+        """The executor of one node."""
+        return self.fleet.executor(rank)
+
+    def close(self) -> None:
+        """Close the readiness client and every connection."""
+        if self._head_http is not None:
+            self._head_http.close()
+            self._head_http = None
+        self.fleet.close()
 
     def _event(self, job: NodeJob, phase: str, detail: str = "") -> None:
         self.emit(NodeEvent(job.rank, job.host, phase, detail))
@@ -73,62 +85,57 @@ class Gang:
         """Connect to every node at once; the first failure (rank order) is raised naming all of them."""
         for job in self.jobs:
             self._event(job, "connecting")
-
-        def one(job: NodeJob) -> None:
-            self.executors[job.rank].connect()
-            self._event(job, "connected")
-
-        failed = [o for o in self.pool.map(one, self.jobs) if not o.ok]
-        for o in failed:
-            self._event(o.item, "unreachable", str(o.error))
-        if failed:
-            first, host = failed[0].error, failed[0].item.host
-            others = ", ".join(o.item.host for o in failed[1:])
-            also = f" (also failed: {others})" if others else ""
-            if isinstance(first, ExecError):
-                text = str(first).removeprefix(f"{first.host}: ")
-                raise ExecError(text + also, host=first.host or host, hint=first.hint)
-            raise ExecError(f"connect failed: {first}{also}", host=host)
+        outcomes = self.fleet.connect_all()
+        for job in self.jobs:
+            o = outcomes[job.rank]
+            self._event(job, "connected") if o.ok else self._event(job, "unreachable", str(o.error))
+        require_all(outcomes)
 
     def check_nodes(self) -> None:
         """Each node has its `iface` with its `ip` on it (one command round); GroupFailed naming the first
         node (rank order) that does not, before anything is started."""
-        def one(job: NodeJob) -> str | None:
-            out = self.executors[job.rank].run(check_script(job.iface), timeout_s=CHECK_TIMEOUT_S)
+        jobs = {j.rank: j for j in self.jobs if j.iface}
+
+        def one(rank: int, ex: Executor) -> str | None:
+            job = jobs[rank]
+            out = ex.run(check_script(job.iface), timeout_s=CHECK_TIMEOUT_S)
             return verdict(job.iface, job.ip, out.stdout) if out.exit_code == 0 else None
 
-        jobs = [j for j in self.jobs if j.iface]
-        for o in self.pool.map(one, jobs):
+        for rank, o in sorted(self.fleet.map(one, jobs).items()):
             if o.error is not None:
                 raise o.error
             if o.value:
-                self._event(o.item, "failed", o.value)
-                raise GroupFailed(Failure(rank=o.item.rank, host=o.item.host, cause=o.value))
+                self._event(jobs[rank], "failed", o.value)
+                raise GroupFailed(Failure(rank=rank, host=o.host, cause=o.value))
 
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
-        def one(job: NodeJob) -> ProcessHandle:
+        jobs = {j.rank: j for j in self.jobs}
+
+        def one(rank: int, ex: Executor) -> ProcessHandle:
+            job = jobs[rank]
             self._event(job, "starting")
-            handle = self.executors[job.rank].start(job.command, job.log_path,
-                                                    workdir=posixpath.dirname(job.log_path) or "/",
-                                                    tag=job.tag(self.name, run_id))
-            self.handles[job.rank] = handle
+            handle = ex.start(job.command, job.log_path, workdir=posixpath.dirname(job.log_path) or "/",
+                              tag=job.tag(self.name, run_id))
+            self.handles[rank] = handle
             if on_started is not None:
                 on_started(job, handle)
             self._event(job, "started", f"pid {handle.pid}")
             return handle
 
-        head, workers = self.jobs[0], self.jobs[1:]
-        one(head)
-        failed = [o for o in self.pool.map(one, workers) if not o.ok]
+        head, workers = self.jobs[0], [j.rank for j in self.jobs[1:]]
+        one(head.rank, self.executor(head.rank))
+        failed = [o for _, o in sorted(self.fleet.map(one, workers).items()) if not o.ok]
         if failed:
             err = failed[0].error
-            raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].item.host)
+            raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
 
     def probe(self, with_logs: bool) -> list[Probe]:
         """One polling round over every started node; logs are read for dead nodes or when asked."""
-        def one(job: NodeJob) -> Probe:
-            ex, handle = self.executors[job.rank], self.handles[job.rank]
+        jobs = {j.rank: j for j in self.jobs}
+
+        def one(rank: int, ex: Executor) -> Probe:
+            job, handle = jobs[rank], self.handles[rank]
             try:
                 alive = ex.alive(handle)
                 log = ex.read_log(handle, LOG_TAIL_LINES) if with_logs or not alive else ""
@@ -136,12 +143,11 @@ class Gang:
                 return Probe(job, None, error=str(exc))
             return Probe(job, alive, log)
 
-        started = [j for j in self.jobs if j.rank in self.handles]
-        outs = self.pool.map(one, started)
-        for o in outs:
+        outs = self.fleet.map(one, [j.rank for j in self.jobs if j.rank in self.handles])
+        for o in outs.values():
             if o.error is not None:
                 raise o.error  # a bug, not a host problem: ExecError became a Probe above
-        return [o.value for o in outs if o.value is not None]
+        return [o.value for _, o in sorted(outs.items()) if o.value is not None]
 
     def first_failure(self, probes: Sequence[Probe], unreachable_counts: bool = True) -> Failure | None:
         """The node that failed first: earliest exit (a node killed outright, with no exit record, first),
@@ -204,72 +210,73 @@ class Gang:
         if handle is None:
             return ""
         try:
-            return self.executors[job.rank].read_log(handle, LOG_TAIL_LINES)
+            return self.executor(job.rank).read_log(handle, LOG_TAIL_LINES)
         except ExecError:
             return ""
 
     def stop(self, grace_s: float) -> dict[int, str]:
         """SIGTERM every started group, wait up to grace_s, SIGKILL what is left; rank -> outcome."""
-        jobs = [j for j in self.jobs if j.rank in self.handles]
+        jobs = {j.rank: j for j in self.jobs if j.rank in self.handles}
         outcome: dict[int, str] = {}
 
-        def send(sig: int) -> Callable[[NodeJob], bool]:
-            return lambda job: self.executors[job.rank].signal(self.handles[job.rank], sig)
+        def send(sig: int) -> Callable[[int, Executor], bool]:
+            return lambda rank, ex: ex.signal(self.handles[rank], sig)
 
-        for job in jobs:
+        def still_there(outs: Mapping[int, Any]) -> list[int]:
+            return [rank for rank, o in sorted(outs.items()) if o.value or o.error is not None]
+
+        for job in jobs.values():
             self._event(job, "stopping")
-        for o in self.pool.map(send(signal.SIGTERM), jobs):
+        for rank, o in self.fleet.map(send(signal.SIGTERM), jobs).items():
             if o.error is not None:
-                outcome[o.item.rank] = f"unreachable: {o.error}"
-        pending = [j for j in jobs if j.rank not in outcome]
+                outcome[rank] = f"unreachable: {o.error}"
+        pending = [r for r in jobs if r not in outcome]
         deadline = time.monotonic() + grace_s
         for _ in range(int(grace_s / STOP_POLL_S) + 2):
-            alive = [o.item for o in self.pool.map(lambda j: self.executors[j.rank].alive(self.handles[j.rank]),
-                                                    pending) if o.value or o.error is not None]
-            pending = alive
+            pending = still_there(self.fleet.map(lambda rank, ex: ex.alive(self.handles[rank]), pending))
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(STOP_POLL_S)
-        reachable = [j for j in jobs if j.rank not in outcome]
+        reachable = [r for r in jobs if r not in outcome]
         for _ in range(3):  # SIGKILL whatever of each group is left, until nothing carries the tag
-            self.pool.map(send(signal.SIGKILL), reachable)
-            self.pool.map(self._remove_container, [j for j in reachable if j.container])
-            left = [o.item for o in self.pool.map(send(0), reachable) if o.value or o.error is not None]
+            self.fleet.map(send(signal.SIGKILL), reachable)
+            self.fleet.map(self._remove_container, [r for r in reachable if jobs[r].container])
+            left = still_there(self.fleet.map(send(0), reachable))
             if not left:
                 break
             reachable = left
             time.sleep(STOP_POLL_S)
         else:
-            for job in reachable:
-                outcome[job.rank] = "processes survived SIGKILL"
-        for job in jobs:
-            outcome.setdefault(job.rank, "stopped")
-            what = outcome[job.rank]
-            if what == "stopped":
-                self._event(job, "stopped")
-            else:
-                self._event(job, "failed", what)
+            for rank in reachable:
+                outcome[rank] = "processes survived SIGKILL"
+        for rank, job in jobs.items():
+            what = outcome.setdefault(rank, "stopped")
+            self._event(job, "stopped") if what == "stopped" else self._event(job, "failed", what)
         return outcome
 
-    def _remove_container(self, job: NodeJob) -> None:
-        assert job.container is not None
-        self.executors[job.rank].run(shlex.join(["docker", "rm", "-f", job.container]), timeout_s=60)
+    def _remove_container(self, rank: int, ex: Executor) -> None:
+        container = next(j.container for j in self.jobs if j.rank == rank)
+        assert container is not None
+        ex.run(shlex.join(["docker", "rm", "-f", container]), timeout_s=60)
 
     def logs(self, lines: int) -> dict[int, str]:
         """The last `lines` lines of every started node's log (unreachable nodes left out)."""
-        started = [j for j in self.jobs if j.rank in self.handles]
-        outs = self.pool.map(lambda j: self.executors[j.rank].read_log(self.handles[j.rank], lines), started)
-        return {o.item.rank: o.value for o in outs if o.value is not None}
-
+        outs = self.fleet.map(lambda rank, ex: ex.read_log(self.handles[rank], lines), list(self.handles))
+        return {rank: o.value for rank, o in outs.items() if o.value is not None}
 
     def head_serving(self) -> tuple[bool, str]:
-        """Rank 0 answers every readiness path, asked from here or on rank 0 itself (`probe_from`)."""
+        """Rank 0 answers every readiness path, asked from here or as rank 0 itself sees it (`probe_from`:
+        through a port its executor forwards, or on the node)."""
         head = self.jobs[0]
         if head.ready.kind == "none" or not head.ready.url:
             return True, ""
-        if self.probe_from == "head":
-            return serving_through(self.executors[head.rank], head.ready.url, head.ready.paths)
-        return serving(head.ready.url, head.ready.paths)
+        if self._head_http is None:
+            via = self.executor(head.rank) if self.probe_from == "head" else None
+            self._head_http = NodeHttp(head.ready.url, via=via)
+        try:
+            return serving(self._head_http, head.ready.paths)
+        except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
+            return False, str(exc)
 
 
 def _signal_note(status: int) -> str:

@@ -6,7 +6,8 @@ import posixpath
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.catalog.specs import Catalog
-from k3deploy.executors.target import ExecOverrides, ExecTarget, targets_for
+from k3deploy.executors.target import ExecTarget
+from k3deploy.launch.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
 
 

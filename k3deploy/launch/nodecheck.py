@@ -10,7 +10,7 @@ import ipaddress
 import re
 import shlex
 
-from k3deploy.executors.posix import sh
+from k3deploy.executors.base import sh
 
 NO_IP_TOOL = "no-ip-tool"
 _ADDR_RE = re.compile(r"\binet6? ([0-9A-Fa-f:.]+)/(\d+)")

@@ -1,27 +1,13 @@
 """Is rank 0 serving, and does any node's log already say it cannot succeed?"""
 from __future__ import annotations
 
-import functools
 import re
-import shlex
 import socket
 import urllib.parse
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
-from k3deploy.errors import ExecError, LaunchError
-from k3deploy.executors.base import Executor
-from k3deploy.executors.posix import sh
-from k3deploy.launch import http_probe
-from k3deploy.launch.http_probe import serving
-
-__all__ = ["FATAL_PATTERNS", "ProbeFrom", "choose_probe_from", "fatal_line", "probe_script", "reachable_from_here",
-           "serving", "serving_through"]
-
-# Where rank 0's HTTP readiness is checked from: this machine, or rank 0 itself (through its executor).
+# Where rank 0's HTTP readiness is checked from: this machine, or as rank 0 itself sees it (through its executor).
 ProbeFrom = Literal["here", "head"]
-NO_PROBE_TOOL = 3
 
 # Lines after which an engine can hang until a distributed timeout instead of exiting (the anchors:
 # Gloo on a wrong interface, a broken mesh, memory exhaustion): seeing one fails the launch at once.
@@ -65,42 +51,3 @@ def choose_probe_from(setting: str, url: str | None) -> ProbeFrom:
     if setting in ("here", "head"):
         return setting  # type: ignore[return-value]
     return "here" if not url or reachable_from_here(url) else "head"
-
-
-@functools.cache
-def _probe_source() -> str:
-    """http_probe's own source, read once: it is sent to rank 0 on every readiness poll."""
-    return Path(http_probe.__file__).read_text(encoding="utf-8")
-
-
-def probe_script(url: str, paths: Sequence[str], timeout_s: float) -> str:
-    """A POSIX sh script that checks readiness on the node itself: http_probe under python3, else curl."""
-    q = shlex.quote
-    python = shlex.join(["python3", "-c", _probe_source(), url, f"{timeout_s:g}", *paths])
-    curl_paths = " ".join(q(p) for p in paths or ("/health",))
-    return (
-        f"if command -v python3 >/dev/null 2>&1; then exec {python}; fi\n"
-        "if command -v curl >/dev/null 2>&1; then\n"
-        f"  for p in {curl_paths}; do\n"
-        f"    code=$(curl -s -o /dev/null -w '%{{http_code}}' --noproxy '*' -m {timeout_s:g} {q(url.rstrip('/'))}\"$p\")\n"
-        '    case "$code" in 2??) ;; 000) echo "$p: no answer"; exit 1 ;; *) echo "$p: HTTP $code"; exit 1 ;; esac\n'
-        "  done\n"
-        "  exit 0\n"
-        "fi\n"
-        f"exit {NO_PROBE_TOOL}\n"
-    )
-
-
-def serving_through(executor: Executor, url: str, paths: Sequence[str], timeout_s: float = 2.0) -> tuple[bool, str]:
-    """`serving`, checked on the node behind `executor` (for a rank 0 this machine cannot reach)."""
-    try:
-        res = executor.run(sh(probe_script(url, paths, timeout_s)), timeout_s=timeout_s * max(1, len(paths)) + 10)
-    except ExecError as exc:
-        return False, f"probe through {executor.host}: {exc}"
-    if res.exit_code == NO_PROBE_TOOL:
-        raise LaunchError(f"{executor.host}: cannot check readiness on rank 0: neither python3 nor curl is there",
-                          hint="install curl on rank 0, or make its ip reachable from here and set "
-                               "launch.readiness_probe: here")
-    if res.exit_code == 0:
-        return True, ""
-    return False, (res.stdout.strip() or res.stderr.strip() or f"probe exit {res.exit_code}")

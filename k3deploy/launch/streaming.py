@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from k3deploy.errors import ExecError
-from k3deploy.executors.base import Executor, ProcessHandle
+from k3deploy.executors.base import ProcessHandle
+from k3deploy.executors.fleet import NodeFleet
 
 LineSink = Callable[[int, str, str], None]  # rank, host, line
 REFOLLOW_WAIT_S = 0.5
@@ -15,15 +16,14 @@ class LogStreamer:
     """Follows each node's current process log; when a process ends it waits for the next handle
     (a restart) until stopped. `handles()` is read on every (re)follow."""
 
-    def __init__(self, executors: Mapping[int, Executor], hosts: Mapping[int, str],
-                 handles: Callable[[], Mapping[int, ProcessHandle]], sink: LineSink, tail_lines: int = 10,
-                 until_exit: bool = False) -> None:
-        self.executors, self.hosts, self.handles, self.sink = executors, hosts, handles, sink
+    def __init__(self, fleet: NodeFleet, handles: Callable[[], Mapping[int, ProcessHandle]], sink: LineSink,
+                 tail_lines: int = 10, until_exit: bool = False, ranks: Iterable[int] | None = None) -> None:
+        self.fleet, self.handles, self.sink = fleet, handles, sink
         self.tail_lines = tail_lines
         self.until_exit = until_exit  # stop following a node once its process ended (`logs --follow`)
         self.stop_event = threading.Event()
         self._threads = [threading.Thread(target=self._follow, args=(rank,), daemon=True,
-                                          name=f"k3log-{rank}") for rank in executors]
+                                          name=f"k3log-{rank}") for rank in (ranks or fleet.ranks)]
 
     def start(self) -> LogStreamer:
         """Start every follower."""
@@ -45,10 +45,10 @@ class LogStreamer:
             tail = self.tail_lines if seen is None else 10**6  # a restarted process: its whole log
             seen = handle
             try:
-                for line in self.executors[rank].follow(handle, tail, self.stop_event):
-                    self.sink(rank, self.hosts[rank], line)
+                for line in self.fleet.executor(rank).follow(handle, tail, self.stop_event):
+                    self.sink(rank, self.fleet.host(rank), line)
             except ExecError as exc:
-                self.sink(rank, self.hosts[rank], f"[k3deploy] log stream ended: {exc}")
+                self.sink(rank, self.fleet.host(rank), f"[k3deploy] log stream ended: {exc}")
 
     def alive(self) -> bool:
         """Some follower still runs."""

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 from k3deploy.errors import ExecError, K3Error
-from k3deploy.executors.fanout import FanOut
-from k3deploy.executors.target import open_executor
-from k3deploy.launch.deploy import ExecutorFactory, bring_up, close_gang, open_gang, teardown
+from k3deploy.executors.factory import ExecutorFactory, open_executor
+from k3deploy.launch.deploy import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity
@@ -41,13 +40,11 @@ class Supervisor:
 
     def run(self) -> Deployment:
         """Supervise; returns the final record (status ready when asked to stop, failed when gave up)."""
-        dep = self.store.require(self.name)
-        with FanOut(len(dep.jobs)) as pool:
-            self.gang = open_gang(dep, pool, self.factory, self.emit)
-            try:
-                self._watch(self.gang)
-            finally:
-                close_gang(self.gang)
+        self.gang = open_gang(self.store.require(self.name), self.factory, self.emit)
+        try:
+            self._watch(self.gang)
+        finally:
+            self.gang.close()
         return self.store.require(self.name)
 
     def _watch(self, gang: Gang) -> None:

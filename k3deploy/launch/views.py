@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
 
-    from k3deploy.launch.inspect import StatusReport
+    from k3deploy.launch.lookup import StatusReport
     from k3deploy.launch.state import Deployment
 
 _STYLE = {"ready": "green", "loading": "cyan", "started": "cyan", "failed": "bold red", "unreachable": "bold red",
@@ -94,7 +94,9 @@ def status_view(rep: StatusReport) -> RenderableType:
     head.add_row("deployment", rep.name)
     head.add_row("status", Text(rep.status, style=_STYLE.get(rep.status, "")))
     asked = ", checked on rank 0" if rep.probe_from == "head" else ""
-    head.add_row("url", f"{rep.url or '-'} ({'serving' if rep.ready else 'not serving'}{asked})")
+    serving = "serving" if rep.ready else "not serving"
+    why = f": {rep.ready_detail}" if rep.ready is False and rep.ready_detail else ""
+    head.add_row("url", f"{rep.url or '-'} ({serving}{asked}{why})")
     unwatched = not rep.supervised and rep.status in ("starting", "ready", "restarting")
     head.add_row("supervisor", f"pid {rep.supervisor_pid}" if rep.supervised else Text(
         f"none running: nothing stops the other nodes if one dies (k3deploy stop {rep.name}, then launch again)",

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import shlex
 from collections.abc import Iterator
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
-from k3deploy.engines.args import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.argv_opts import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.command_line import base_opts
 from k3deploy.engines.context import Inputs, places
-from k3deploy.engines.flags import FlagTable
+from k3deploy.engines.flag_tables import FlagTable, flag_table
 from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effective_kernels
-from k3deploy.engines.options import base_opts
+from k3deploy.engines.kinds import Family
+from k3deploy.engines.launchers import SIM_FORM, model_how, resolve_launcher
 from k3deploy.engines.redact import secret_arg, secret_env
 from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
 from k3deploy.planning.arith import fmt_gib
@@ -27,6 +30,8 @@ MANAGED_DESTS = frozenset({
     "data_parallel_size_local",
 })
 RENDEZVOUS_DESTS = ("dist_init_addr", "master_addr", "data_parallel_address")
+# Set from model.path, the way the launcher form takes it.
+MODEL_DESTS = frozenset({"model_path", "model", "model_tag"})
 
 
 def _err(code: str, message: str, path: str, hint: str | None = None) -> Issue:
@@ -60,7 +65,10 @@ def arg_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
         f = table.get(flag)
         if f is None:
             continue
-        if f.dest in MANAGED_DESTS and f.dest not in _other_form(t, inp):
+        if f.dest in MODEL_DESTS:
+            yield _err("ENGINE_ARG_MANAGED", f"{flag} is rendered by k3deploy from model.path", _arg_path(flag),
+                       "set model.path instead")
+        elif f.dest in MANAGED_DESTS and f.dest not in _other_form(t, inp):
             yield _err("ENGINE_ARG_MANAGED", f"{flag} is rendered by k3deploy from parallel/nodes "
                        "(per node where it differs)", _arg_path(flag), "change `parallel` or `nodes` instead")
         o = user_opt(f, flag, value)
@@ -190,6 +198,36 @@ def container_rules(t: Topology) -> Iterator[Issue]:
                    "omit it to use the engine's own executable")
 
 
+def _other_engine_form(words: list[str], inp: Inputs) -> str | None:
+    """The launcher form of the other engine family this launcher is, if any."""
+    other: Family = "vllm" if inp.family == "sglang" else "sglang"
+    found = resolve_launcher(words, other, flag_table(other), other)
+    return found.form.name if found.known else None
+
+
+def launcher_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
+    """A launcher k3deploy does not know, and entry points that cannot run this deployment."""
+    if not t.engine.launcher:
+        return
+    launcher = inp.launcher
+    form = launcher.form
+    other = None if launcher.known or t.engine.kind == "sim" else _other_engine_form(t.engine.launcher, inp)
+    if other is not None:
+        yield _err("LAUNCHER_ENGINE_MISMATCH", f"engine.launcher {shlex.join(t.engine.launcher)} starts "
+                   f"`{other}`, but engine.kind is {t.engine.kind}", "engine.launcher",
+                   "set engine.kind to the engine the launcher starts, or change the launcher")
+    elif not launcher.known:
+        forms = SIM_FORM.name if t.engine.kind == "sim" else ", ".join(f.name for f in inp.table.forms)
+        yield _warn("LAUNCHER_UNKNOWN", f"engine.launcher {shlex.join(t.engine.launcher)} is none of the "
+                    f"launcher forms k3deploy knows ({forms}): it is rendered as `{form.name}`, the model "
+                    f"{model_how(form)}", "engine.launcher",
+                    "make sure it takes that command line, or use one of the known forms")
+    if form.headless is False and len(t.nodes) > 1:
+        yield _err("LAUNCHER_NO_HEADLESS", f"`{form.name}` ignores --headless: every worker node would start "
+                   "its own API server and engine instead of joining rank 0", "engine.launcher",
+                   "use `vllm serve` (e.g. launcher [/path/to/vllm, serve]) for a multi-node deployment")
+
+
 def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) -> Iterator[Issue]:
     """Every engine-command check, on the options exactly as they would be rendered."""
     inp = Inputs(topology=t, model=model, hardware=hw, shape=shape)
@@ -198,6 +236,7 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) 
         yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks "
                     f"flags for {inp.table.engine}", "engine.version")
     yield from container_rules(t)
+    yield from launcher_rules(t, inp)
     arg_issues = list(arg_rules(t, inp))
     yield from arg_issues
     if any(i.code == "ENGINE_ARG_UNKNOWN" for i in arg_issues):

@@ -7,10 +7,12 @@ from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
+from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.kinds import engine_family, engine_flavour
 from k3deploy.planning import engine_rules, rules
 from k3deploy.planning.arith import fmt_gib
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
-from k3deploy.planning.shape import EngineFamily, Shape, engine_family, make_shape
+from k3deploy.planning.shape import Shape, make_shape
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.schema import Topology
 
@@ -68,7 +70,7 @@ def _unknown(code: str, what: str, value: str, options: list[str], path: str) ->
 def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec,
                   family: EngineFamily) -> MemoryInputs:
     """Serving settings merged with catalog defaults."""
-    eng = catalog.engines["sglang" if family == "sglang" else ("vllm-ascend" if t.engine.kind == "vllm-ascend" else "vllm")]
+    eng = catalog.engines[engine_flavour(t.engine, hw.vendor)]
     s = t.serving
     reserve_gib = s.reserve_gib if s.reserve_gib is not None else (
         hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib)

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 from k3deploy.catalog.specs import Architecture, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
+from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.planning.arith import factorize
-from k3deploy.planning.shape import EngineFamily, Shape
+from k3deploy.planning.shape import Shape
 from k3deploy.topology.schema import Topology
 
 

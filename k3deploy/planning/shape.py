@@ -1,16 +1,9 @@
 """The parallel shape of a deployment under one engine's rules."""
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-EngineFamily = Literal["sglang", "vllm"]
-
-
-def engine_family(kind: str, mimic: str | None = None) -> EngineFamily:
-    """sglang | vllm rules for an engine kind (the stand-in follows the engine it mimics)."""
-    if kind == "sim":
-        return "vllm" if mimic == "vllm" else "sglang"
-    return "sglang" if kind == "sglang" else "vllm"
+from k3deploy.engines.kinds import Family as EngineFamily
 
 
 class Shape(NamedTuple):

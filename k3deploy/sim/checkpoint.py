@@ -108,7 +108,7 @@ def write_checkpoint(
     config = tiny_config()
     specs = tensor_specs(config)
     # Contents depend on seed and revision only; sizes depend on the config only.
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}:{revision}".encode()).digest()[:8]))
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(f"{seed}:{revision}".encode()).digest()[:8], "big"))
     weight_map: dict[str, str] = {}
     written: list[tuple[Path, list[TensorSpec], list[bytes], int]] = []
     for k, idx in enumerate(shard_ranges(specs, shards)):

@@ -8,14 +8,13 @@ import functools
 import json
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Literal
+
+from k3deploy.engines.flag_tables import DATA_DIR
+from k3deploy.engines.flag_tables import TABLE_FILES as FLAG_TABLES
 
 Mimic = Literal["sglang", "vllm"]
 MIMICS: tuple[Mimic, ...] = ("sglang", "vllm")
-
-FLAG_TABLES: dict[Mimic, str] = {"sglang": "sglang-0.5.23.json", "vllm": "vllm-0.33.0.json"}
-DATA_DIR = Path(__file__).resolve().parent.parent / "engines" / "data"
 PROG = "python -m k3deploy.sim serve"
 
 SERVE_DESCRIPTION = (

@@ -14,7 +14,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+
+from typing_extensions import Self
 
 from k3deploy.sim.rendezvous import free_port
 

@@ -24,7 +24,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Self
+
+from typing_extensions import Self
 
 from .hosts import HostRig, RigHost
 from .netns import RigError

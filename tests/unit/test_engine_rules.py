@@ -248,3 +248,11 @@ def test_empty_launcher_and_version_mismatch() -> None:
 def test_symm_mem_with_dcp_warns() -> None:
     plan = plan_of(doc_of("b200-2x8-sglang", **{"engine.args": {"--enable-symm-mem": True}}))
     assert issue(plan, "SGLANG_DCP_SYMM_MEM").severity == "warning"
+
+
+@FAST
+@pytest.mark.parametrize("kind,flag", [("sglang", "--model-path"), ("sglang", "--model"), ("vllm", "--model")])
+def test_the_model_flag_is_rendered_from_model_path(kind: str, flag: str) -> None:
+    doc = doc_of("h100-4x8-sglang", **{"engine.kind": kind, "engine.args": {flag: "/models/other"}})
+    i = issue(plan_of(doc), "ENGINE_ARG_MANAGED")
+    assert i.severity == "error" and i.path == f"engine.args.{flag}" and "model.path" in i.message

@@ -1,7 +1,6 @@
 """Executors: one public surface for every implementation; local process control; fan-out; targets."""
 from __future__ import annotations
 
-import inspect
 import signal
 import subprocess
 import sys
@@ -12,47 +11,15 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import CommandResult, ExecOverrides, ExecTarget, Executor, FanOut, targets_for
+from k3deploy.executors import ExecTarget, Executor, NodeFleet
+from k3deploy.executors.base import exit_record
+from k3deploy.executors.fleet import require_all
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.executors.posix import exit_record
-from k3deploy.executors.ray_exec import RayExecutor
 from k3deploy.executors.ssh import SshExecutor
 from k3deploy.executors.ssh_config import resolve, split_hop
+from k3deploy.launch.targets import ExecOverrides, targets_for
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import tagged_pids
-
-IMPLEMENTATIONS = [LocalExecutor, SshExecutor, RayExecutor]
-
-
-def _public(cls: type) -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(getattr(cls, name)) for name in dir(cls)
-            if not name.startswith("_") and callable(getattr(cls, name))}
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda c: c.__name__)
-def test_every_executor_has_exactly_the_protocol_surface(impl: type) -> None:
-    expected = _public(Executor)
-    actual = _public(impl)
-    assert sorted(actual) == sorted(expected)
-    for name, sig in expected.items():
-        assert str(actual[name]) == str(sig), f"{impl.__name__}.{name}{actual[name]} differs from {sig}"
-
-
-def test_run_always_returns_a_command_result() -> None:
-    ex = LocalExecutor()
-    for cmd in ("echo hi; echo err >&2; exit 3", ["sh", "-c", "echo hi; echo err >&2; exit 3"]):
-        res = ex.run(cmd)
-        assert isinstance(res, CommandResult)
-        assert (res.exit_code, res.stdout, res.stderr) == (3, "hi\n", "err\n")
-    assert ex.run(["echo", "a b", "$(id)"]).stdout == "a b $(id)\n"  # argv is quoted, never expanded
-
-
-def test_run_timeout_kills_the_command_and_names_the_host() -> None:
-    ex = LocalExecutor("nodeA")
-    t0 = time.monotonic()
-    with pytest.raises(ExecError, match=r"^nodeA: command timed out after 0.5 s"):
-        ex.run("sleep 30", timeout_s=0.5)
-    assert time.monotonic() - t0 < 5
 
 
 def test_detached_start_alive_signal_and_logs(tmp_path: Path) -> None:
@@ -87,20 +54,6 @@ def test_previous_log_is_kept_and_exit_status_recorded(tmp_path: Path) -> None:
     assert "one" in Path(log + ".1").read_text() and "two" in Path(log).read_text()
 
 
-def test_pid_reuse_guard(tmp_path: Path) -> None:
-    ex = LocalExecutor()
-    h = ex.start("sleep 30", str(tmp_path / "c.log"), tag="unit-exec.2.a")
-    try:
-        stale = h.model_copy(update={"start_ticks": (h.start_ticks or 0) - 1})
-        assert ex.alive(h) and not ex.alive(stale)  # same PID, other start time: not ours
-        other = h.model_copy(update={"tag": "someone-else"})
-        assert ex.signal(other, signal.SIGKILL) is False  # no member carries that tag: untouched
-        assert ex.alive(h)
-    finally:
-        ex.signal(h, signal.SIGKILL)
-    assert _wait(lambda: not ex.alive(h))
-
-
 def test_hostile_strings_are_data_not_code(tmp_path: Path) -> None:
     ex = LocalExecutor()
     marker = tmp_path / "pwned"
@@ -113,49 +66,31 @@ def test_hostile_strings_are_data_not_code(tmp_path: Path) -> None:
         ex.signal(h.model_copy(update={"tag": "x'; touch /tmp/y; '"}), 0)
 
 
-def test_follow_streams_until_the_process_ends(tmp_path: Path) -> None:
-    ex = LocalExecutor()
-    h = ex.start("for i in 1 2 3; do echo line$i; sleep 0.2; done", str(tmp_path / "f.log"), tag="unit-exec.4.a")
-    lines = list(ex.follow(h, tail_lines=10))
-    assert [x for x in lines if x.startswith("line")] == ["line1", "line2", "line3"]
+def test_fleet_map_is_concurrent_per_rank_and_keeps_errors_per_node() -> None:
+    made: list[str] = []
 
+    def factory(target: ExecTarget) -> Executor:
+        made.append(target.host)
+        return LocalExecutor(target.host)
 
-def test_follow_stops_on_request(tmp_path: Path) -> None:
-    ex = LocalExecutor()
-    h = ex.start("sleep 30", str(tmp_path / "g.log"), tag="unit-exec.5.a")
-    stop = threading.Event()
-    got: list[str] = []
-    t = threading.Thread(target=lambda: got.extend(ex.follow(h, 10, stop)))
-    t.start()
-    time.sleep(0.3)
-    stop.set()
-    t.join(5)
-    ex.signal(h, signal.SIGKILL)
-    assert not t.is_alive()
-
-
-def test_start_failure_is_an_exec_error_naming_the_host(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(ExecError, match="^nodeB: cannot create the log directory"):
-        LocalExecutor("nodeB").start("true", str(blocker / "sub" / "x.log"), tag="unit-exec.6.a")
-
-
-def test_fan_out_is_concurrent_ordered_and_keeps_errors_per_item() -> None:
-    def work(i: int) -> int:
+    def work(rank: int, ex: Executor) -> int:
         time.sleep(0.3)
-        if i == 3:
-            raise ExecError("boom", host=f"h{i}")
-        return i * 10
+        if rank == 3:
+            raise ExecError("boom", host=ex.host)
+        return rank * 10
 
-    with FanOut(8) as pool:
+    targets = {r: ExecTarget(kind="local", host=f"h{r}") for r in range(8)}
+    with NodeFleet(targets, factory) as fleet:
         t0 = time.monotonic()
-        outs = pool.map(work, list(range(8)))
+        outs = fleet.map(work)
         took = time.monotonic() - t0
-    assert took < 1.5  # serial would be 2.4 s
-    assert [o.item for o in outs] == list(range(8))
-    assert [o.value for o in outs if o.ok] == [0, 10, 20, 40, 50, 60, 70]
-    assert str(outs[3].error) == "h3: boom"
+        assert took < 1.5  # serial would be 2.4 s
+        assert sorted(outs) == list(range(8)) and made == [f"h{r}" for r in range(8)]
+        assert {r: o.value for r, o in outs.items() if o.ok} == {r: r * 10 for r in range(8) if r != 3}
+        assert outs[3].host == "h3" and str(outs[3].error) == "h3: boom"
+        with pytest.raises(ExecError, match=r"^h3: boom$"):
+            require_all(outs)
+        assert fleet.map(work, [1, 2]).keys() == {1, 2}
 
 
 def _topology(ssh_defaults: dict[str, object], nodes: list[dict[str, object]]) -> object:
@@ -310,3 +245,18 @@ def test_jump_connections_are_shared_counted_replaced_when_dead_and_closed_by_th
     for t in threads:
         t.join(10)
     assert pool.users("burst") == 8 and len(made) == 3  # eight nodes at once, one handshake
+
+
+def test_a_known_hosts_file_that_cannot_be_written_is_a_host_key_error_not_a_connection_retry(
+        tmp_path: Path) -> None:
+    import paramiko
+
+    from k3deploy.executors.hostkeys import AcceptNewPolicy, UnknownHostKey
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    policy = AcceptNewPolicy(str(blocker / "known_hosts"))  # its directory cannot be made
+    key = paramiko.RSAKey.generate(1024)
+    with pytest.raises(UnknownHostKey, match="cannot save the new host key of h9 to .*known_hosts") as info:
+        policy.missing_host_key(paramiko.SSHClient(), "h9", key)
+    assert "--known-hosts" in info.value.hint

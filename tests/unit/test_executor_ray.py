@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import ExecOverrides, ExecTarget, open_executor, ray_agent, targets_for
+from k3deploy.executors import ExecTarget, open_executor, ray_agent
+from k3deploy.executors.base import exit_record
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.executors.posix import exit_record
+from k3deploy.launch.procs import start_ticks
+from k3deploy.launch.targets import ExecOverrides, targets_for
+
+pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
 from k3deploy.executors.ray_exec import RayExecutor, watchdog
 from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
-from k3deploy.launch.procs import start_ticks
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
 
@@ -143,8 +146,8 @@ def test_agent_shell_runs_scripts_and_times_out() -> None:
     agent = ray_agent.NodeAgent()
     assert agent.run("echo out; echo err >&2; exit 3", 10) == (3, "out\n", "err\n")
     t0 = time.monotonic()
-    code, _, err = agent.run("sleep 30", 0.3)
-    assert code == 124 and "timed out after 0.3 s" in err and time.monotonic() - t0 < 5
+    code, _, _ = agent.run("sleep 30", 0.3)
+    assert code is None and time.monotonic() - t0 < 5  # the driver raises CommandTimeout for it
 
 
 def test_agent_log_stream_delivers_chunks_then_ends(tmp_path: Path) -> None:

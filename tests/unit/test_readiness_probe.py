@@ -1,11 +1,8 @@
-"""Readiness checked here or on rank 0 itself: the HTTP probe, its node-side script (python3, else curl),
-and the choice between them."""
+"""Readiness checked here or as rank 0 sees it (a forwarded port, or a request made on the node), the
+choice between them, and the log lines that end a launch at once."""
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.errors import LaunchError
+from k3deploy.executors.http import HttpFailure, NodeHttp, serving
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.launch import http_probe
-from k3deploy.launch.readiness import (
-    choose_probe_from,
-    fatal_line,
-    probe_script,
-    reachable_from_here,
-    serving_through,
-)
+from k3deploy.launch.readiness import choose_probe_from, fatal_line, reachable_from_here
 
 PATHS = ("/health", "/v1/models")
 
@@ -60,63 +50,33 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def _bin_dir(tmp_path: Path, *tools: str) -> str:
-    """A PATH with only these tools: a node without python3 (or without anything to probe with)."""
-    d = tmp_path / ("bin-" + "-".join(tools))
-    d.mkdir()
-    for tool in tools:
-        (d / tool).symlink_to(f"/usr/bin/{tool}" if os.path.exists(f"/usr/bin/{tool}") else f"/bin/{tool}")
-    return str(d)
+class _NoForwarding(LocalExecutor):
+    """A node whose executor cannot forward ports (as Ray): HTTP checks run on the node itself."""
+
+    def forward(self, remote_host: str, remote_port: int) -> None:  # type: ignore[override]
+        return None
 
 
-def test_probe_script_is_the_module_itself(server: tuple[str, type[_Handler]]) -> None:
+@pytest.mark.parametrize("via", [None, LocalExecutor("rank0-host"), _NoForwarding("rank0-host")],
+                         ids=["here", "forwarded", "on-node"])
+def test_serving_asked_here_through_a_forward_or_on_the_node(server: tuple[str, type[_Handler]],
+                                                             via: LocalExecutor | None) -> None:
     url, handler = server
-    run = subprocess.run([sys.executable, http_probe.__file__, url, "2", *PATHS], capture_output=True, text=True,
-                         timeout=30, check=False)
-    assert run.returncode == 0 and run.stdout == ""
-    handler.health = 503
-    run = subprocess.run([sys.executable, http_probe.__file__, url, "2", *PATHS], capture_output=True, text=True,
-                         timeout=30, check=False)
-    assert run.returncode == 1 and run.stdout.strip() == "/health: HTTP 503"
+    with NodeHttp(url, via=via) as http:
+        assert serving(http, PATHS) == (True, "")
+        assert http.route == ("here" if via is None else "forwarded" if type(via) is LocalExecutor else "on-node")
+        handler.health = 503
+        assert serving(http, PATHS) == (False, "/health: HTTP 503")
+    with NodeHttp(f"http://127.0.0.1:{_closed_port()}", via=via) as http:
+        ok, why = serving(http, PATHS)
+        assert not ok and why.startswith("/health: ")
 
 
-@pytest.mark.parametrize("tools", [("sh", "python3"), ("sh", "curl")])
-def test_node_script_with_python3_or_only_curl(server: tuple[str, type[_Handler]], tmp_path: Path,
-                                               tools: tuple[str, ...]) -> None:
-    url, handler = server
-    env = {"PATH": _bin_dir(tmp_path, *tools)}
-
-    def run(target: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["/bin/sh", "-c", probe_script(target, PATHS, 2.0)], capture_output=True, text=True,
-                              timeout=30, check=False, env=env)
-
-    ok = run(url)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    handler.health = 503
-    down = run(url)
-    assert down.returncode == 1 and down.stdout.strip() == "/health: HTTP 503"
-    refused = run(f"http://127.0.0.1:{_closed_port()}")
-    assert refused.returncode == 1 and refused.stdout.startswith("/health: ")
-
-
-def test_serving_through_an_executor_and_a_node_with_nothing_to_probe_with(
-        server: tuple[str, type[_Handler]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    url, handler = server
-    node = LocalExecutor("rank0-host")
-    assert serving_through(node, url, PATHS) == (True, "")
-    handler.health = 503
-    assert serving_through(node, url, PATHS) == (False, "/health: HTTP 503")
-    monkeypatch.setenv("PATH", _bin_dir(tmp_path, "sh"))  # no python3, no curl on this "node"
-    with pytest.raises(LaunchError, match="rank0-host: cannot check readiness on rank 0: neither python3 nor curl"):
-        serving_through(node, url, PATHS)
-
-
-def test_hostile_url_and_paths_are_arguments_not_code(tmp_path: Path) -> None:
+def test_a_node_request_takes_hostile_urls_and_bodies_as_data(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    script = probe_script(f"http://127.0.0.1:{_closed_port()}/$(touch {marker})", (f"/x;touch {marker}",), 1.0)
-    for tools in (("sh", "python3"), ("sh", "curl")):
-        subprocess.run(["/bin/sh", "-c", script], capture_output=True, timeout=30, check=False,
-                       env={"PATH": _bin_dir(tmp_path, *tools)})
+    with NodeHttp(f"http://127.0.0.1:{_closed_port()}", via=_NoForwarding("n")) as http, \
+            pytest.raises(HttpFailure, match="^n: "):
+        http.post(f"/$(touch {marker});touch {marker}", {"x": f"`touch {marker}`'\""})
     assert not marker.exists()
 
 

@@ -1,62 +1,21 @@
 """Every rendered flag and choice value exists in the pinned engine's flag table (engines/data/*.json).
 
-The checker here reads the JSON itself, independent of k3deploy.engines.flags, so a renderer bug and
-a table-loading bug cannot cancel out.
+The checker (tests/unit/engine_parser_check.py) reads the JSON itself, independent of
+k3deploy.engines.flag_tables, so a renderer bug and a table-loading bug cannot cancel out.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.spec import LaunchSpec
-from tests.unit.test_render_support import CASES, ROOT, plan_for
+from tests.unit.engine_parser_check import check, table
+from tests.unit.test_render_support import CASES, plan_for
 
 FAST = pytest.mark.timeout(60)
-TABLES = {"sglang": ROOT / "k3deploy/engines/data/sglang-0.5.23.json",
-          "vllm": ROOT / "k3deploy/engines/data/vllm-0.33.0.json"}
 PREFIXES = {("sglang", "serve"): "sglang", ("vllm", "serve"): "vllm"}
-
-
-def table(name: str) -> dict[str, Any]:
-    return json.loads(TABLES[name].read_text())
-
-
-def check(args: list[str], tab: dict[str, Any]) -> list[str]:
-    """Problems argparse (or vLLM's start-up registry check) would have with these flags."""
-    by_flag = {f: a for a in tab["arguments"] for f in a["flags"]}
-    registries = {k: v for k, v in tab.get("registries", {}).items() if isinstance(v, list)}
-    problems: list[str] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        i += 1
-        if not tok.startswith("-"):
-            problems.append(f"stray value {tok!r}")
-            continue
-        arg = by_flag.get(tok)
-        if arg is None:
-            problems.append(f"{tok} is not a flag of {tab['engine']}")
-            continue
-        if not arg["takes_value"]:
-            continue
-        nargs = arg.get("nargs")
-        values: list[str] = []
-        while i < len(args) and not args[i].startswith("--"):
-            values.append(args[i])
-            i += 1
-            if nargs not in ("+", "*"):
-                break
-        if not values and nargs not in ("?", "*"):
-            problems.append(f"{tok} is missing its value")
-        allowed = arg.get("choices") or registries.get(arg["dest"])
-        for v in values:
-            if allowed is not None and v not in allowed:
-                problems.append(f"{tok} {v}: not one of its choices")
-    return problems
 
 
 def engine_part(spec: LaunchSpec, model_path: str) -> tuple[str, list[str]]:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import copy
+import difflib
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from k3deploy.catalog.loader import load_catalog
@@ -15,6 +18,7 @@ from k3deploy.topology.loader import parse_topology
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 FORMATS = ("text", "json", "script", "slurm", "lws")
+UPDATE = os.environ.get("K3_UPDATE_GOLDEN") == "1"
 
 
 def doc_of(stem: str, **patch: Any) -> dict[str, Any]:
@@ -92,3 +96,17 @@ CASES: list[tuple[str, Path | dict[str, Any]]] = [(p.stem, p) for p in TOPOLOGIE
 def plan_for(source: Path | dict[str, Any]) -> Plan:
     """A feasible plan of a file or a variant dict."""
     return plan_file(source) if isinstance(source, Path) else plan_of(source)
+
+
+def compare_golden(golden: Path, got: str) -> None:
+    """got must equal the golden file; with K3_UPDATE_GOLDEN=1 it is written instead (review the diff)."""
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(got, encoding="utf-8")
+        return
+    assert golden.exists(), f"no golden file {golden}: run with K3_UPDATE_GOLDEN=1 and review it"
+    want = golden.read_text(encoding="utf-8")
+    if got != want:
+        lines = difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(golden), "rendered")
+        diff = "".join(lines)
+        pytest.fail(f"rendered output differs from {golden} (K3_UPDATE_GOLDEN=1 to accept):\n{diff}")

@@ -1,17 +1,17 @@
 """Look at a deployment: find its record, per-node status, and logs (live from the nodes or local copies)."""
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k3deploy.errors import LaunchError
-from k3deploy.executors.fanout import FanOut
-from k3deploy.launch.deploy import ExecutorFactory, close_gang, open_gang
+from k3deploy.errors import InputError
+from k3deploy.executors.factory import ExecutorFactory
+from k3deploy.executors.http import NodeHttp, serving
+from k3deploy.launch.deploy import open_gang
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.readiness import choose_probe_from, serving
+from k3deploy.launch.readiness import choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 
 
@@ -19,7 +19,6 @@ def locate(name_or_file: str, state_dir: str | None) -> tuple[StateStore, str]:
     """A topology file (its name and launch.state_dir) or a deployment name, and where its record is."""
     path = Path(name_or_file)
     if path.suffix in (".yaml", ".yml") or path.is_file():
-        from k3deploy.errors import InputError
         from k3deploy.topology.loader import TopologyError, load_topology
 
         try:
@@ -57,6 +56,7 @@ class StatusReport(BaseModel):
     executor: str
     url: str | None
     ready: bool | None  # rank 0 answers every readiness path
+    ready_detail: str = ""  # why not, when it does not
     probe_from: str = "here"  # where that was asked from: here, or on rank 0 itself (head)
     supervised: bool
     supervisor_pid: int | None
@@ -71,26 +71,25 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     dep = store.require(name)
     started = {n.rank: n for n in dep.nodes if n.handle is not None}
     live: dict[int, tuple[bool | None, str]] = {}
-    ready = None
+    ready, why = None, ""
     ask_http = bool(dep.url) and dep.status in ("ready", "restarting", "starting")
     probe_from = dep.probe_from
     if started and dep.status in ACTIVE:
         if ask_http and probe_from == "here":
-            # Launched where rank 0's ip is reachable; this machine may not be (asking on rank 0 always works).
+            # Launched where rank 0's ip is reachable; this machine may not be (asking via rank 0 always works).
             probe_from = choose_probe_from("auto", dep.url)
-        with FanOut(len(started)) as pool:
-            gang = open_gang(dep, pool, factory)
-            gang.probe_from = probe_from
-            try:
-                for p in gang.probe(with_logs=False):
-                    live[p.job.rank] = (p.alive, p.error)
-                if ask_http:
-                    with contextlib.suppress(LaunchError):  # nothing on rank 0 to probe with: unknown
-                        ready = gang.head_serving()[0]
-            finally:
-                close_gang(gang)
+        gang = open_gang(dep, factory)
+        gang.probe_from = probe_from
+        try:
+            for p in gang.probe(with_logs=False):
+                live[p.job.rank] = (p.alive, p.error)
+            if ask_http:
+                ready, why = gang.head_serving()
+        finally:
+            gang.close()
     elif ask_http and dep.url:
-        ready = serving(dep.url, dep.ready_paths)[0]
+        with NodeHttp(dep.url) as http:
+            ready, why = serving(http, dep.ready_paths)
     jobs = {j.rank: j for j in dep.jobs}
     nodes = []
     for n in dep.nodes:
@@ -104,7 +103,7 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
         and dep.status == "ready" else None
     return StatusReport(
         name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
-        url=dep.url, ready=ready, probe_from=probe_from, supervised=supervised,
+        url=dep.url, ready=ready, ready_detail=why, probe_from=probe_from, supervised=supervised,
         supervisor_pid=owner.pid if owner else None,
         uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
     )  # fmt: skip
@@ -125,8 +124,6 @@ def logs(store: StateStore, name: str, factory: ExecutorFactory, ranks: list[int
     dep = store.require(name)
     chosen = [j for j in dep.jobs if ranks is None or j.rank in ranks]
     if ranks is not None and len(chosen) != len(set(ranks)):
-        from k3deploy.errors import InputError
-
         raise InputError(f"no node rank {sorted(set(ranks) - {j.rank for j in chosen})} in {name} "
                          f"(ranks: {[j.rank for j in dep.jobs]})")
     # A deployment k3deploy stopped is not asked again: its logs are the local copies taken at stop.
@@ -145,11 +142,8 @@ def logs(store: StateStore, name: str, factory: ExecutorFactory, ranks: list[int
 
 
 def _remote_logs(dep: Deployment, chosen: list[NodeJob], factory: ExecutorFactory, lines: int) -> dict[int, str]:
-    ranks = {j.rank for j in chosen}
-    with FanOut(len(chosen)) as pool:
-        gang = open_gang(dep, pool, factory)
-        gang.handles = {r: h for r, h in gang.handles.items() if r in ranks}
-        try:
-            return gang.logs(lines)
-        finally:
-            close_gang(gang)
+    gang = open_gang(dep, factory, ranks=[j.rank for j in chosen])
+    try:
+        return gang.logs(lines)
+    finally:
+        gang.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from k3deploy.engines.flags import Flag, FlagTable
+from k3deploy.engines.flag_tables import Flag, FlagTable
 from k3deploy.topology.schema import ArgValue
 
 

@@ -1,4 +1,7 @@
-"""The pinned engines' flag tables (engines/data/*.json): which flags exist, their values and choices."""
+"""The pinned engines' flag tables (engines/data/*.json): flags, values, choices, launcher forms.
+
+Generated from the engines' real parsers by scripts/engine_flag_tables.py; never edit them by hand.
+"""
 from __future__ import annotations
 
 import functools
@@ -6,11 +9,13 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
+
+from k3deploy.engines.kinds import Family
 
 DATA_DIR = Path(__file__).parent / "data"
-TableName = Literal["sglang", "vllm"]
-_FILES: dict[TableName, str] = {"sglang": "sglang-0.5.23.json", "vllm": "vllm-0.33.0.json"}
+TableName = Family  # one table per CLI family: vLLM-Ascend keeps vLLM's, the stand-in copies one
+TABLE_FILES: dict[TableName, str] = {"sglang": "sglang-0.5.23.json", "vllm": "vllm-0.33.0.json"}
 # vLLM validates these names at start-up against its registries, not in argparse.
 _REGISTRY_DESTS = ("reasoning_parser", "tool_call_parser")
 _INT_TYPES = ("int",)
@@ -34,13 +39,41 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Positional:
+    """A positional argument a launcher form's parser takes; `first`: only as the first argument."""
+
+    dest: str
+    nargs: str
+    first: bool = False
+
+
+@dataclass(frozen=True)
+class Form:
+    """One way of starting the engine (`sglang serve`, `python -m sglang.launch_server`, ...)."""
+
+    name: str
+    script: str | None
+    modules: tuple[str, ...]
+    subcommand: tuple[str, ...]
+    model: str  # "positional", or the flag that carries the model path
+    positionals: tuple[Positional, ...]
+    required: tuple[str, ...]
+    headless: bool | None  # vLLM: whether this entry point honours --headless
+
+    def model_argv(self, path: str) -> tuple[str, ...]:
+        """The model path as this form takes it."""
+        return (path,) if self.model == "positional" else (self.model, path)
+
+
+@dataclass(frozen=True)
 class FlagTable:
-    """One engine version's argument parser, by spelling and by dest."""
+    """One engine version's argument parser, by spelling and by dest, and its launcher forms."""
 
     engine: str
     by_flag: dict[str, Flag]
     by_dest: dict[str, Flag]
     registries: dict[str, tuple[str, ...]]
+    forms: tuple[Form, ...] = ()
 
     def get(self, flag: str) -> Flag | None:
         """The argument a spelling belongs to (None: the engine has no such flag)."""
@@ -75,17 +108,18 @@ def _parses(kind: type, value: str) -> bool:
     return True
 
 
-def table_name(kind: str, mimic: str | None = None) -> TableName:
-    """Which flag table an engine kind renders for (vLLM-Ascend keeps vLLM's CLI; sim mimics one)."""
-    if kind == "sim":
-        return "vllm" if mimic == "vllm" else "sglang"
-    return "sglang" if kind == "sglang" else "vllm"
+def _form(raw: dict[str, Any]) -> Form:
+    return Form(name=raw["name"], script=raw.get("script"), modules=tuple(raw["modules"]),
+                subcommand=tuple(raw["subcommand"]), model=raw["model"],
+                positionals=tuple(Positional(p["dest"], p["nargs"], bool(p.get("first")))
+                                  for p in raw["positionals"]),
+                required=tuple(raw["required"]), headless=raw.get("headless"))
 
 
 @functools.lru_cache(maxsize=4)
 def flag_table(name: TableName) -> FlagTable:
     """Load one packaged flag table."""
-    raw = json.loads((DATA_DIR / _FILES[name]).read_text(encoding="utf-8"))
+    raw = json.loads((DATA_DIR / TABLE_FILES[name]).read_text(encoding="utf-8"))
     by_flag: dict[str, Flag] = {}
     by_dest: dict[str, Flag] = {}
     for a in raw["arguments"]:
@@ -98,4 +132,5 @@ def flag_table(name: TableName) -> FlagTable:
             by_flag[spelling] = f
     regs = raw.get("registries", {})
     registries = {d: tuple(regs[d]) for d in _REGISTRY_DESTS if isinstance(regs.get(d), list)}
-    return FlagTable(engine=raw["engine"], by_flag=by_flag, by_dest=by_dest, registries=registries)
+    return FlagTable(engine=raw["engine"], by_flag=by_flag, by_dest=by_dest, registries=registries,
+                     forms=tuple(_form(f) for f in raw.get("forms", ())))

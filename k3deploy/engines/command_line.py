@@ -1,7 +1,7 @@
 """One node's engine command line: the engine's flags, the user's engine.args over them, argv out."""
 from __future__ import annotations
 
-from k3deploy.engines.args import Opt, flatten, merge
+from k3deploy.engines.argv_opts import Opt, flatten, merge
 from k3deploy.engines.context import Inputs, Place
 from k3deploy.engines.sglang import sglang_opts
 from k3deploy.engines.vllm import vllm_opts
@@ -18,5 +18,7 @@ def node_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
 
 
 def engine_argv(inp: Inputs, place: Place) -> tuple[str, ...]:
-    """Executable (or engine.launcher), the model path, then every flag."""
-    return (*inp.executable(), inp.topology.model.path, *flatten(node_opts(inp, place)))
+    """The launcher, the model path as the launcher's form takes it, then every flag."""
+    launcher = inp.launcher
+    model = launcher.form.model_argv(inp.topology.model.path)
+    return (*launcher.prefix, *model, *flatten(node_opts(inp, place)))

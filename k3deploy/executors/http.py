@@ -1,0 +1,202 @@
+"""The one HTTP client of k3deploy (readiness, status, validate): GET, POST with JSON, and server-sent-event
+streams, to a URL as seen from here, or as seen from a node: through a port the node's executor forwards
+(SSH: direct-tcpip; local: the port itself), or, when it cannot forward (Ray), made on the node itself."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from typing_extensions import Self
+
+from k3deploy.errors import ExecError
+from k3deploy.executors import node_http
+from k3deploy.executors.base import Executor, Forward
+from k3deploy.executors.fleet import parse_probe_output, probe_source
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class HttpFailure(ExecError):
+    """No HTTP answer at all (refused, timed out, unreachable): exit 3."""
+
+
+@dataclass(frozen=True)
+class HttpReply:
+    """A whole answer."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx status."""
+        return 200 <= self.status < 300
+
+    @property
+    def text(self) -> str:
+        """The body as text."""
+        return self.body.decode(errors="replace")
+
+    def json(self) -> Any:
+        """The body as JSON (ValueError if it is not)."""
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One server-sent-event `data:` payload and when it arrived (seconds after the request was sent)."""
+
+    t_s: float
+    data: str
+
+
+class NodeHttp:
+    """Requests to one base URL (e.g. rank 0's http://IP:PORT); `via` None asks from here."""
+
+    def __init__(self, base_url: str, via: Executor | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.via = via
+        self.timeout_s = timeout_s
+        parts = urllib.parse.urlsplit(self.base_url)
+        if not parts.hostname:
+            raise ValueError(f"not an http URL: {base_url!r}")
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._forward: Forward | None = None
+        self._on_node = False
+        self._client: httpx.Client | None = None
+
+    @property
+    def route(self) -> str:
+        """here | forwarded | on-node (decided on first use)."""
+        self._open()
+        return "on-node" if self._on_node else "forwarded" if self._forward is not None else "here"
+
+    def _open(self) -> None:
+        if self._client is not None or self._on_node:
+            return
+        if self.via is not None:
+            self._forward = self.via.forward(self._host, self._port)
+            self._on_node = self._forward is None
+            if self._on_node:
+                return
+        # Engines' URLs are private addresses: never through a proxy from the environment.
+        self._client = httpx.Client(trust_env=False, timeout=self.timeout_s)
+
+    def _url(self, path: str) -> str:
+        if self._forward is not None:
+            return f"http://{self._forward.local_host}:{self._forward.local_port}{path}"
+        return self.base_url + path
+
+    def _where(self) -> str:
+        return self.via.host if self.via is not None else self._host
+
+    def request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> HttpReply:
+        """One request with an optional JSON body; HttpFailure when nothing answers."""
+        self._open()
+        timeout = timeout_s or self.timeout_s
+        if self._on_node:
+            return self._on_node_request(method, path, body, timeout)
+        assert self._client is not None
+        t0 = time.monotonic()
+        try:
+            resp = self._client.request(method, self._url(path), json=body, timeout=timeout,
+                                        headers={"host": f"{self._host}:{self._port}"})
+        except httpx.HTTPError as exc:
+            raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
+        return HttpReply(resp.status_code, resp.content, dict(resp.headers), time.monotonic() - t0)
+
+    def get(self, path: str, timeout_s: float | None = None) -> HttpReply:
+        """GET `path`."""
+        return self.request("GET", path, None, timeout_s)
+
+    def post(self, path: str, body: Any, timeout_s: float | None = None) -> HttpReply:
+        """POST a JSON body to `path`."""
+        return self.request("POST", path, body, timeout_s)
+
+    def stream(self, path: str, body: Any, timeout_s: float | None = None) -> Iterator[SseEvent]:
+        """POST a JSON body and yield each server-sent-event data payload as it arrives ('[DONE]' included);
+        made on the node, the events keep the node's arrival times but reach here when the stream ends."""
+        self._open()
+        timeout = timeout_s or self.timeout_s
+        if self._on_node:
+            events: list[SseEvent] = []
+            reply = self._on_node_request("POST", path, body, timeout, events)
+            if not reply.ok:
+                raise HttpFailure(f"POST {self.base_url}{path}: HTTP {reply.status}: {reply.text[:300]}",
+                                  host=self._where())
+            yield from events
+            return
+        assert self._client is not None
+        t0 = time.monotonic()
+        try:
+            with self._client.stream("POST", self._url(path), json=body, timeout=timeout) as resp:
+                if resp.status_code >= 300:
+                    resp.read()
+                    raise HttpFailure(f"POST {self.base_url}{path}: HTTP {resp.status_code}: {resp.text[:300]}",
+                                      host=self._where())
+                for line in resp.iter_lines():
+                    if line.startswith("data:"):
+                        yield SseEvent(time.monotonic() - t0, line[5:].lstrip())
+        except httpx.HTTPError as exc:
+            raise HttpFailure(f"POST {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
+
+    def _on_node_request(self, method: str, path: str, body: Any, timeout_s: float,
+                         events: list[SseEvent] | None = None) -> HttpReply:
+        assert self.via is not None
+        argv = ["python3", "-c", probe_source(node_http), method, self.base_url + path, f"{timeout_s:g}",
+                "-" if body is None else json.dumps(body), "stream" if events is not None else "plain"]
+        res = self.via.run(argv, timeout_s + 15.0)
+        out = parse_probe_output(res, self.via.host)
+        if events is not None:
+            for line in res.stdout.splitlines()[:-1]:
+                item = json.loads(line) if line.startswith("{") else {}
+                if "t" in item:
+                    events.append(SseEvent(float(item["t"]), str(item["data"])))
+        if "error" in out:
+            raise HttpFailure(f"{method} {self.base_url}{path} (asked on the node): {out['error']}",
+                              host=self.via.host)
+        return HttpReply(int(out["status"]), base64.b64decode(out["body_b64"]), out.get("headers", {}),
+                         float(out.get("elapsed_s", 0.0)))
+
+    def close(self) -> None:
+        """Close the client and any forwarded port."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._forward is not None:
+            self._forward.close()
+            self._forward = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serving(http: NodeHttp, paths: tuple[str, ...], timeout_s: float = 2.0) -> tuple[bool, str]:
+    """Every readiness path answers 2xx, checked in order (health before /v1/models); never raises."""
+    for path in paths or ("/health",):
+        try:
+            reply = http.get(path, timeout_s)
+        except ExecError as exc:
+            return False, f"{path}: {str(exc).split(': ', 1)[-1]}"
+        if not reply.ok:
+            return False, f"{path}: HTTP {reply.status}"
+    return True, ""
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect ({exc})"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,260 @@
+"""The executor contract as behaviour: the same test functions run against every executor.
+
+Test modules import these functions and provide a `node` fixture (a ContractNode): the local executor in
+tests/unit/test_executor_contract.py, SSH and Ray on the namespace rig in
+tests/integration/test_executor_contract.py. The contract itself is written down in k3deploy/executors/base.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from k3deploy.errors import CommandTimeout, ExecError
+from k3deploy.executors.base import CommandResult, Executor, exit_record
+from k3deploy.executors.fleet import NodeFleet, ProbeError
+from k3deploy.executors.http import NodeHttp
+from k3deploy.executors.target import ExecTarget
+from tests.polling import wait_for
+
+# A tiny HTTP server for the node side: GET echoes the path, POST streams server-sent events.
+HTTP_SERVER = r'''
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "served_by": sys.argv[3]}).encode()
+        self.send_response(200 if self.path != "/missing" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_POST(self):
+        n = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["n"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(n):
+            self.wfile.write(f"data: {json.dumps({'i': i})}\n\n".encode()); self.wfile.flush(); time.sleep(0.05)
+        self.wfile.write(b"data: [DONE]\n\n"); self.wfile.flush()
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
+'''
+
+PROBE = '''
+import json, os, sys
+for i in range(3):
+    print(json.dumps({"progress": i}), flush=True)
+print(json.dumps({"args": sys.argv[1:], "env": os.environ.get("K3_CONTRACT", "")}))
+'''
+
+
+@dataclass
+class ContractNode:
+    """One node of some executor kind, as the contract tests use it."""
+
+    kind: str
+    target: ExecTarget
+    scratch: Path  # a directory this machine and the node both see (the rig shares the filesystem)
+    serve_http: Callable[[str, int], Callable[[], None]]  # start HTTP_SERVER on the node at (ip, port); -> stop
+    node_ip: str  # an address of the node that this machine may not reach (the rig: private network)
+
+    def executor(self) -> Executor:
+        from k3deploy.executors.factory import open_executor
+
+        ex = open_executor(self.target)
+        ex.connect()
+        return ex
+
+    def tag(self) -> str:
+        return f"contract-{self.kind}.0.{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def opened(node: ContractNode) -> Iterator[Executor]:
+    ex = node.executor()
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
+def test_run_returns_exit_code_stdout_stderr(node: ContractNode) -> None:
+    with opened(node) as ex:
+        for cmd in ("echo hi; echo err >&2; exit 3", ["sh", "-c", "echo hi; echo err >&2; exit 3"]):
+            res = ex.run(cmd, 30)
+            assert isinstance(res, CommandResult)
+            assert (res.exit_code, res.stdout, res.stderr) == (3, "hi\n", "err\n")
+        assert ex.run(["echo", "a b", "$(id)"], 30).stdout == "a b $(id)\n"  # argv is quoted, never expanded
+
+
+def test_run_timeout_raises_the_same_error_everywhere_and_kills_the_command(node: ContractNode) -> None:
+    marker = node.scratch / f"survived-{node.kind}"
+    with opened(node) as ex:
+        with pytest.raises(CommandTimeout, match=rf"^{node.target.host}: command timed out after 1 s"):
+            ex.run(f"sleep 4; touch {marker}", timeout_s=1)
+        time.sleep(4.5)
+        assert not marker.exists()  # the whole command was killed, not just waited out
+        assert ex.run("echo still usable", 30).stdout == "still usable\n"
+
+
+def test_run_passes_environment_and_streams_lines(node: ContractNode) -> None:
+    seen: list[str] = []
+    with opened(node) as ex:
+        res = ex.run('echo "$A|$B"; echo second', 30, env={"A": "x y", "B": "$(id)'\""}, on_line=seen.append)
+        assert res.stdout == "x y|$(id)'\"\nsecond\n"
+        assert seen == ["x y|$(id)'\"", "second"]
+        with pytest.raises(ValueError):
+            ex.run("true", 30, env={"BAD NAME": "1"})
+
+
+def test_start_alive_signal_logs_follow(node: ContractNode) -> None:
+    log = str(node.scratch / "logs" / f"{node.kind}-a.log")
+    with opened(node) as ex:
+        h = ex.start("echo started; for i in 1 2 3; do echo line$i; sleep 0.2; done; sleep 30", log,
+                     workdir=str(node.scratch), tag=node.tag())
+        assert h.pid and h.log_path == log
+        assert ex.alive(h)
+        assert wait_for(lambda: "line3" in ex.read_log(h), 20)
+        stop = threading.Event()
+        got: list[str] = []
+        t = threading.Thread(target=lambda: got.extend(ex.follow(h, 10, stop)))
+        t.start()
+        assert wait_for(lambda: "line3" in got, 20)
+        stop.set()
+        t.join(10)
+        assert not t.is_alive()  # follow ends when asked
+        assert ex.signal(h, 0) is True
+        assert ex.signal(h, signal.SIGTERM) is True
+        assert wait_for(lambda: not ex.alive(h), 20)
+        assert wait_for(lambda: ex.signal(h, 0) is False, 20)  # nothing of the group is left
+        rec = exit_record(ex.read_log(h))
+        assert rec is not None and rec[0] == 143
+
+
+def test_follow_ends_with_the_process(node: ContractNode) -> None:
+    with opened(node) as ex:
+        h = ex.start("for i in 1 2 3; do echo line$i; sleep 0.2; done", str(node.scratch / f"{node.kind}-f.log"),
+                     tag=node.tag())
+        lines: list[str] = []
+        t = threading.Thread(target=lambda: lines.extend(ex.follow(h, tail_lines=10)))
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+        assert [x for x in lines if x.startswith("line")] == ["line1", "line2", "line3"]
+
+
+def test_pid_reuse_guard_and_foreign_tags(node: ContractNode) -> None:
+    with opened(node) as ex:
+        h = ex.start("sleep 30", str(node.scratch / f"{node.kind}-c.log"), tag=node.tag())
+        try:
+            stale = h.model_copy(update={"start_ticks": (h.start_ticks or 0) - 1})
+            assert ex.alive(h) and not ex.alive(stale)  # same PID, other start time: not ours
+            assert ex.signal(h.model_copy(update={"tag": "someone-else"}), signal.SIGKILL) is False
+            assert ex.alive(h)
+        finally:
+            ex.signal(h, signal.SIGKILL)
+        assert wait_for(lambda: not ex.alive(h), 20)
+
+
+def test_start_failure_is_an_exec_error_naming_the_host(node: ContractNode) -> None:
+    blocker = node.scratch / f"file-{node.kind}"
+    blocker.write_text("")
+    with opened(node) as ex, pytest.raises(ExecError, match=f"^{node.target.host}: cannot create the log directory"):
+        ex.start("true", str(blocker / "sub" / "x.log"), tag=node.tag())
+
+
+def test_put_and_get_copy_whole_files(node: ContractNode) -> None:
+    data = bytes(range(256)) * 4099  # binary, not a multiple of any buffer size
+    src, there, back = (node.scratch / f"{node.kind}-{n}" for n in ("src", "there", "back"))
+    src.write_bytes(data)
+    with opened(node) as ex:
+        ex.put(str(src), str(there))
+        assert ex.run(["wc", "-c", str(there)], 30).stdout.split()[0] == str(len(data))
+        ex.get(str(there), str(back))
+        assert back.read_bytes() == data
+        with pytest.raises(ExecError, match=node.target.host):
+            ex.get(str(node.scratch / "no-such-file"), str(back))
+
+
+def test_http_through_the_node_reaches_its_loopback(node: ContractNode, free_port: int) -> None:
+    """A server bound to the node's own 127.0.0.1: reachable only as the node sees it (SSH: a tunnel;
+    Ray: a request made on the node)."""
+    stop_server = node.serve_http("127.0.0.1", free_port)
+    try:
+        with opened(node) as ex, NodeHttp(f"http://127.0.0.1:{free_port}", via=ex) as http:
+            assert wait_for(lambda: _answers(http), 20)
+            reply = http.get("/hello?x=1")
+            assert reply.ok and reply.json() == {"path": "/hello?x=1", "served_by": node.target.host}
+            assert http.get("/missing").status == 404
+            events = list(http.stream("/v1/chat", {"n": 4}))
+            assert [e.data for e in events] == [json.dumps({"i": i}) for i in range(4)] + ["[DONE]"]
+            assert all(b.t_s >= a.t_s for a, b in itertools.pairwise(events))
+            assert events[-1].t_s - events[0].t_s >= 0.15  # paced on the node, timed where it was read
+    finally:
+        stop_server()
+
+
+def test_fleet_runs_a_stdlib_probe_by_source(node: ContractNode) -> None:
+    probe = node.scratch / "probe_mod.py"
+    probe.write_text(PROBE)
+    lines: list[tuple[int, str]] = []
+    with NodeFleet({0: node.target, 1: node.target}) as fleet:
+        out = fleet.run_probe(probe, ["a b"], args_for=lambda r: [f"rank{r}"], env={"K3_CONTRACT": "yes"},
+                              on_line=lambda rank, line: lines.append((rank, line)), timeout_s=60)
+        assert {r: o.value for r, o in out.items()} == {
+            r: {"args": ["a b", f"rank{r}"], "env": "yes"} for r in (0, 1)}
+        for rank in (0, 1):  # progress lines reached the sink, in order
+            assert [line for r, line in lines if r == rank and "progress" in line] == [
+                json.dumps({"progress": i}) for i in range(3)]
+        bad = node.scratch / "bad_probe.py"
+        bad.write_text("print('not json')\n")
+        failed = fleet.run_probe(bad, timeout_s=60)[0]
+        assert isinstance(failed.error, ProbeError) and node.target.host in str(failed.error)
+        timed = fleet.run_all("sleep 5", timeout_s=1)
+        assert all(isinstance(o.error, CommandTimeout) for o in timed.values())
+
+
+def _answers(http: NodeHttp) -> bool:
+    try:
+        return http.get("/up", 2).ok
+    except ExecError:
+        return False
+
+
+@pytest.fixture
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_server(ip: str, port: int, name: str, prefix: Sequence[str] = ()) -> Callable[[], None]:
+    """HTTP_SERVER started under `prefix` (e.g. nsenter into a rig host), in its own process group; the
+    returned callable kills the group."""
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", HTTP_SERVER, ip, str(port), name],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def stop() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    return stop

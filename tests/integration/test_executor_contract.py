@@ -1,0 +1,90 @@
+"""The executor contract (tests/executor_contract.py) against SSH and Ray on the namespace rig, and an
+HTTP request to rank 0 from the rig's login-node namespace, which cannot reach the private network."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3deploy.executors.target import ExecTarget
+from tests.executor_contract import *  # the shared behaviour tests
+from tests.executor_contract import ContractNode, http_server
+from tests.integration.sim_deployments import ROOT
+from tests.rig import HostRig
+from tests.rig.ray_cluster import RAY_ENV, RayRig
+
+pytestmark = pytest.mark.integration
+
+
+def _enter(rig: HostRig, host: str) -> list[str]:
+    return ["nsenter", "--target", str(rig.sshd_pid(host)), "--pid", "--mount", "--uts", "--net", "--"]
+
+
+@pytest.fixture(scope="module")
+def rig2() -> Iterator[HostRig]:
+    if os.geteuid() != 0:
+        pytest.skip("the multi-host rig needs root (network namespaces)")
+    with HostRig(2) as rig:
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def ray2(rig2: HostRig) -> Iterator[RayRig]:
+    os.environ.update(RAY_ENV)  # this process is a Ray driver
+    with RayRig(rig2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["ssh", "ray"])
+def node(request: pytest.FixtureRequest, rig2: HostRig, tmp_path: Path) -> ContractNode:
+    host = rig2.hosts[1]
+    if request.param == "ssh":
+        target = ExecTarget(kind="ssh", host=host.name, ssh_config=str(rig2.ssh_config_path),
+                            known_hosts=str(rig2.known_hosts_path))
+    else:
+        cluster: RayRig = request.getfixturevalue("ray2")
+        target = ExecTarget(kind="ray", host=host.name, node_ip=host.priv_ip, ray_address=cluster.address)
+    tmp_path.chmod(0o755)
+    return ContractNode(kind=request.param, target=target, scratch=tmp_path, node_ip=host.priv_ip,
+                        serve_http=lambda ip, port: http_server(ip, port, host.name, _enter(rig2, host.name)))
+
+
+@pytest.mark.timeout(120)
+def test_http_to_rank_0_from_a_login_node_goes_through_an_ssh_tunnel(rig2: HostRig, free_port: int) -> None:
+    """From the controller namespace (management network only) a server on h01's private address answers
+    through h01's sshd (direct-tcpip), and not directly."""
+    h01 = rig2.hosts[0]
+    stop = http_server(h01.priv_ip, free_port, h01.name, _enter(rig2, h01.name))
+    code = (
+        "import sys\n"
+        "from k3deploy.executors.http import NodeHttp\n"
+        "from k3deploy.executors.ssh import SshExecutor\n"
+        "from k3deploy.executors.target import ExecTarget\n"
+        "from tests.polling import wait_for\n"
+        "url, mgmt, cfg, kh, key = sys.argv[1:6]\n"
+        "ex = SshExecutor(ExecTarget(kind='ssh', host=mgmt, user='root', key=key, known_hosts=kh, ssh_config=cfg))\n"
+        "with NodeHttp(url, timeout_s=2) as direct:\n"
+        "    try:\n"
+        "        direct.get('/direct'); print('direct answered')\n"
+        "    except Exception as exc:\n"
+        "        print('direct failed:', type(exc).__name__)\n"
+        "with NodeHttp(url, via=ex) as http:\n"
+        "    assert wait_for(lambda: http.get('/up').ok, 20)\n"
+        "    print(http.route, http.get('/through').text)\n"
+        "ex.close()\n"
+    )
+    try:
+        run = subprocess.run(["ip", "netns", "exec", rig2.controller(), sys.executable, "-c", code,
+                              f"http://{h01.priv_ip}:{free_port}", h01.mgmt_ip, str(rig2.ssh_config_path),
+                              str(rig2.known_hosts_path), str(rig2.key_path)], capture_output=True, text=True, timeout=90, cwd=ROOT,
+                             check=False)
+    finally:
+        stop()
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "direct failed: HttpFailure", run.stdout
+    assert lines[1] == f'forwarded {{"path": "/through", "served_by": "{h01.name}"}}', run.stdout
