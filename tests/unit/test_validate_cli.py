@@ -82,3 +82,18 @@ def test_validate_and_manifest_do_not_import_torch_ray_or_the_hub(tmp_path: Path
     assert imported_by(["validate", "--help"], heavy) == []
     assert imported_by(["validate", str(local_topology(tmp_path, checkpoint))], heavy) == []
     assert imported_by(["manifest", "create", "--help"], heavy) == []
+
+
+def test_progress_lines_stream_back_through_the_fleet(tmp_path: Path, checkpoint: Path) -> None:
+    from k3deploy.validate.nodes import fleet_runner
+    from k3deploy.validate.run import resolve_target, validate
+    from k3deploy.validate.stage import ProgressEvent
+
+    events: list[ProgressEvent] = []
+    report = validate(resolve_target(str(local_topology(tmp_path, checkpoint))), fleet_runner,
+                      progress=events.append)
+    assert report.passed, report.stages[0].detail
+    assert {e.rank for e in events} == {0, 1}  # every node's probe reported progress before its result
+    size = sum(f.stat().st_size for f in checkpoint.iterdir() if f.name != "k3-manifest.json")
+    last = {e.rank: e for e in events}
+    assert all((e.done, e.total, e.host) == (size, size, "localhost") for e in last.values())
