@@ -150,3 +150,22 @@ def test_a_node_without_the_checkpoint_directory_fails_naming_the_path(tmp_path:
     status, problems = rows(report)[1]
     assert status == "fail" and problems == [f"{tmp_path / 'nowhere'}: no such directory"]
     assert rows(report)[0][0] == "pass"
+
+
+def test_a_deployment_name_resolves_to_its_topology_and_only_a_ready_one_counts(tmp_path: Path) -> None:
+    from k3deploy.errors import StateError
+    from k3deploy.launch.state import StateStore
+    from tests.unit.test_state import record
+
+    topo = topology_file(tmp_path, "named", 1, CKPT)
+    store = StateStore(tmp_path / "state")
+    store.save(record("named").model_copy(update={"file": str(topo), "status": "ready"}))
+    found = resolve_target("named", str(tmp_path / "state"))
+    assert found.file == topo and found.topology.name == "named"
+    assert found.deployment is not None and found.deployment.status == "ready"
+    assert resolve_target(str(topo)).deployment is not None  # the file finds its running deployment too
+    store.save(record("named").model_copy(update={"file": str(topo), "status": "stopped"}))
+    assert resolve_target("named", str(tmp_path / "state")).deployment is None
+    topo.unlink()
+    with pytest.raises(StateError, match="was launched from .*named.yaml, which is gone"):
+        resolve_target("named", str(tmp_path / "state"))
