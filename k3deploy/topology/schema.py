@@ -279,6 +279,10 @@ class ValidateSettings(Strict):
     min_throughput_tok_s: float = Field(0.0, ge=0, description="minimum aggregate output tokens/s")
     concurrency: int = Field(8, ge=1, description="concurrent requests in the throughput stage")
     request_timeout_s: float = Field(600.0, gt=0, description="per-request timeout")
+    manifest: str | None = Field(None, description="checkpoint manifest (`k3deploy manifest create/from-hub`) the "
+                                 "shards stage checks every node against; relative to the topology file")
+    shards_timeout_s: float | None = Field(None, gt=0, description="bound on the shards stage per node (default: "
+                                           "300 s + checkpoint bytes at 100 MB/s)")
 
 
 class Topology(Strict):
