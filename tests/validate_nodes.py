@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from k3deploy.errors import ExecError
+from k3deploy.executors.local import LocalExecutor
 from k3deploy.sim.checkpoint import write_checkpoint
 
 # Node -> (fault, revision): what tests seed, one fault per node; the rest are clean copies of tiny-r1.
@@ -56,7 +57,11 @@ class LocalNodes:
         self.calls: list[tuple[Sequence[str], float]] = []
         self.lines: list[tuple[int, str]] = []
 
-    def __call__(self, module: ModuleType, args: Sequence[str], *, timeout_s: float,
+    def executor(self, rank: int) -> LocalExecutor:
+        """Each rank is this machine."""
+        return LocalExecutor(f"node{rank}")
+
+    def run_probe(self, module: ModuleType, args: Sequence[str], *, timeout_s: float,
                  on_line: Callable[[int, str], None] | None = None) -> dict[int, LocalOutcome]:
         self.calls.append((args, timeout_s))
         source = Path(str(module.__file__)).read_text(encoding="utf-8")
@@ -89,7 +94,7 @@ class LocalNodes:
             out[rank] = LocalOutcome(json.loads(lines[-1]), None)
 
     def factory(self) -> Callable[[Any, Any], contextlib.AbstractContextManager[LocalNodes]]:
-        """A RunnerFactory yielding this runner."""
+        """A RunnerFactory yielding these nodes."""
         @contextlib.contextmanager
         def opened(topology: Any, deployment: Any) -> Iterator[LocalNodes]:
             yield self

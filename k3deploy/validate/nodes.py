@@ -1,4 +1,4 @@
-"""Every node of a topology as a ProbeRunner: NodeFleet.run_probe over the topology's executors."""
+"""Every node of a topology (or of its running deployment) as one NodeFleet."""
 from __future__ import annotations
 
 import contextlib
@@ -8,15 +8,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
-    from k3deploy.validate.stage import ProbeRunner
+    from k3deploy.validate.stage import Nodes
 
 
 @contextlib.contextmanager
-def fleet_runner(topology: Topology, deployment: Deployment | None) -> Iterator[ProbeRunner]:
-    """The fleet of the topology's nodes (its launch settings: ssh, ray or local), closed at the end; probes
-    run on every node at once and stream their progress lines back."""
+def fleet_runner(topology: Topology, deployment: Deployment | None) -> Iterator[Nodes]:
+    """The fleet of a running deployment's nodes as it was launched (its executor targets, jump hosts
+    included), else of the topology's nodes (its launch settings); closed at the end."""
     from k3deploy.executors.fleet import NodeFleet
     from k3deploy.launch.targets import targets_for
 
-    with NodeFleet(targets_for(topology)) as fleet:
-        yield fleet.run_probe
+    targets = {j.rank: j.target for j in deployment.jobs} if deployment is not None else targets_for(topology)
+    with NodeFleet(targets) as fleet:
+        yield fleet

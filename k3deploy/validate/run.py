@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from k3deploy.errors import InputError, StateError
 from k3deploy.validate.pipeline import Report, run_pipeline, select
-from k3deploy.validate.stage import NodeRef, ProbeRunner, ProgressEvent, StageResult, ValidateContext
+from k3deploy.validate.stage import NodeRef, Nodes, ProgressEvent, StageResult, ValidateContext
 from k3deploy.validate.stages import IMPLEMENTED
 
 if TYPE_CHECKING:
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
 
-# Opens "every node" for a topology (and its running deployment, if any) and yields the probe runner.
-RunnerFactory = Callable[["Topology", "Deployment | None"], AbstractContextManager[ProbeRunner]]
+# Opens "every node" for a topology (and its running deployment, if any): a NodeFleet.
+RunnerFactory = Callable[["Topology", "Deployment | None"], AbstractContextManager[Nodes]]
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
                          f"(known: {', '.join(sorted(catalog.models))})")
     nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
     with contextlib.ExitStack() as stack:
-        runner = stack.enter_context(runner_factory(topology, target.deployment))
+        fleet = stack.enter_context(runner_factory(topology, target.deployment))
         ctx = ValidateContext(name=topology.name, topology=topology, model=catalog.model(topology.model.id),
-                              nodes=nodes, run_probe=runner, manifest=manifest, deployment=target.deployment,
+                              nodes=nodes, fleet=fleet, manifest=manifest, deployment=target.deployment,
                               progress=progress)
         return run_pipeline(ctx, stages, fail_fast=fail_fast, not_implemented=missing, on_stage=on_stage)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import ModelSpec
     from k3deploy.checkpoint.manifest import Manifest
+    from k3deploy.executors.base import Executor
     from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
 
@@ -69,12 +70,19 @@ class ProbeOutcome(Protocol):
     def error(self) -> Exception | None: ...
 
 
-class ProbeRunner(Protocol):
-    """Ships a stdlib-only probe module by source to `python3 -c` on every node (NodeFleet.run_probe); each
-    node's value is the JSON of its last stdout line, earlier lines reach on_line(rank, line)."""
+class Nodes(Protocol):
+    """Every node of the deployment (a NodeFleet): probes shipped by source, and each node's executor (its
+    logs, a port forwarded from rank 0)."""
 
-    def __call__(self, module: ModuleType, args: Sequence[str], *, timeout_s: float,
-                 on_line: Callable[[int, str], None] | None = None) -> Mapping[int, ProbeOutcome]: ...
+    def run_probe(self, module: ModuleType, args: Sequence[str] = (), *, timeout_s: float = 60.0,
+                  on_line: Callable[[int, str], None] | None = None) -> Mapping[int, ProbeOutcome]:
+        """Ship a stdlib-only module by source to `python3 -c` on every node; each node's value is the JSON
+        of its last stdout line, earlier lines reach on_line(rank, line)."""
+        ...
+
+    def executor(self, rank: int) -> Executor:
+        """The executor of one node."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,15 @@ class ValidateContext:
     topology: Topology
     model: ModelSpec
     nodes: list[NodeRef]
-    run_probe: ProbeRunner
+    fleet: Nodes
     manifest: Manifest | None = None
     deployment: Deployment | None = None
     progress: Callable[[ProgressEvent], None] = field(default=lambda event: None)
+
+    @property
+    def run_probe(self) -> Callable[..., Mapping[int, ProbeOutcome]]:
+        """The fleet's probe runner."""
+        return self.fleet.run_probe
 
     def host(self, rank: int) -> str:
         """The host of a rank (the rank itself when the topology has no such node)."""

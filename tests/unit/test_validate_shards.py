@@ -133,7 +133,7 @@ def test_stages_needing_a_deployment_skip_and_fail_fast_stops_the_rest(tmp_path:
     target = resolve_target(str(topology_file(tmp_path, "t", 1, CKPT)))
     assert target.deployment is None  # nothing recorded for this topology
     ctx = ValidateContext(name="t", topology=target.topology, model=load_catalog().model("kimi-k3-tiny"),
-                          nodes=[NodeRef(0, "node0")], run_probe=LocalNodes({0: seeded[1]}, CKPT))
+                          nodes=[NodeRef(0, "node0")], fleet=LocalNodes({0: seeded[1]}, CKPT))
     skipped = run_pipeline(ctx, [NeedsDeployment()])
     assert skipped.stages[0].status == "skip" and "needs a running deployment" in skipped.stages[0].detail
     assert skipped.passed and skipped.exit_code == 0
