@@ -17,6 +17,8 @@ from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, node_ip
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
+pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
+
 VLLM_FULL = [
     "--max-model-len",
     "32768",
