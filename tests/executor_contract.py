@@ -2,7 +2,7 @@
 
 Test modules import these functions and provide a `node` fixture (a ContractNode): the local executor in
 tests/unit/test_executor_contract.py, SSH and Ray on the namespace rig in
-tests/integration/test_executor_contract.py. The contract itself is written down in k3deploy/executors/base.py.
+tests/integration/test_executor_contract_rig.py. The contract itself is written down in k3deploy/executors/base.py.
 """
 from __future__ import annotations
 
