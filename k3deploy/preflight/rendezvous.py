@@ -100,6 +100,20 @@ def diagnose(answer: dict[str, Any], head_addr: str) -> tuple[str, str]:
     return "the collective failed", "see the error"
 
 
+def _culprits(answers: Mapping[int, dict[str, Any]], nodes: Mapping[int, NodeInput]) -> dict[int, tuple[str, str]]:
+    """The ranks most likely at fault, with cause and fix: an interface variable that is not the node's
+    iface first (the others then fail or hang because of it), else ranks with an error of their own (the
+    ranks that merely timed out were waiting for them)."""
+    wrong = {r: a for r, a in answers.items() if not a["ok"] and
+             any(v != nodes[r].iface for v in a.get("ifname", {}).values())}
+    if wrong:
+        return {r: ((f"{', '.join(f'{k}={v}' for k, v in a['ifname'].items())} on a node whose private interface "
+                    f"is {nodes[r].iface}"), f"set the interface variables to {nodes[r].iface} (remove overrides)")
+                for r, a in wrong.items()}
+    own = {r: a for r, a in answers.items() if not a["ok"] and not a.get("timeout")}
+    return {r: diagnose(a, "") for r, a in own.items()} if len(own) < len(answers) else {}
+
+
 def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int, *, nbytes: int, timeout_s: float,
                      backends: str = "gloo", env_override: Mapping[int, Mapping[str, str]] | None = None,
                      ) -> tuple[tuple[Verdict, ...], dict[int, dict[str, Any]]]:
@@ -120,8 +134,7 @@ def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int
     outs = fleet.map(one, sorted(nodes))
     answers = {r: o.value for r, o in outs.items() if o.ok and isinstance(o.value, dict)}
     verdicts, measured = [], {}
-    # A rank with a specific error is the likely culprit; ranks that merely timed out waited for it.
-    specific = [r for r, a in sorted(answers.items()) if not a["ok"] and not a.get("timeout")]
+    culprits = _culprits(answers, nodes)
     for rank in sorted(nodes):
         o, host = outs[rank], nodes[rank].host
         if not o.ok:
@@ -135,12 +148,15 @@ def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int
                 f"all_reduce of {res['bytes'] / 2**20:.0f} MiB correct in {res['seconds'] * 1e3:.0f} ms, "
                 f"busbw {res['busbw_gbps']:.2f} GB/s")))
             continue
-        cause, fix = diagnose(a, addr)
-        ifn = ", ".join(f"{k}={v}" for k, v in a.get("ifname", {}).items())
-        detail = f"{a['error']} (stage {a['stage']}; {ifn or 'no interface variable'}): likely {cause}"
-        if a.get("timeout") and specific:
-            who = ", ".join(f"rank {r} ({nodes[r].host})" for r in specific)
-            detail = f"{a['error']} (stage {a['stage']}): waited for {who}, which failed first"
-            fix = f"fix {who}"
+        ifn = ", ".join(f"{k}={v}" for k, v in a.get("ifname", {}).items()) or "no interface variable"
+        if rank in culprits:
+            cause, fix = culprits[rank]
+            detail = f"{a['error']} (stage {a['stage']}; {ifn}): likely {cause}"
+        elif culprits:
+            who = ", ".join(f"rank {r} ({nodes[r].host})" for r in culprits)
+            detail, fix = f"{a['error']} (stage {a['stage']}): a peer failed first: {who}", f"fix {who}"
+        else:
+            cause, fix = diagnose(a, addr)
+            detail = f"{a['error']} (stage {a['stage']}; {ifn}): likely {cause}"
         verdicts.append(Verdict(rank=rank, host=host, status="fail", detail=detail, fix=fix))
     return tuple(verdicts), measured

@@ -72,11 +72,11 @@ class Report(BaseModel):
         return None
 
     def summary(self) -> str:
-        """One line per failed check and node: `check: rank R (host): detail; fix: ...`."""
+        """One line per failed check and node: `check: rank R (host): detail; fix` (fixes are imperatives)."""
         lines = []
         for c in self.checks:
             for v in c.failures():
-                fix = f"; fix: {v.fix}" if v.fix else ""
+                fix = f"; {v.fix}" if v.fix else ""
                 lines.append(f"{c.name}: rank {v.rank} ({v.host}): {v.detail}{fix}")
         return "\n".join(lines)
 
