@@ -97,7 +97,8 @@ def amd_smi(outputs: Sequence[str]) -> Inventory:
         drivers.add(str(drv.get("version", "")))
     procs: list[str] = []
     if len(outputs) > 1 and outputs[1].strip():
-        for g in _json(outputs[1], "amd-smi process") or []:  # type: ignore[union-attr]
+        listed = _json(outputs[1], "amd-smi process")
+        for g in listed if isinstance(listed, list) else []:
             for p in g.get("process_list", []) if isinstance(g, dict) else []:
                 info = p.get("process_info", p)
                 if isinstance(info, dict) and info.get("pid"):

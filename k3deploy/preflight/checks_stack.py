@@ -98,7 +98,28 @@ def expected_engine_version(ctx: Context) -> str | None:
     return getattr(spec, "version", None)
 
 
+def _image(ctx: Context) -> tuple[Verdict, ...]:
+    """Container engines: the image exists on every node with the same digest."""
+    image = ctx.plan.topology.engine.image
+    runs = {r: (f.get("tools", {}).get("docker") or [None])[0] for r, f in ctx.facts.items()}
+    digests = {r: run["out"].strip() for r, run in runs.items() if run and run["exit"] == 0}
+    judged = agree(digests, f"image {image} is")
+
+    def judge(rank: int, f: dict[str, Any]) -> Judged:
+        run = runs[rank]
+        if run is None:
+            return ("fail", "no docker on the node's PATH", "install docker (engine.image runs the engine in it)")
+        if run["exit"] != 0:
+            return ("fail", f"image {image} is not on the node: {run['err'].strip()[:200]}",
+                    f"docker pull {image} on every node before launch")
+        return judged[rank]
+
+    return per_node(ctx, judge)
+
+
 def _engine(ctx: Context) -> tuple[Verdict, ...]:
+    if ctx.plan.topology.engine.image:
+        return _image(ctx)
     answers = {r: engine_answer(f) for r, f in ctx.facts.items()}
     want = expected_engine_version(ctx)
     versions = agree({r: a.get("version") for r, a in answers.items() if isinstance(a, dict)}, "version", want)
@@ -137,7 +158,8 @@ STACK_CHECKS = (
           "model, memory in use, processes", _accelerators),
     Check("driver", "Driver", "driver and CUDA/ROCm/CANN versions equal on every node", _driver_versions),
     Check("engine", "Engine", "the engine's interpreter: engine version (= engine.version on every node), "
-          "its model registry knows the checkpoint's architecture", _engine),
+          "its model registry knows the checkpoint's architecture; with engine.image: the image digest "
+          "(docker image inspect) equal on every node", _engine),
     Check("ray", "Ray/Python", "Ray and Python versions of the engine's interpreter equal on every node (Ray only)",
           _ray_python),
 )

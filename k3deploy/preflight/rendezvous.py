@@ -38,37 +38,39 @@ def port_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int, rank
     dials = fleet.run_probe(PORT_PROBE, timeout_s=CONNECT_WAIT_S + 30, ranks=workers,
                             args_for=lambda r: ["connect", head_ip, str(port), str(r), str(CONNECT_WAIT_S)])
     thread.join(CONNECT_WAIT_S + 40)
-    out = []
     h = listen.get(head)
-    if h is None or not h.ok:
-        why = str(h.error) if h is not None else "no answer"
-        out.append(Verdict(rank=head, host=nodes[head].host, status="error", detail=f"not checked: {why}"))
-    elif not h.value["ok"]:
-        who = f", held by {h.value['holder']}" if h.value.get("holder") else ""
-        out.append(Verdict(rank=head, host=nodes[head].host, status="fail",
-                           detail=f"cannot listen on {addr}: {h.value['error']}{who}",
-                           fix=f"stop what holds port {port} on the head, or set launch.port to a free port"))
-    else:
-        out.append(Verdict(rank=head, host=nodes[head].host, status="pass", detail=f"listened on {addr}"))
-    heard = set(h.value.get("ranks", [])) if h is not None and h.ok and h.value["ok"] else set()
+    answer: dict[str, Any] = h.value if h is not None and h.ok and isinstance(h.value, dict) else {}
+    head_v = Verdict(rank=head, host=nodes[head].host, status="pass", detail=f"listened on {addr}")
+    if not answer:
+        head_v = Verdict(rank=head, host=nodes[head].host, status="error",
+                         detail=f"not checked: {h.error if h is not None else 'no answer'}")
+    elif not answer["ok"]:
+        who = f", held by {answer['holder']}" if answer.get("holder") else ""
+        head_v = Verdict(rank=head, host=nodes[head].host, status="fail",
+                         detail=f"cannot listen on {addr}: {answer['error']}{who}",
+                         fix=f"stop what holds port {port} on the head, or set launch.port to a free port")
+    out = [head_v]
+    heard = set(answer.get("ranks", [])) if answer.get("ok") else None
     for rank in workers:
         d, host = dials[rank], nodes[rank].host
-        if not d.ok:
+        dial: dict[str, Any] = d.value if d.ok and isinstance(d.value, dict) else {}
+        if not dial:
             out.append(Verdict(rank=rank, host=host, status="error", detail=f"not checked: {d.error}"))
-        elif not d.value["ok"]:
+        elif not dial["ok"]:
             out.append(Verdict(rank=rank, host=host, status="fail",
-                               detail=f"cannot connect to the head's {addr}: {d.value['error']}",
+                               detail=f"cannot connect to the head's {addr}: {dial['error']}",
                                fix=f"open TCP port {port} from this node to the head on the private network "
                                    f"(firewall, routes), or fix nodes[0].ip"))
-        elif heard or (h is not None and h.ok and h.value["ok"]):
-            ok = rank in heard
-            out.append(Verdict(rank=rank, host=host, status="pass" if ok else "fail",
-                               detail=f"connected to {addr} in {d.value['connect_s']:.2f} s" if ok else
-                               f"connected to {addr} but the head's listener never saw it (a proxy or NAT in between?)",
-                               fix="" if ok else "make the head's private ip reachable directly"))
-        else:
+        elif heard is None:
             out.append(Verdict(rank=rank, host=host, status="skip",
-                               detail=f"connected to {addr}, but not to our listener (the port is taken)"))
+                               detail=f"connected to {addr}, but not to our listener (see the head)"))
+        elif rank in heard:
+            out.append(Verdict(rank=rank, host=host, status="pass",
+                               detail=f"connected to {addr} in {dial['connect_s']:.2f} s"))
+        else:
+            out.append(Verdict(rank=rank, host=host, status="fail",
+                               detail=f"connected to {addr} but the head's listener never saw it (a proxy or NAT?)",
+                               fix="make the head's private ip reachable directly"))
     return tuple(sorted(out, key=lambda v: v.rank))
 
 

@@ -36,9 +36,10 @@ class CheckResult(BaseModel):
     def status(self) -> Status:
         """error beats fail beats pass beats skip."""
         found = {v.status for v in self.verdicts}
-        for s in ("error", "fail", "pass"):
+        order: tuple[Status, ...] = ("error", "fail", "pass")
+        for s in order:
             if s in found:
-                return s  # type: ignore[return-value]
+                return s
         return "skip"
 
     def failures(self) -> list[Verdict]:

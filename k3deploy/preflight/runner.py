@@ -32,6 +32,8 @@ def facts_spec(ctx: Context, node: NodeInput) -> dict[str, Any]:
     """What the facts probe asks this node."""
     t = ctx.plan.topology
     tools = {name: [list(q) for q in TOOL_QUERIES[name]] for name in TOOL_OF_VENDOR.get(ctx.vendor, ())}
+    if t.engine.image:  # the engine's version is the image's: compare what each node would run
+        tools["docker"] = [["docker", "image", "inspect", "--format", "{{.Id}}", t.engine.image]]
     query = None
     if node.engine_python is not None:
         mimic = getattr(t.engine, "mimic", "")

@@ -159,3 +159,19 @@ def test_preflight_and_launch_on_local_nodes(tmp_path: Path) -> None:
         assert cli("stop", "pf-local", "--state-dir", str(tmp_path / "state")).returncode == 0
     finally:
         assert kill_tagged("pf-local.") == []
+
+
+def test_container_engines_compare_image_digests(ctx: Context) -> None:
+    c = copy.copy(ctx)
+    engine = ctx.plan.topology.engine.model_copy(update={"image": "lmsys/sglang:k3"})
+    topology = ctx.plan.topology.model_copy(update={"engine": engine})
+    c.plan = ctx.plan._replace(topology=topology)
+    docker = {0: {"exit": 0, "out": "sha256:aaa\n", "err": ""}, 1: {"exit": 0, "out": "sha256:aaa\n", "err": ""},
+              2: {"exit": 0, "out": "sha256:bbb\n", "err": ""},
+              3: {"exit": 1, "out": "", "err": "Error: No such image: lmsys/sglang:k3"}}
+    c.facts = {r: facts(n.ip, tools={"docker": [docker[r]]}) for r, n in ctx.nodes.items()}
+    c.errors = {}
+    got = {v.rank: v for v in CHECKS["engine"].run(c).verdicts}
+    assert got[0].status == "pass" and got[1].status == "pass"
+    assert got[2].status == "fail" and "sha256:bbb; the other nodes have sha256:aaa" in got[2].detail
+    assert got[3].status == "fail" and "not on the node" in got[3].detail and "docker pull" in got[3].fix
