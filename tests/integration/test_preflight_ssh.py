@@ -55,8 +55,15 @@ def preflight(topo: Path, capsys: pytest.CaptureFixture[str], what: str) -> tupl
     assert run.stdout.strip(), run.stderr
     report = json.loads(run.stdout)
     with capsys.disabled():
-        print(f"\npreflight, {what}: exit {run.returncode} in {took:.1f} s (report {report['elapsed_s']:.1f} s)")
+        print(f"\npreflight, {what}: exit {run.returncode} in {took:.1f} s ({stages(report)})")
     return run.returncode, report
+
+
+def stages(report: dict[str, Any]) -> str:
+    """The report's own time and its two slow stages."""
+    took = {c["name"]: c["elapsed_s"] for c in report["checks"]}
+    return (f"report {report['elapsed_s']:.1f} s: port {took['port']:.1f} s, rendezvous {took['rendezvous']:.1f} s, "
+            f"facts and the rest {report['elapsed_s'] - took['port'] - took['rendezvous']:.1f} s")
 
 
 def failed(report: dict[str, Any], check: str) -> list[dict[str, Any]]:
