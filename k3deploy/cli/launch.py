@@ -56,10 +56,13 @@ def launch(
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
 ) -> None:
-    """Start rank 0, then every worker; wait until rank 0 serves; leave a supervisor watching all nodes.
+    """Run preflight; start rank 0, then every worker; wait until rank 0 serves; leave a supervisor
+    watching all nodes.
 
-    Any node exiting, the readiness deadline or Ctrl-C stops every node and names the one that failed
-    first (exit 4; 3 when a host cannot be reached; 5 when the deployment already runs)."""
+    A failed preflight check starts nothing (exit 4, naming the check, node and fix; --skip-preflight
+    starts anyway and records it). Any node exiting, the readiness deadline or Ctrl-C stops every node and
+    names the one that failed first (exit 4; 3 when a host cannot be reached; 5 when the deployment already
+    runs)."""
     plan, jobs, cat = prepare(file, catalog, exec_options(locals()))
     if dry_run:
         _print_dry_run(jobs, as_json)
