@@ -42,6 +42,7 @@ def facts(ip: str, **changes: Any) -> dict[str, Any]:
         "shm": {"total": 2**34, "free": 2**34}, "tools": {},
         "engine": {"exit": 0, "out": json.dumps(ENGINE_OK), "err": ""},
     }
+    f["time"] += changes.pop("time_offset_s", 0.0)
     for path, value in changes.items():
         *parents, last = path.split("__")
         target = f
@@ -58,16 +59,15 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Context:
     cat = catalog_for(None)
     plan = require_feasible(topo, cat)
     jobs = jobs_for(plan, None, cat)
-    c = Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs, cat), executor="local")
-    now = time.time()
-    c.clock = {r: (now - 0.05, now + 0.05) for r in c.nodes}
-    return c
+    return Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs, cat), executor="local")
 
 
 def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str, str, str]]:
     """Rank 2 with `odd` facts, the others healthy: rank -> (status, detail, fix)."""
     c = copy.copy(ctx)
-    c.facts = {r: facts(n.ip, **(odd if r == 2 else {})) for r, n in ctx.nodes.items()}
+    now = time.time()
+    c.clock = {r: (now - 0.05, now + 0.05) for r in ctx.nodes}
+    c.facts = {r: facts(n.ip, **(dict(odd) if r == 2 else {})) for r, n in ctx.nodes.items()}
     c.errors = {}
     if check == "hostname":  # a loopback hostname is only wrong where the node's ip is not loopback itself
         c.nodes = {**ctx.nodes, 2: dataclasses.replace(ctx.nodes[2], ip="10.0.0.3")}
@@ -80,7 +80,7 @@ def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str,
     ("iface", {"iface": {"present": False, "all": ["eth0", "lo"]}}, "has no interface lo (it has: eth0, lo)",
      "nodes[].iface"),
     ("mtu", {"iface__mtu": "1500"}, "MTU 1500; the other nodes have 65536", "mtu"),
-    ("clock", {"time": time.time() + 30}, "ahead of this machine", "chrony"),
+    ("clock", {"time_offset_s": 30.0}, "30.0 s ahead of this machine", "chrony"),
     ("checkpoint", {"checkpoint__revision": ["fff000"]}, "revision fff000 but model.revision pins abc123",
      "--revision abc123"),
     ("checkpoint", {"checkpoint__missing_shards": ["model-00002-of-00004.safetensors"]}, "1 shard(s) listed",
@@ -103,6 +103,7 @@ def test_one_odd_node_fails_alone_with_a_fix(ctx: Context, check: str, odd: dict
 def test_healthy_facts_pass_and_unreachable_nodes_are_errors(ctx: Context) -> None:
     c = copy.copy(ctx)
     c.facts = {r: facts(n.ip) for r, n in ctx.nodes.items() if r != 1}
+    c.clock = {r: (time.time() - 0.05, time.time() + 0.05) for r in c.facts}
     c.errors = {1: "cannot connect to root@n2:22 after 3 attempts"}
     for check in CHECKS.values():
         verdicts = {v.rank: v for v in check.run(c).verdicts}
