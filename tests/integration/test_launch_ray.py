@@ -103,7 +103,8 @@ def deployments(rig4: HostRig, ray4: RayRig, checkpoint: Path, tmp_path: Path) -
     assert problems == [], problems
 
 
-@pytest.mark.timeout(150)
+# The bound covers the module's Ray cluster start (this test sets it up) and launch's preflight.
+@pytest.mark.timeout(240)
 def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments, rig4: HostRig, ray4: RayRig,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     topo = deployments.topology("ray-e2e", launch={"executor": "ssh", "ray_address": "10.0.0.1:1"})
