@@ -8,7 +8,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import LaunchError, StateError
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
@@ -20,6 +23,9 @@ from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
+
+if TYPE_CHECKING:
+    from k3deploy.preflight.report import Report
 
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
@@ -64,13 +70,15 @@ def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHa
 
 
 def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: threading.Event | None = None,
-             *, last_try: bool = True) -> Deployment:
-    """Connect, start (head first), wait for readiness; on any failure or interrupt stop every node that
-    was started, record the cause and re-raise. After the last try the owner lets go in the same write."""
+             *, last_try: bool = True, before_start: Callable[[Gang], None] | None = None) -> Deployment:
+    """Connect, run `before_start` (launch's preflight), start (head first), wait for readiness; on any
+    failure or interrupt stop every node that was started, record the cause and re-raise. After the last try
+    the owner lets go in the same write."""
     name = gang.name
     try:
         gang.connect()
-        gang.check_nodes()
+        if before_start is not None:
+            before_start(gang)
         gang.start(new_run_id(), on_started=record_started(store, name))
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:
@@ -136,9 +144,10 @@ def save_local_logs(gang: Gang, store: StateStore) -> None:
 
 
 def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: ExecutorFactory = open_executor,
-           on_event: EventSink = ignore, background: bool = True) -> Deployment:
-    """Bring the deployment up and hand it to a supervisor (background), or return with this process as
-    its owner (the caller supervises in the foreground)."""
+           on_event: EventSink = ignore, background: bool = True, preflight_catalog: Catalog | None = None,
+           skip_preflight: bool = False) -> Deployment:
+    """Preflight (unless skipped), bring the deployment up and hand it to a supervisor (background), or
+    return with this process as its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
     fleet = fleet_of(jobs, factory)  # an executor kind that cannot work here fails before any record
     head = min(jobs, key=lambda j: j.rank)
@@ -150,8 +159,10 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             if old is not None and old.status in ACTIVE:
                 raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
                                  hint=f"stop it first: k3deploy stop {name}")
-            store.save(new_record(plan, jobs, Identity.me("launch"), probe_from))
-        bring_up(gang, store, plan.topology.launch.ready_timeout_s)
+            record = new_record(plan, jobs, Identity.me("launch"), probe_from)
+            store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
+        gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
+        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate)
     finally:
         gang.close()
     if not background:
@@ -175,6 +186,32 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     finally:
         gang.close()
     raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
+
+
+class PreflightFailed(GroupFailed):
+    """Launch refused to start: a preflight check failed (exit 4, nothing was started)."""
+
+    def __init__(self, report: Report) -> None:
+        found = report.first_failure()
+        assert found is not None
+        check, v = found
+        super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
+        self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
+        self.hint = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
+
+
+def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
+    """The preflight launch runs on the connected gang's fleet before anything starts; records the verdict."""
+    def gate(gang: Gang) -> None:
+        from k3deploy.preflight.runner import run_preflight
+
+        report = run_preflight(plan, catalog, jobs, gang.fleet)
+        verdict: Literal["passed", "failed"] = "failed" if report.exit_code else "passed"
+        store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
+        if report.exit_code:
+            raise PreflightFailed(report)
+
+    return gate
 
 
 def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:

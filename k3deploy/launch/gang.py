@@ -17,14 +17,12 @@ from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.nodecheck import check_script, verdict
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
 
 POLL_S = 0.5
 LOG_TAIL_LINES = 40
 STOP_POLL_S = 0.2
-CHECK_TIMEOUT_S = 20.0
 
 
 class GroupFailed(LaunchError):
@@ -90,23 +88,6 @@ class Gang:
             o = outcomes[job.rank]
             self._event(job, "connected") if o.ok else self._event(job, "unreachable", str(o.error))
         require_all(outcomes)
-
-    def check_nodes(self) -> None:
-        """Each node has its `iface` with its `ip` on it (one command round); GroupFailed naming the first
-        node (rank order) that does not, before anything is started."""
-        jobs = {j.rank: j for j in self.jobs if j.iface}
-
-        def one(rank: int, ex: Executor) -> str | None:
-            job = jobs[rank]
-            out = ex.run(check_script(job.iface), timeout_s=CHECK_TIMEOUT_S)
-            return verdict(job.iface, job.ip, out.stdout) if out.exit_code == 0 else None
-
-        for rank, o in sorted(self.fleet.map(one, jobs).items()):
-            if o.error is not None:
-                raise o.error
-            if o.value:
-                self._event(jobs[rank], "failed", o.value)
-                raise GroupFailed(Failure(rank=rank, host=o.host, cause=o.value))
 
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
