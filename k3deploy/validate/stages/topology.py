@@ -53,7 +53,7 @@ def _fmt(ranks: Ranks) -> str:
     return "DP{} PP{} TP{} EP{}".format(*ranks)
 
 
-def reported_sglang(ctx: ValidateContext, shape: Shape) -> tuple[dict[str, int], str]:
+def reported_sglang(ctx: ValidateContext) -> tuple[dict[str, int], str]:
     """SGLang's resolved arguments from rank 0's /server_info."""
     with reach.rank0_http(ctx) as http:
         reply = http.get("/server_info")
@@ -125,7 +125,7 @@ class TopologyStage:
         experts = ctx.model.architecture.num_experts
         logs = reach.node_logs(ctx)
         if family == "sglang":
-            got, evidence = reported_sglang(ctx, shape)
+            got, evidence = reported_sglang(ctx)
             if got.get("ep"):
                 got["experts_per_rank"] = experts // got["ep"]
         else:
