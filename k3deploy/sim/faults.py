@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 
 FAULT_ENV = "K3SIM_FAULT"
 FAULT_RANK_ENV = "K3SIM_FAULT_RANK"
-FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel", "oom")
+FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel", "oom",
+          # The engine runs a different expert-parallel size than it was given (and says so).
+          "wrong_topology",
+          # The parser flag was passed, yet the engine answers as if it had no such parser.
+          "no_reasoning_parser", "no_tool_parser")
 # Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
 HANG_DEFAULT_S = 3600.0
 SLOW_LOAD_DEFAULT_S = 10.0

@@ -89,5 +89,5 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
         fleet = stack.enter_context(runner_factory(topology, target.deployment))
         ctx = ValidateContext(name=topology.name, topology=topology, model=catalog.model(topology.model.id),
                               nodes=nodes, fleet=fleet, manifest=manifest, deployment=target.deployment,
-                              progress=progress)
+                              catalog=catalog, progress=progress)
         return run_pipeline(ctx, stages, fail_fast=fail_fast, not_implemented=missing, on_stage=on_stage)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from k3deploy.catalog.specs import ModelSpec
+    from k3deploy.catalog.specs import Catalog, ModelSpec
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.executors.base import Executor
     from k3deploy.launch.state import Deployment
@@ -104,6 +104,7 @@ class ValidateContext:
     fleet: Nodes
     manifest: Manifest | None = None
     deployment: Deployment | None = None
+    catalog: Catalog | None = None  # the catalog the topology was checked against (None: the packaged one)
     progress: Callable[[ProgressEvent], None] = field(default=lambda event: None)
 
     @property

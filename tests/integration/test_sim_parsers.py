@@ -142,7 +142,7 @@ def test_vllm_data_parallel_nodes_rendezvous(nodes: Nodes) -> None:
             rf"rank={rank} local_rank=0 distributed_init_method=tcp://127\.0\.0\.1:\d+ backend=gloo",
             log,
         )
-        assert "Using 'flashinfer_trtllm' Mxfp4 MoE backend." in log
+        assert "Using 'FLASHINFER_TRTLLM_MXFP4_BF16' Mxfp4 MoE backend." in log
         assert re.search(
             r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 32,768 tokens per request: ", log
         )
