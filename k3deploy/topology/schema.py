@@ -295,7 +295,8 @@ class ValidateSettings(Strict):
     concurrency: int = Field(8, ge=1, description="concurrent requests in the effort stage")
     effort_requests: int | None = Field(None, ge=1, description="requests per effort workload (default: 2 x "
                                         "concurrency)")
-    effort_prompt_tokens: int = Field(1024, ge=16, description="approximate prompt tokens of each effort request")
+    effort_prompt_tokens: int = Field(1024, ge=16, description="approximate prompt tokens of each effort request "
+                                      "(at least 2 x cache_block_tokens, so that the shared prefix can hit)")
     effort_max_tokens: int = Field(2048, ge=1, description="max_tokens of each effort request (bounds the run)")
     effort_via: Literal["auto", "reasoning_effort", "chat_template_kwargs"] = Field(
         "auto", description="how requests ask for serving.reasoning_effort: top-level reasoning_effort, "

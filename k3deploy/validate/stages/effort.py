@@ -21,7 +21,8 @@ WHERE = {"here": "from here", "forwarded": "from here through rank 0's tunnel",
 def _bodies(chat: Chat, ctx: ValidateContext, shared: bool) -> list[dict[str, Any]]:
     settings = ctx.topology.validate_
     count = settings.effort_requests or 2 * settings.concurrency
-    sentences = max(settings.effort_prompt_tokens // TOKENS_PER_SENTENCE, 1)
+    # At least two hash blocks: a shorter shared prefix could never hit on a hybrid model.
+    sentences = max(settings.effort_prompt_tokens, 2 * settings.cache_block_tokens) // TOKENS_PER_SENTENCE
     run = uuid.uuid4().hex[:12]
     effort = effort_fields(ctx.topology.serving.reasoning_effort, effort_via(ctx))
     bodies = []
