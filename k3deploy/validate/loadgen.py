@@ -31,22 +31,39 @@ class LoadRun:
     duration_s: float
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> StreamRecord:
+Raw = tuple[list[tuple[float, bytes]], "str | None"]
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> Raw:
+    """Stream one request, keeping each `data:` line with its arrival time (parsed after the run, so that
+    parsing never delays reading the next chunk)."""
     import httpx
 
-    rec = StreamRecord()
+    events: list[tuple[float, bytes]] = []
     t0 = time.monotonic()
     try:
         async with client.stream("POST", url, json=body, timeout=timeout_s) as resp:
             if resp.status_code >= 300:
                 await resp.aread()
-                rec.error = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                return rec
-            async for line in resp.aiter_lines():
-                if line.startswith("data:"):
-                    add_event(rec, time.monotonic() - t0, line[5:].lstrip())
+                return events, f"HTTP {resp.status_code}: {resp.text[:200]}"
+            rest = b""
+            # Raw bytes split here (httpx's line decoder costs more than the chunk); every line of a read
+            # arrived at that read's time.
+            async for piece in resp.aiter_bytes():
+                *lines, rest = (rest + piece).split(b"\n")
+                now = time.monotonic() - t0
+                events += [(now, line) for line in lines if line.startswith(b"data:")]
     except httpx.HTTPError as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"[:300]
+        return events, f"{type(exc).__name__}: {exc}"[:300]
+    return events, None
+
+
+def _record(raw: Raw) -> StreamRecord:
+    events, error = raw
+    rec = StreamRecord()
+    for t_s, line in events:
+        add_event(rec, t_s, line[5:].strip().decode())
+    rec.error = error or rec.error
     if rec.error is None and rec.usage is None:
         rec.error = "the stream ended without a usage block"
     return rec
@@ -59,13 +76,14 @@ async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, tim
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     # Engines' URLs are private addresses: never through a proxy from the environment.
     async with httpx.AsyncClient(trust_env=False, limits=limits, timeout=timeout_s) as client:
-        async def gated(body: dict[str, Any]) -> StreamRecord:
+        async def gated(body: dict[str, Any]) -> Raw:
             async with gate:
                 return await _one(client, url, body, timeout_s)
 
         t0 = time.monotonic()
-        records = await asyncio.gather(*(gated(b) for b in bodies))
-        return LoadRun(list(records), time.monotonic() - t0)
+        raw = await asyncio.gather(*(gated(b) for b in bodies))
+        duration = time.monotonic() - t0
+    return LoadRun([_record(r) for r in raw], duration)
 
 
 def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> LoadRun:

@@ -12,15 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-REASONING_KEYS = ("reasoning_content", "reasoning")
-
 
 @dataclass
 class StreamRecord:
     """Everything one streamed request produced (times in seconds after it was sent)."""
 
-    content: str = ""
-    reasoning: str = ""
+    content_parts: list[str] = field(default_factory=list)
+    reasoning_parts: list[str] = field(default_factory=list)
     deltas: list[str] = field(default_factory=list)  # every text delta in order: the tokens, as text
     token_times_s: list[float] = field(default_factory=list)  # arrival of each chunk that carried text
     first_answer_s: float | None = None  # first content (not reasoning) token
@@ -28,6 +26,16 @@ class StreamRecord:
     usage: dict[str, Any] | None = None
     error: str | None = None
     latency_s: float = 0.0
+
+    @property
+    def content(self) -> str:
+        """The answer text."""
+        return "".join(self.content_parts)
+
+    @property
+    def reasoning(self) -> str:
+        """The split-off reasoning text."""
+        return "".join(self.reasoning_parts)
 
     @property
     def ttft_s(self) -> float | None:
@@ -70,35 +78,37 @@ def _int(obj: Any, key: str) -> int | None:
 
 
 def add_event(rec: StreamRecord, t_s: float, data: str) -> None:
-    """Fold one SSE `data:` payload into the record."""
+    """Fold one SSE `data:` payload into the record (called per token: kept lean)."""
     rec.latency_s = t_s
-    if data.strip() == "[DONE]":
+    if data == "[DONE]":
         return
     try:
         chunk = json.loads(data)
     except ValueError:
         rec.error = f"not JSON in the stream: {data[:120]!r}"
         return
-    if isinstance(chunk.get("usage"), dict):
-        rec.usage = chunk["usage"]  # vLLM's continuous usage repeats it: the last one (the full block) counts
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        rec.usage = usage  # vLLM's continuous usage repeats it: the last one (the full block) counts
     if "error" in chunk or chunk.get("object") == "error":
         err = chunk.get("error", chunk)
         rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
         return
     for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        text = delta.get("content")
-        thought = next((delta[k] for k in REASONING_KEYS if delta.get(k)), None)
-        if thought:
-            rec.reasoning += thought
-            rec.deltas.append(thought)
-            rec.token_times_s.append(t_s)
-        if text:
-            rec.content += text
-            rec.deltas.append(text)
-            rec.token_times_s.append(t_s)
-            if rec.first_answer_s is None:
-                rec.first_answer_s = t_s
+        delta = choice.get("delta")
+        if delta:
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                rec.reasoning_parts.append(thought)
+                rec.deltas.append(thought)
+                rec.token_times_s.append(t_s)
+            text = delta.get("content")
+            if text:
+                rec.content_parts.append(text)
+                rec.deltas.append(text)
+                rec.token_times_s.append(t_s)
+                if rec.first_answer_s is None:
+                    rec.first_answer_s = t_s
         if choice.get("finish_reason"):
             rec.finish_reason = choice["finish_reason"]
 
