@@ -129,3 +129,12 @@ def test_vllm_dialect_short_context_and_effort_through_the_chat_template(tmp_pat
     assert "rank 0 serves max_model_len 2,600 < serving.context_length 8,192" in long
     assert "hit and cold answers equal token for token" in stage(report, "prefix-cache")["detail"]
     assert stage(report, "effort")["results"]["effort_via"] == "chat_template_kwargs"
+
+
+def test_the_predicted_hit_is_turn_ones_messages_rounded_down_to_a_block() -> None:
+    from k3deploy.planning.prefix_hits import predicted_hit_tokens
+
+    # kimi-k3.md's worked example: 2,800 tokens matched (plus the 3-token assistant opener) -> 2,560 hit.
+    assert predicted_hit_tokens(2803, 512) == 2560
+    assert predicted_hit_tokens(8195, 512) == 8192 and predicted_hit_tokens(8194, 512) == 7680
+    assert predicted_hit_tokens(400, 512) == 0  # shorter than a block: no hit on a hybrid model
