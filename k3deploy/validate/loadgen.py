@@ -1,13 +1,13 @@
 """The effort stage's load generator: streamed chat requests at a fixed concurrency (httpx AsyncClient), or,
-when rank 0 is reachable only on its node (Ray), each request made on the node; and the summary under the
+when rank 0 is reachable only on its node (Ray), the same run made on the node by one python3 process; and the summary under the
 field names of `vllm bench serve` result files (TPOT = (latency - TTFT) / (output tokens - 1), as vLLM)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +58,10 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeou
     return events, None
 
 
-def _record(raw: Raw) -> StreamRecord:
-    events, error = raw
+def _record(events: Iterable[tuple[float, str]], error: str | None) -> StreamRecord:
     rec = StreamRecord()
-    for t_s, line in events:
-        add_event(rec, t_s, line[5:].strip().decode())
+    for t_s, data in events:
+        add_event(rec, t_s, data)
     rec.error = error or rec.error
     if rec.error is None and rec.usage is None:
         rec.error = "the stream ended without a usage block"
@@ -83,7 +82,8 @@ async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, tim
         t0 = time.monotonic()
         raw = await asyncio.gather(*(gated(b) for b in bodies))
         duration = time.monotonic() - t0
-    return LoadRun([_record(r) for r in raw], duration)
+    return LoadRun([_record(((t, line[5:].strip().decode()) for t, line in events), error)
+                    for events, error in raw], duration)
 
 
 def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> LoadRun:
@@ -93,20 +93,25 @@ def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeo
 
 def run_load_on_node(http: NodeHttp, bodies: Sequence[dict[str, Any]], concurrency: int,
                      timeout_s: float) -> LoadRun:
-    """Each request made on rank 0 (its own timings), `concurrency` at a time; the wall time is taken here."""
-    def one(body: dict[str, Any]) -> StreamRecord:
-        rec = StreamRecord()
-        try:
-            for event in http.stream(CHAT_PATH, body, timeout_s):
-                add_event(rec, event.t_s, event.data)
-        except ExecError as exc:
-            rec.error = str(exc)[:300]
-        return rec
+    """The whole run made on rank 0 by one python3 process (probes/load.py): its timings and its wall time."""
+    from k3deploy.executors.fleet import probe_source
+    from k3deploy.validate.probes import load
 
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        records = list(pool.map(one, bodies))
-    return LoadRun(records, time.monotonic() - t0)
+    node = http.via
+    if node is None:
+        raise ValueError("run_load_on_node needs a NodeHttp made through a node's executor")
+    argv = ["python3", "-c", probe_source(load), http.base_url + CHAT_PATH, f"{timeout_s:g}", str(concurrency),
+            json.dumps(list(bodies))]
+    res = node.run(argv, timeout_s * (len(bodies) // max(concurrency, 1) + 1) + 30.0)
+    lines = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    result = lines[-1] if lines else {}
+    if not res.ok or result.get("type") != "result" or "error" in result:
+        why = result.get("error") or res.stderr.strip()[-300:] or f"exit {res.exit_code}"
+        raise ExecError(f"the load run on the node failed: {why}", host=node.host)
+    done = {line["i"]: line for line in lines if "i" in line}
+    records = [_record(zip(done[i]["t"], done[i]["data"]), done[i]["error"]) if i in done
+               else StreamRecord(error="no answer from the node for this request") for i in range(len(bodies))]
+    return LoadRun(records, float(result["duration_s"]))
 
 
 def _pct(values: Sequence[float], q: float) -> float:

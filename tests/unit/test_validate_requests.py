@@ -83,7 +83,7 @@ def test_thresholds_from_the_topology_decide_the_effort_stage(clean: tuple[Path,
 
 
 def test_the_load_can_run_on_the_node(clean: tuple[Path, dict[str, Any]]) -> None:
-    """As over Ray: the executor cannot forward a port, so each request is made on the node by python3."""
+    """As over Ray: the executor cannot forward a port, so the run is made on the node by one python3."""
     class NoForward(LocalExecutor):
         def forward(self, remote_host: str, remote_port: int) -> None:
             return None

@@ -15,7 +15,7 @@ from k3deploy.validate.stage import StageResult, ValidateContext
 
 TOKENS_PER_SENTENCE = 16  # a filler sentence is ~13 words: sizes the prompts roughly, usage counts exactly
 WHERE = {"here": "from here", "forwarded": "from here through rank 0's tunnel",
-         "on-node": "on the node (rank 0), each request made there"}
+         "on-node": "on the node (rank 0), by one python3 process there"}
 
 
 def _bodies(chat: Chat, ctx: ValidateContext, shared: bool) -> list[dict[str, Any]]:
