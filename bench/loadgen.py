@@ -1,11 +1,12 @@
 """The effort stage's load generator (k3deploy.validate.loadgen) against a trivial streaming server, in one run.
 
-Usage: python bench/loadgen.py [--requests N] [--chunks N] [--concurrency C]
+Usage: python bench/loadgen.py [--requests N] [--chunks N] [--concurrency C] [--rounds R]
 A server in its own process answers every POST with N OpenAI chat chunks (one token each) and a usage chunk,
 written as fast as the socket takes them. The same requests are then sent twice at the same concurrency:
   1. a plain client loop: C threads, each a blocking http.client connection reading line by line and
      parsing each chunk's JSON;
-  2. the load generator (httpx AsyncClient, every chunk parsed into a record with its arrival time).
+  2. the load generator (httpx AsyncClient, every chunk parsed into a record with its arrival time);
+R rounds of both, interleaved; the medians are compared.
 Targets: the load generator's sustained chunks/s within 1.25x of the plain loop's, and at least 10x what
 the effort stage needs at default settings (validate.concurrency 8 streams at a fast K3 decode, TPOT 5 ms:
 1,600 chunks/s).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -96,6 +98,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=ValidateSettings().concurrency)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -110,20 +113,25 @@ def main() -> int:
                               stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        plain_lines, plain_s = plain_loop(port, args.requests, args.concurrency)
-        run = run_load(f"http://127.0.0.1:{port}/v1/chat/completions", [BODY] * args.requests, args.concurrency, 60)
+        plain_rates, gen_rates, errors = [], [], []
+        for _ in range(args.rounds):  # interleaved, medians compared: a shared machine's load hits both alike
+            plain_lines, plain_s = plain_loop(port, args.requests, args.concurrency)
+            run = run_load(f"http://127.0.0.1:{port}/v1/chat/completions", [BODY] * args.requests,
+                           args.concurrency, 60)
+            plain_rates.append(plain_lines / plain_s)
+            gen_rates.append(sum(len(r.deltas) for r in run.records) / run.duration_s)
+            errors += [r.error for r in run.records if r.error]
     finally:
         server.terminate()
         server.wait(10)
-    chunks = sum(len(r.deltas) for r in run.records)
-    errors = [r.error for r in run.records if r.error]
-    plain_rate, gen_rate = plain_lines / plain_s, chunks / run.duration_s
+    plain_rate, gen_rate = statistics.median(plain_rates), statistics.median(gen_rates)
     needed = args.concurrency / FAST_TPOT_S
     ratio = plain_rate / gen_rate
     print(f"requests {args.requests} x {args.chunks} chunks at concurrency {args.concurrency}")
-    print(f"plain client loop : {plain_rate:12,.0f} data lines/s ({plain_lines:,} in {plain_s:.2f} s)")
-    print(f"load generator    : {gen_rate:12,.0f} token chunks/s ({chunks:,} in {run.duration_s:.2f} s, "
-          f"{len(errors)} errors)")
+    print(f"plain client loop : {plain_rate:12,.0f} data lines/s (median of {args.rounds}: "
+          f"{', '.join(f'{r:,.0f}' for r in plain_rates)})")
+    print(f"load generator    : {gen_rate:12,.0f} token chunks/s (median of {args.rounds}: "
+          f"{', '.join(f'{r:,.0f}' for r in gen_rates)}; {len(errors)} errors)")
     print(f"plain / generator : {ratio:.2f}x (target <= 1.25x)")
     print(f"effort stage needs: {needed:12,.0f} chunks/s at defaults; generator gives {gen_rate / needed:.1f}x "
           f"(target >= 10x)")
