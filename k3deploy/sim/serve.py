@@ -31,6 +31,7 @@ from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
 
 LIFETIME_ENV = "K3SIM_MAX_LIFETIME_S"
+SLOW_DECODE_DEFAULT = 10.0  # the slow_decode fault's factor on each decode step
 # A forgotten stand-in (a test runner killed mid-run) stops by itself after a day.
 DEFAULT_LIFETIME_S = 86400.0
 
@@ -48,9 +49,15 @@ class Node:
         lifetime_s: float = DEFAULT_LIFETIME_S,
         speed: float = 1.0,
     ) -> None:
+        # Faults that make the engine serve otherwise than its flags say (what validate must notice).
+        cfg = dataclasses.replace(cfg, prefix_cache=cfg.prefix_cache and "no_prefix_cache" not in faults,
+                                  cache_report=cfg.cache_report and "no_cache_report" not in faults)
         self.cfg, self.model, self.hw, self.faults, self.log = cfg, model, hw, faults, log
         self.lifetime_s = lifetime_s
         self.adm: Admission = admit(cfg, model, hw, wrong_kernel="wrong_kernel" in faults)
+        if "short_context" in faults:
+            short = int(faults.value("short_context", self.adm.context_length // 4))
+            self.adm = dataclasses.replace(self.adm, context_length=short)
         b = self.adm.budget
         self.perf = PerfModel.build(
             model,
@@ -60,6 +67,7 @@ class Node:
             kv_bytes_per_token=b.mla_kv_bytes_per_token,
             state_bytes_per_request=b.kda_state_bytes_per_slot,  # one live state per running request
             speed=speed,
+            decode_slowdown=faults.value("slow_decode", SLOW_DECODE_DEFAULT) if "slow_decode" in faults else 1.0,
         )
         self.members = Membership(cfg, log, faults)
         self.service: ChatService | None = None
@@ -88,7 +96,7 @@ class Node:
         return self._load_and_serve()
 
     def _bind(self) -> bool:
-        self.service = ChatService(self.cfg, self.adm, self.log, self.perf)
+        self.service = ChatService(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
         try:
             self.api = ApiServer(
                 self.service, self.log, self.cfg.bind_host, self.cfg.port, self._server_info()

@@ -43,6 +43,8 @@ class StageResult(BaseModel):
     seconds: float = Field(description="wall time of the stage")
     nodes: list[NodeRow] = Field(default_factory=list, description="per-node rows (empty for cluster-wide stages)")
     evidence: str = Field("", description="the log line, response or finding that decided the status")
+    results: dict[str, Any] = Field(default_factory=dict, description="measurements (effort: per workload, under "
+                                    "`vllm bench serve` result names where they mean the same)")
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def test_an_unreachable_node_is_an_error_naming_it(tmp_path: Path, seeded: dict[
 def test_junit_has_one_failing_testcase_per_faulty_node(tmp_path: Path, seeded: dict[int, Path]) -> None:
     from junitparser import Failure, JUnitXml
 
-    report, _ = run(tmp_path, seeded, manifest=Manifest.load(seeded[0]))
+    report, _ = run(tmp_path, seeded, manifest=Manifest.load(seeded[0]), only=["shards"])
     write_junit(report, tmp_path / "junit.xml")
     suite = next(iter(JUnitXml.fromfile(str(tmp_path / "junit.xml"))))
     cases = [c for c in suite if c.name.startswith("shards ")]  # stages needing a deployment: one skipped case
@@ -112,6 +112,9 @@ def test_selection_over_the_fixed_order(tmp_path: Path, seeded: dict[int, Path])
         run(tmp_path, roots, skip=list(IMPLEMENTED))
     with pytest.raises(InputError, match="nothing to run"):
         run(tmp_path, roots, start=STAGE_NAMES[-1], skip=list(IMPLEMENTED))
+    later, _ = run(tmp_path, roots, start="kernels")  # without a deployment the request stages skip
+    assert [(s.name, s.status) for s in later.stages] == [(n, "skip") for n in IMPLEMENTED if n != "shards"]
+    assert later.not_implemented == [n for n in STAGE_NAMES[1:] if n not in IMPLEMENTED]
     with pytest.raises(InputError, match="do not combine"):
         run(tmp_path, roots, only=["shards"], start="shards")
     report, _ = run(tmp_path, roots, only=["shards"])
