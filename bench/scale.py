@@ -28,6 +28,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fanout import _leftovers
 
 from k3deploy.executors import ExecTarget, NodeFleet
 from k3deploy.executors.fleet import require_all
@@ -101,17 +104,6 @@ def one_run(rig: HostRig, tmp: Path, n: int, run: int, watch_s: float) -> Sample
     if final.status != "stopped" or set(outcome.values()) != {"stopped"}:
         raise SystemExit(f"stop of {n} hosts: {final.status} {outcome}")
     return Sample(floor, launched, stopped, cpu)
-
-
-def _leftovers(rig: HostRig, wait_s: float = 5.0) -> dict[str, list[int]]:
-    deadline = time.monotonic() + wait_s
-    left: dict[str, list[int]] = {}
-    for _ in range(1000):
-        left = {h.name: pids for h in rig.hosts if (pids := rig.pids(h))}
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    return left
 
 
 def main() -> int:
