@@ -19,10 +19,12 @@ from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.nodecheck import check_script, verdict
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
-from k3deploy.launch.watch import NodeWatch
+from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 
 # Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
 READY_POLL_S = 0.1
+# Nodes without channels (Ray) are asked this often while they start.
+POLL_S = 0.5
 READY_POLL_MAX_S = 0.5
 # After an exit line: rounds (this far apart) until the exited process is gone too.
 END_CHECKS = 20
@@ -71,13 +73,24 @@ class Gang:
         self.handles: dict[int, ProcessHandle] = {}
         self.final_logs: dict[int, str] = {}  # each node's log end, read by `stop` right after stopping it
         self._head_http: NodeHttp | None = None
+        self._watches: list[NodeWatch] = []
 
     def executor(self, rank: int) -> Executor:
         """The executor of one node."""
         return self.fleet.executor(rank)
 
+    def watch(self, poll_s: float, tail_lines: int = FIRST_TAIL_LINES) -> NodeWatch:
+        """One stream per started node, following its log (closed with the gang at the latest); nodes without
+        channels (Ray) are polled every `poll_s` instead."""
+        streams = all(j.target.kind != "ray" for j in self.jobs)
+        self._watches.append(NodeWatch(self.fleet, lambda: self.handles, None if streams else poll_s))
+        return self._watches[-1].start(tail_lines=tail_lines)
+
     def close(self) -> None:
-        """Close the readiness client and every connection."""
+        """Close the streams, the readiness client and every connection."""
+        for w in self._watches:
+            w.close()  # before the connections go: a follower must not read from a closed one (Ray client)
+        self._watches.clear()
         if self._head_http is not None:
             self._head_http.close()
             self._head_http = None
@@ -130,12 +143,11 @@ class Gang:
 
         head, workers = self.jobs[0], [j.rank for j in self.jobs[1:]]
         one(head.rank, self.executor(head.rank))
-        if head.ready.url:
-            try:  # the client (or tunnel) is made while the workers start, not when rank 0 may already serve
-                _ = self._readiness_client().route
-            except ExecError:
-                pass  # asked again by head_serving, which reports it
+        # The readiness client (or tunnel) is made while the workers start, not when rank 0 may already serve.
+        warm = threading.Thread(target=self._warm_readiness, daemon=True, name="k3ready")
+        warm.start()
         failed = [o for _, o in sorted(self.fleet.map(one, workers).items()) if not o.ok]
+        warm.join()
         if failed:
             err = failed[0].error
             raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
@@ -191,7 +203,7 @@ class Gang:
         deadline = time.monotonic() + timeout_s
         loading: set[int] = set()
         why = "not asked yet"
-        watch = NodeWatch(self.fleet, lambda: self.handles).start()
+        watch = self.watch(POLL_S)
         try:
             next_ask = time.monotonic()
             for _ in range(10**7):  # ends at ready, a failure, the deadline or an interrupt
@@ -211,6 +223,9 @@ class Gang:
                 if left <= 0:
                     break
                 for seen in watch.wait(min(next_ask - time.monotonic(), left)):
+                    if seen.kind == "poll":
+                        self._poll_round(loading)
+                        continue
                     job = jobs[seen.rank]
                     if seen.kind == "line" and seen.rank not in loading:
                         loading.add(seen.rank)
@@ -226,6 +241,17 @@ class Gang:
         raise GroupFailed(Failure(rank=head.rank, host=head.host,
                                   cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
                                   log_tail=self._tail(head)))
+
+    def _poll_round(self, loading: set[int]) -> None:
+        """Every node asked (alive and log): the first failure raised, a first log line reported."""
+        probes = self.probe(with_logs=True)
+        failure = self.first_failure(probes)
+        if failure is not None:
+            self._fail(failure)
+        for p in probes:
+            if p.log.strip() and p.job.rank not in loading:
+                loading.add(p.job.rank)
+                self._event(p.job, "loading")
 
     def _fail(self, failure: Failure) -> None:
         self._event(next(j for j in self.jobs if j.rank == failure.rank), "failed", failure.cause)
@@ -244,7 +270,7 @@ class Gang:
             if mine is None or exit_record(mine.log) is None:
                 break
             time.sleep(END_CHECK_WAIT_S)
-        watch.refollow(rank)
+        watch.refollow(rank, delay_s=REFOLLOW_DELAY_S)
 
     def _tail(self, job: NodeJob) -> str:
         handle = self.handles.get(job.rank)
@@ -294,6 +320,13 @@ class Gang:
         """The last `lines` lines of every started node's log (unreachable nodes left out)."""
         outs = self.fleet.map(lambda rank, ex: ex.read_log(self.handles[rank], lines), list(self.handles))
         return {rank: o.value for rank, o in outs.items() if o.value is not None}
+
+    def _warm_readiness(self) -> None:
+        if self.jobs[0].ready.url:
+            try:
+                _ = self._readiness_client().route
+            except ExecError:
+                pass  # asked again by head_serving, which reports it
 
     def _readiness_client(self) -> NodeHttp:
         head = self.jobs[0]

@@ -21,10 +21,12 @@ from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity
 from k3deploy.launch.state import Attempt, Deployment, Failure, StateStore
-from k3deploy.launch.watch import NodeWatch
+from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
 
 # A process that ends is seen through its node's stream at once; this round only finds hosts gone silent.
 POLL_S = 10.0
+# Nodes without channels (Ray) have no streams: every node is asked this often instead.
+POLL_NO_STREAMS_S = 1.0
 # Consecutive rounds a host may be unreachable before it counts as failed (one SSH hiccup is not a death).
 UNREACHABLE_POLLS = 2
 OWNER_WAIT_S = 10.0
@@ -58,7 +60,7 @@ class Supervisor:
     def _watch(self, gang: Gang) -> None:
         """Each node's log on one long-lived stream: a process that ends is seen at once (its stream ends, or
         its exit line arrives) and checked; every `poll_s` one `alive` round catches hosts gone silent."""
-        watch = NodeWatch(gang.fleet, lambda: gang.handles).start(tail_lines=0)
+        watch = gang.watch(POLL_NO_STREAMS_S, tail_lines=0)
         try:
             self._follow(gang, watch)
         finally:
@@ -83,7 +85,7 @@ class Supervisor:
                 if p.job.rank in ended or p.job.rank in unfollowed:  # a stream ended under a live process
                     if p.alive:
                         unfollowed.discard(p.job.rank)
-                        watch.refollow(p.job.rank)
+                        watch.refollow(p.job.rank, delay_s=REFOLLOW_DELAY_S)
                     elif p.alive is None:
                         unfollowed.add(p.job.rank)
             failure = gang.first_failure(probes, unreachable_counts=False)
