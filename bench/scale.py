@@ -48,7 +48,7 @@ from tests.unit.test_launch_support import fake_topology
 # The stand-in model has 8 attention heads: tp 8 at most, so larger groups are pipeline stages.
 PARALLEL = {4: {"tp": 4, "ep": 4}, 8: {"tp": 8, "ep": 8}, 16: {"tp": 8, "ep": 8, "pp": 2},
             32: {"tp": 8, "ep": 8, "pp": 4}}
-SETTLE_S = 2.0  # the supervisor's own start-up (imports, connections) is not what is measured
+SETTLE_S = 3.0  # after it says "supervising": its connections and streams are open
 
 
 @dataclass
@@ -121,6 +121,11 @@ def one_run(rig: HostRig, tmp: Path, n: int, run: int, watch_s: float) -> Sample
     dep = deploy.launch(plan, jobs, store)
     launched = time.perf_counter() - t0
     assert dep.status == "ready" and dep.owner is not None, dep.status
+    log = store.directory / f"{plan.topology.name}.supervisor.log"
+    for _ in range(600):  # its imports and connections are its start-up, not its watching: 60 s at most
+        if log.exists() and "supervising" in log.read_text():
+            break
+        time.sleep(0.1)
     time.sleep(SETTLE_S)
     c0, w0 = _cpu_s(dep.owner.pid), time.perf_counter()
     time.sleep(watch_s)
