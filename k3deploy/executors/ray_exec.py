@@ -50,6 +50,7 @@ from k3deploy.executors.posix import (
     start_script,
     started_handle,
     tail_script,
+    terminate_script,
     with_env,
 )
 from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
@@ -163,6 +164,17 @@ class RayExecutor:
         if not hit and handle.container and self._agents.get(handle.container) is not None:
             self._retired[handle.container] = self._agents[handle.container]
         return hit
+
+    def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
+        """The whole stop of the group through its agent in one call; once nothing of it is left, its agent
+        is done (killed when this executor closes, as after `signal`)."""
+        if handle.pid is None:
+            return True
+        script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
+        gone = self._shell(handle, script, grace_s + self.control_timeout_s)[0] == 0
+        if gone and handle.container and self._agents.get(handle.container) is not None:
+            self._retired[handle.container] = self._agents[handle.container]
+        return gone
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
         """The last lines of the log."""
@@ -295,23 +307,24 @@ class RayExecutor:
         self._agents[name] = agent
         return agent
 
-    def _shell(self, handle: ProcessHandle, script: str) -> tuple[int, str, str]:
+    def _shell(self, handle: ProcessHandle, script: str, timeout_s: float | None = None) -> tuple[int, str, str]:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
+        timeout_s = timeout_s or self.control_timeout_s
         self.connect()
         agent = self._agent(handle.container)
         result: tuple[int | None, str, str] | None = None
         if agent is not None:
             try:
-                result = self._get(agent.run.remote(sh(script), self.control_timeout_s),
-                                   2 * self.control_timeout_s, "run a control command")
+                result = self._get(agent.run.remote(sh(script), timeout_s),
+                                   timeout_s + self.control_timeout_s, "run a control command")
             except _AgentGone:
                 self._agents[handle.container or ""] = None
         if result is None:
-            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), self.control_timeout_s)
-            result = self._get(ref, 2 * self.control_timeout_s, "run a control command")
+            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), timeout_s)
+            result = self._get(ref, timeout_s + self.control_timeout_s, "run a control command")
         code, out, err = result
         if code is None:
-            raise CommandTimeout(f"control command timed out after {self.control_timeout_s:g} s", host=self.host)
+            raise CommandTimeout(f"control command timed out after {timeout_s:g} s", host=self.host)
         return code, out, err
 
     def _get(self, ref: Any, timeout_s: float, what: str) -> Any:

@@ -62,9 +62,27 @@ def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity, probe_from:
 
 
 def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHandle], None]:
-    """Write each handle into the record the moment its process exists (a crash never orphans it)."""
+    """Write each handle into the record before its start returns (a crash never orphans it). Handles that
+    arrive while a write is under way go into the next write together: one write per wave of starts, not one
+    locked, fsynced write per node after another."""
+    pending: dict[int, ProcessHandle] = {}
+    mutex = threading.Lock()  # held across a write: a caller returns only once its handle is on disk
+    taken = threading.Lock()
+
+    def apply(d: Deployment, batch: dict[int, ProcessHandle]) -> Deployment:
+        for rank, handle in batch.items():
+            d = d.with_node(rank, handle=handle, phase="started")
+        return d
+
     def write(job: NodeJob, handle: ProcessHandle) -> None:
-        store.update(name, lambda d: d.with_node(job.rank, handle=handle, phase="started"))
+        with taken:
+            pending[job.rank] = handle
+        with mutex:
+            with taken:
+                batch = dict(pending)
+                pending.clear()
+            if batch:
+                store.update(name, lambda d: apply(d, batch))
 
     return write
 
@@ -113,7 +131,8 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     """Stop every node of the gang, keep local copies of their logs, record the outcome (and, when
     nobody will act on the deployment any more, clear its owner in the same write)."""
     dep = store.require(gang.name)
-    outcome = gang.stop(dep.stop_grace_s)
+    gang.final_logs.clear()
+    outcome = gang.stop(dep.stop_grace_s, log_lines=LOCAL_LOG_LINES)
     try:
         save_local_logs(gang, store)
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
@@ -135,10 +154,10 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
 
 
 def save_local_logs(gang: Gang, store: StateStore) -> None:
-    """Copy the end of every node's log into the state directory (for `logs` after the nodes are gone)."""
+    """Keep each node's log end (read by the stop) in the state directory, for `logs` once the nodes are gone."""
     dest = store.logs_dir(gang.name)
     dest.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for rank, text in gang.logs(LOCAL_LOG_LINES).items():
+    for rank, text in gang.final_logs.items():
         if text:  # a node whose log is gone keeps its earlier copy
             (dest / f"rank{rank}.log").write_text(text)
 
@@ -229,7 +248,8 @@ def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
 
 def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
          on_event: EventSink = ignore) -> tuple[Deployment, dict[int, str]]:
-    """Stop the owner (so it cannot restart anything), then every recorded node; idempotent."""
+    """Stop the owner, which stops the nodes over its live connections as it goes (a record in `stopping`
+    tells it to), then whatever recorded node it did not stop; idempotent."""
     with store.lock(name):
         dep = store.require(name)
         final_status: Status = "stopped" if dep.status in ACTIVE else dep.status
@@ -239,10 +259,14 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     owner = dep.owner
     if owner is not None and owner.alive() and not owner.terminate(dep.stop_grace_s + OWNER_EXIT_EXTRA_S):
         raise StateError(f"the {owner.role} process {owner.pid} of {name} did not exit")
-    dep = store.require(name)  # the owner may have recorded new handles before it went
-    gang = open_gang(dep, factory, on_event)
-    try:
-        outcome = teardown(gang, store, None, status=final_status, release_owner=True)
-    finally:
-        gang.close()
+    dep = store.require(name)  # the owner may have recorded new handles, or stopped the nodes, before it went
+    started = [n for n in dep.nodes if n.handle is not None]
+    outcome = {n.rank: "stopped" for n in started if n.phase == "stopped"}
+    left = [n.rank for n in started if n.phase != "stopped"]
+    if left or dep.status in ACTIVE:
+        gang = open_gang(dep, factory, on_event, ranks=left)
+        try:
+            outcome |= teardown(gang, store, None, status=final_status, release_owner=True)
+        finally:
+            gang.close()
     return store.require(name), outcome
