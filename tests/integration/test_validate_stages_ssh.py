@@ -43,7 +43,7 @@ def validated(run: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 def test_a_clean_hopper_deployment_passes_kernels_topology_and_short(deployments: Deployments,
                                                                     rig4: HostRig) -> None:
     topo = hopper(deployments, "vs-clean")
-    assert cli("launch", str(topo)).returncode == 0
+    assert cli("launch", str(topo), "--skip-preflight").returncode == 0
     run = cli("validate", str(topo), "--only", MINE, "--json")
     assert run.returncode == 0, run.stdout + run.stderr
     got = validated(run)
@@ -68,7 +68,7 @@ def test_a_clean_hopper_deployment_passes_kernels_topology_and_short(deployments
 def test_each_fault_fails_exactly_its_stage_with_the_evidence(deployments: Deployments, rig4: HostRig, fault: str,
                                                              failing: str, evidence: str) -> None:
     topo = hopper(deployments, f"vs-{fault.replace('_', '-')}", fault)
-    assert cli("launch", str(topo)).returncode == 0
+    assert cli("launch", str(topo), "--skip-preflight").returncode == 0
     run = cli("validate", str(topo), "--only", MINE, "--json")
     assert run.returncode == 1, run.stdout + run.stderr
     got = validated(run)
@@ -91,7 +91,7 @@ def test_from_a_login_node_through_a_jump_host(deployments: Deployments, rig4: H
 
     nodes = [{"host": h.priv_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
     topo = hopper(deployments, "vs-bastion", "no_tool_parser", nodes=nodes)
-    run = ctl_cli("launch", str(topo), "--ssh-jump", f"root@{rig4.hosts[0].mgmt_ip}", "--json")
+    run = ctl_cli("launch", str(topo), "--skip-preflight", "--ssh-jump", f"root@{rig4.hosts[0].mgmt_ip}", "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["probe_from"] == "head"
     done = ctl_cli("validate", str(topo), "--only", MINE, "--json")
