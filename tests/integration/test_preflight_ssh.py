@@ -152,7 +152,9 @@ def test_hostname_mapped_to_loopback(deployments: SimDeployments, rig4: HostRig,
 def test_head_port_taken_by_another_process(deployments: SimDeployments, rig4: HostRig,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     head = rig4.hosts[0]
-    code = (f"import socket, time; s = socket.socket(); s.bind(({head.priv_ip!r}, {PORT})); s.listen(); "
+    # SO_REUSEADDR: an earlier test's rendezvous may have left connections in TIME_WAIT on the port.
+    code = (f"import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            f"s.bind(({head.priv_ip!r}, {PORT})); s.listen(); "
             "print('up', flush=True); time.sleep(120)")
     squatter = subprocess.Popen(["nsenter", "--target", str(rig4.sshd_pid(head)), "--pid", "--mount", "--net", "--",
                                  sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
