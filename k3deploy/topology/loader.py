@@ -131,9 +131,15 @@ def _issue_from_error(err: Any, data: Any, smap: SourceMap) -> Issue:
         pos = smap.locate(path)
         message = err["msg"].removeprefix("Value error, ")
         if "input" in err and not isinstance(err["input"], (dict, list)) and kind != "value_error":
-            message += f" (got {err['input']!r})"
+            message += f" (got {_shown(err['input'])})"
     return Issue(code="SCHEMA", severity="error", message=message, path=dotted(path),
                  line=pos.line, column=pos.column, hint=hint)
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """A wrong value as the message quotes it: its repr, cut short (it may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def parse_topology(text: str, file: str) -> LoadedTopology:
