@@ -19,7 +19,7 @@ import yaml
 from k3deploy.launch.state import StateStore
 from tests import figures
 from tests.polling import wait_for
-from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids
+from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,14 +45,7 @@ def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A unique deployment name; afterwards none of its processes may run (counted if any do)."""
     dep = f"fault-{request.node.name.replace('_', '-')[5:30]}-{os.getpid() % 10000}"
     yield dep
-    store = StateStore(tmp_path / "state")
-    rec = store.load(dep) if store.path(dep).is_file() else None
-    if rec is not None and rec.owner is not None and rec.owner.alive():
-        rec.owner.terminate(2)
-        figures.add(figures.NODES_LEFT)
-    left = kill_tagged(f"{dep}.")
-    figures.add(figures.NODES_LEFT, len(left))
-    assert left == [], f"processes left running: {left}"
+    assert_nothing_left(dep, tmp_path / "state")
 
 
 def fault() -> None:

@@ -27,7 +27,7 @@ from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.planning.files import catalog_for, require_feasible
 from tests.polling import wait_for
-from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids
+from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,15 +42,7 @@ def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A unique deployment name; afterwards nothing of it may be left running."""
     dep_name = f"ut-{request.node.name.replace('_', '-')[5:40]}-{os.getpid() % 10000}"
     yield dep_name
-    store = StateStore(tmp_path / "state")
-    rec = store.load(dep_name) if store.path(dep_name).exists() else None
-    owner_alive = rec is not None and rec.owner is not None and rec.owner.alive()
-    if owner_alive:
-        assert rec is not None and rec.owner is not None
-        rec.owner.terminate(2)
-    left = kill_tagged(f"{dep_name}.")
-    assert not owner_alive, "a supervisor was left running"
-    assert left == [], f"processes left running: {left}"
+    assert_nothing_left(dep_name, tmp_path / "state")
 
 
 def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:
