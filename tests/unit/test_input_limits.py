@@ -65,3 +65,9 @@ def test_bad_catalog_files_are_input_errors_naming_the_file(tmp_path: Path, cont
     result = run_cli("plan", "--check", "--catalog", tmp_path, DEMO)
     assert result.code == 2, result.err
     assert str(tmp_path / "extra.yaml") in result.err and message in result.err, result.err
+
+
+def test_a_nul_in_any_string_is_refused_at_its_position() -> None:
+    # It loaded, rendered, and then failed inside the local executor (ValueError: embedded null byte).
+    text = DEMO.read_text().replace("port: 18000", "port: 18000, args: {--served-model-name: \"a\\0b\"}")
+    assert "engine.args.--served-model-name: contains a NUL character" in only_issue(text)
