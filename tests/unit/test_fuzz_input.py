@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import os
 import re
 import resource
 import tempfile
@@ -50,9 +51,16 @@ def scratch() -> Iterator[Path]:
 
 @pytest.fixture(scope="module", autouse=True)
 def bounded_memory() -> Iterator[None]:
-    """No input may make the process grow by more than 1 GiB (an alias bomb would take tens)."""
+    """No input may make the process grow by more than 1 GiB (an alias bomb would take tens): an address
+    space limit turns a runaway allocation into a MemoryError (exit 70, a failed example) rather than the
+    machine's OOM killer."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    yield
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
     assert grown_mib < 1024, f"fuzzing grew the process by {grown_mib} MiB"
 
@@ -98,7 +106,7 @@ def write(scratch: Path, data: str | bytes, name: str = "topology.yaml") -> Path
 
 
 @pytest.mark.timeout(240)
-@fuzz(2000)
+@fuzz(int(os.environ.get("K3_FUZZ_EXAMPLES", "2000")))
 @given(texts=topology_text_sets())
 @counted
 def test_loader_and_planner_end_in_a_plan_or_located_issues(texts: list[str], scratch: Path) -> None:
