@@ -2,7 +2,7 @@
 
 Test modules import these functions and provide a `node` fixture (a ContractNode): the local executor in
 tests/unit/test_executor_contract.py, SSH and Ray on the namespace rig in
-tests/integration/test_executor_contract.py. The contract itself is written down in k3deploy/executors/base.py.
+tests/integration/test_executor_contract_rig.py. The contract itself is written down in k3deploy/executors/base.py.
 """
 from __future__ import annotations
 
@@ -145,6 +145,23 @@ def test_start_alive_signal_logs_follow(node: ContractNode) -> None:
         assert wait_for(lambda: ex.signal(h, 0) is False, 20)  # nothing of the group is left
         rec = exit_record(ex.read_log(h))
         assert rec is not None and rec[0] == 143
+
+
+def test_terminate_stops_the_whole_group_in_one_call(node: ContractNode) -> None:
+    with opened(node) as ex:
+        polite = ex.start("sleep 30", str(node.scratch / f"{node.kind}-t1.log"), tag=node.tag())
+        stubborn = ex.start("trap '' TERM; sleep 30 & sleep 30", str(node.scratch / f"{node.kind}-t2.log"),
+                            tag=node.tag())
+        try:
+            assert ex.terminate(polite, 5.0) is True  # gone on SIGTERM
+            assert not ex.alive(polite) and ex.signal(polite, 0) is False
+            assert exit_record(ex.read_log(polite)) == (143, pytest.approx(time.time(), abs=60))
+            assert ex.terminate(stubborn, 0.5) is True  # SIGTERM ignored: SIGKILL after the grace period
+            assert not ex.alive(stubborn) and ex.signal(stubborn, 0) is False
+            assert ex.terminate(stubborn, 0.5) is True  # nothing left: still stopped, nothing signalled
+        finally:
+            for h in (polite, stubborn):
+                ex.signal(h, signal.SIGKILL)
 
 
 def test_follow_ends_with_the_process(node: ContractNode) -> None:

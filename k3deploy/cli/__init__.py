@@ -10,12 +10,13 @@ import typer
 from k3deploy.cli.common import run_app
 
 HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
-        "Exit codes: 0 ok; 1 infeasible plan or failed validation; 2 invalid input; 3 host error; "
+        "Exit codes: 0 ok; 1 infeasible plan, failed preflight check or failed validation; 2 invalid input; 3 host error; "
         "4 launch failed, or `status` of a failed deployment; 5 state error; 70 a bug in k3deploy ("
         "rerun with --debug and report it); 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
-COMMANDS = ("plan", "schema", "launch", "status", "logs", "stop", "render")
+COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "render", "validate",
+            "manifest")
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -25,7 +26,11 @@ def build_app(only: str | None = None) -> typer.Typer:
                       pretty_exceptions_enable=False, rich_markup_mode=None)
     app.callback()(_group)  # global options; keeps `k3deploy NAME ...` a group even with a single command
     for name in (only,) if only is not None else COMMANDS:
-        app.command(name)(getattr(importlib.import_module(f"k3deploy.cli.{name}"), name))
+        target = getattr(importlib.import_module(f"k3deploy.cli.{name}"), name)
+        if isinstance(target, typer.Typer):  # a command group (manifest create / from-hub)
+            app.add_typer(target, name=name)
+        else:
+            app.command(name)(target)
     return app
 
 

@@ -18,35 +18,71 @@ StateDirOpt = Annotated[Path | None, typer.Option(
 SshConfigOpt = Annotated[str, typer.Option("--ssh-config", help="ssh client config for host aliases")]
 
 
+AcceptNewOpt = Annotated[bool, typer.Option(
+    "--accept-new-host-keys", help="trust and save host keys never seen before (changed keys are refused)")]
+SshUserOpt = Annotated[str | None, typer.Option("--ssh-user", help="login user (over launch.ssh.user)")]
+SshKeyOpt = Annotated[str | None, typer.Option("--ssh-key", help="private key (over launch.ssh.key)")]
+KnownHostsOpt = Annotated[str | None, typer.Option(
+    "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")]
+ConnectTimeoutOpt = Annotated[float | None, typer.Option(
+    "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")]
+SshJumpOpt = Annotated[str | None, typer.Option(
+    "--ssh-jump", help="jump host(s) like ssh -J: [user@]host[:port],... (over launch.ssh.jump; 'none' "
+    "ignores ~/.ssh/config's ProxyJump)")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
+    "(over launch.ray_address)")]
+FileArg = Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)]
+
+
 def launch(
-    file: Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)],
+    file: FileArg,
     executor: ExecutorOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print what would run where; touch nothing")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
     attach: Annotated[bool, typer.Option("--attach", help="stay in the foreground streaming node logs; "
                                          "Ctrl-C stops the deployment")] = False,
-    accept_new_host_keys: Annotated[bool, typer.Option(
-        "--accept-new-host-keys", help="trust and save host keys never seen before (changed keys are refused)")] = False,
+    skip_preflight: Annotated[bool, typer.Option(
+        "--skip-preflight", help="start without running `k3deploy preflight` first (recorded in the "
+        "deployment record)")] = False,
+    accept_new_host_keys: AcceptNewOpt = False,
     ssh_config: SshConfigOpt = "~/.ssh/config",
-    ssh_user: Annotated[str | None, typer.Option("--ssh-user", help="login user (over launch.ssh.user)")] = None,
-    ssh_key: Annotated[str | None, typer.Option("--ssh-key", help="private key (over launch.ssh.key)")] = None,
-    known_hosts: Annotated[str | None, typer.Option(
-        "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")] = None,
-    connect_timeout_s: Annotated[float | None, typer.Option(
-        "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")] = None,
-    ssh_jump: Annotated[str | None, typer.Option(
-        "--ssh-jump", help="jump host(s) like ssh -J: [user@]host[:port],... (over launch.ssh.jump; 'none' "
-        "ignores ~/.ssh/config's ProxyJump)")] = None,
-    ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
-        "(over launch.ray_address)")] = None,
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    connect_timeout_s: ConnectTimeoutOpt = None,
+    ssh_jump: SshJumpOpt = None,
+    ray_address: RayAddressOpt = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
 ) -> None:
-    """Start rank 0, then every worker; wait until rank 0 serves; leave a supervisor watching all nodes.
+    """Run preflight; start rank 0, then every worker; wait until rank 0 serves; leave a supervisor
+    watching all nodes.
 
-    Any node exiting, the readiness deadline or Ctrl-C stops every node and names the one that failed
-    first (exit 4; 3 when a host cannot be reached; 5 when the deployment already runs)."""
+    A failed preflight check starts nothing (exit 4, naming the check, node and fix; --skip-preflight
+    starts anyway and records it). Any node exiting, the readiness deadline or Ctrl-C stops every node and
+    names the one that failed first (exit 4; 3 when a host cannot be reached; 5 when the deployment already
+    runs)."""
+    plan, jobs, cat = prepare(file, catalog, exec_options(locals()))
+    if dry_run:
+        _print_dry_run(jobs, as_json)
+        return
+    _launch(plan, jobs, state_dir, as_json, attach, None if skip_preflight else cat)
+
+
+# The command-line parameters that become ExecOverrides (same names), shared by launch and preflight.
+EXEC_OPTIONS = ("executor", "ssh_user", "ssh_key", "known_hosts", "ssh_config", "accept_new_host_keys",
+                "connect_timeout_s", "ray_address", "ssh_jump")
+
+
+def exec_options(params: dict[str, Any]) -> dict[str, Any]:
+    """The executor options among a command's parameters."""
+    return {k: params[k] for k in EXEC_OPTIONS}
+
+
+def prepare(file: Path, catalog: list[Path] | None, options: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Check the executor options (ExecOverrides fields), plan the file (feasible), warn about secrets,
+    render the jobs: (plan, jobs, catalog). Shared by launch and preflight."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.errors import InputError
     from k3deploy.launch.jobs import jobs_for
@@ -54,23 +90,18 @@ def launch(
     from k3deploy.planning.files import catalog_for, require_feasible
     from k3deploy.topology.schema import check_jump
 
+    executor = options.get("executor")
     if executor not in (None, "local", "ssh", "ray"):
         raise InputError(f"--executor {executor}: expected local, ssh or ray")
     try:
-        check_jump(ssh_jump)
+        check_jump(options.get("ssh_jump"))
     except ValueError as exc:
         raise InputError(f"--ssh-jump: {exc}") from None
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
     print_warnings(secret_warnings(plan.topology, os.environ, executor), plan.file)
-    overrides = ExecOverrides(executor=executor, ssh_user=ssh_user, ssh_key=ssh_key, known_hosts=known_hosts,
-                              ssh_config=ssh_config, accept_new_host_keys=accept_new_host_keys,
-                              connect_timeout_s=connect_timeout_s, ray_address=ray_address, ssh_jump=ssh_jump)
-    jobs = jobs_for(plan, overrides, cat)
-    if dry_run:
-        _print_dry_run(jobs, as_json)
-        return
-    _launch(plan, jobs, state_dir, as_json, attach)
+    jobs = jobs_for(plan, ExecOverrides(**options), cat)
+    return plan, jobs, cat
 
 
 def _print_dry_run(jobs: Any, as_json: bool) -> None:
@@ -84,7 +115,8 @@ def _print_dry_run(jobs: Any, as_json: bool) -> None:
     Console(highlight=False, soft_wrap=True).print(dry_run(jobs))
 
 
-def _launch(plan: Any, jobs: Any, state_dir: Path | None, as_json: bool, attach: bool) -> None:
+def _launch(plan: Any, jobs: Any, state_dir: Path | None, as_json: bool, attach: bool, catalog: Any) -> None:
+    """Launch; `catalog` None means --skip-preflight."""
     from rich.console import Console
     from rich.live import Live
 
@@ -107,7 +139,8 @@ def _launch(plan: Any, jobs: Any, state_dir: Path | None, as_json: bool, attach:
     try:
         if live is not None:
             live.start()
-        dep = deploy.launch(plan, jobs, store, on_event=on_event, background=not attach)
+        dep = deploy.launch(plan, jobs, store, on_event=on_event, background=not attach,
+                            preflight_catalog=catalog, skip_preflight=catalog is None)
     except BaseException:
         if as_json:
             rec = store.load(plan.topology.name)

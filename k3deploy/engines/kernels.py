@@ -53,3 +53,26 @@ def sglang_effective_kernels(opts: Iterable[Opt], table: FlagTable) -> SglangKer
     decode = effective(opts, table, "decode_attention_backend") or effective(opts, table, "attention_backend")
     return SglangKernels(moe=moe.values[0] if moe and moe.values else SGLANG_MOE_DEFAULT,
                          decode_attention=decode.values[0] if decode and decode.values else None)
+
+
+@dataclass(frozen=True)
+class KernelNeeds:
+    """What K3 must run on an accelerator, as validate checks it in the engine's start-up log."""
+
+    moe: str | None  # marlin | native_mxfp4 (see engines/data/log-lines.yaml moe_kinds); None: no rule
+    attention: str | None  # the decode attention backend, lower case; None: the engine's choice
+    reason: str
+
+
+def kernel_needs(hw: HardwareSpec, family: str, dcp: int = 1) -> KernelNeeds:
+    """The same table the renderers use: Marlin W4A16 + FlashMLA on Hopper, native MXFP4 where FP4 cores exist."""
+    opts = sglang_kernel_opts(hw, dcp) if family == "sglang" else vllm_kernel_opts(hw)
+    named = {o.flag: o.values[0] for o in opts if o.values}
+    attention = named.get("--decode-attention-backend") or named.get("--attention-backend")
+    if hw.is_hopper:
+        return KernelNeeds("marlin", attention and attention.lower(),
+                           f"{hw.id} ({hw.arch}) has no FP4 tensor cores: K3's MXFP4 experts need Marlin W4A16")
+    if hw.native_mxfp4:
+        return KernelNeeds("native_mxfp4", attention and attention.lower(),
+                           f"{hw.id} ({hw.arch}) runs MXFP4 natively: a Marlin or BF16 MoE kernel wastes it")
+    return KernelNeeds(None, attention and attention.lower(), f"no MoE kernel rule for {hw.id} ({hw.arch})")

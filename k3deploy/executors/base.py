@@ -89,7 +89,8 @@ class Executor(Protocol):
       (Ray: when the command has ended), and stdout is still returned whole;
     - `start` returns at once; the process runs in its own session (process group), detached from the
       connection, stdout+stderr to `log_path`; `alive`/`signal` act on exactly that process group
-      (tag-guarded against PID reuse); `follow` yields log lines until the process ends or `stop` is set;
+      (tag-guarded against PID reuse); `terminate` is the whole stop of that group (TERM, grace, KILL) in
+      one round trip; `follow` yields log lines until the process ends or `stop` is set;
     - `put` and `get` copy whole files to and from the node;
     - `forward` makes a port reachable as the node sees it (its loopback or its private network) from this
       machine, or returns None when this executor cannot (Ray): HTTP checks then run on the node.
@@ -116,6 +117,11 @@ class Executor(Protocol):
 
     def signal(self, handle: ProcessHandle, sig: int) -> bool:
         """Send `sig` (0 = probe) to the whole process group; False when none of it is left."""
+        ...
+
+    def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
+        """SIGTERM the group, wait up to `grace_s`, SIGKILL what is left (one round trip); True once nothing
+        of it is left (also when nothing was), False when something survived SIGKILL."""
         ...
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:

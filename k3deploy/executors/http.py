@@ -95,6 +95,11 @@ class NodeHttp:
             return f"http://{self._forward.local_host}:{self._forward.local_port}{path}"
         return self.base_url + path
 
+    def url_here(self, path: str) -> str | None:
+        """The URL that reaches `path` from this machine (through the forward, if any); None: only on the node."""
+        self._open()
+        return None if self._on_node else self._url(path)
+
     def _where(self) -> str:
         return self.via.host if self.via is not None else self._host
 

@@ -5,6 +5,7 @@ argument to `sh -c`, so the host's login shell never interprets anything from a 
 """
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import shlex
@@ -18,6 +19,8 @@ from k3deploy.executors.base import EXIT_MARK, TAG_VAR, CommandResult, Forward, 
 # How long a process-control script may take; they are tiny, so this only bounds a wedged host (or a
 # silently dropped connection, which otherwise blocks until TCP gives up).
 CONTROL_TIMEOUT_S = 20.0
+# How often a stop checks whether the group has gone after SIGTERM.
+TERMINATE_STEP_S = 0.1
 _TAG_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -52,24 +55,65 @@ def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
     )
 
 
+def started_handle(host: str, res: CommandResult, log_path: str, workdir: str, tag: str,
+                   container: str | None) -> ProcessHandle:
+    """The handle `start_script`'s output describes, or the ExecError saying why the start failed."""
+    parts = res.stdout.split()
+    if res.exit_code != 0 or not parts or not parts[0].isdigit():
+        why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
+        raise ExecError(why.get(res.exit_code, "detached start failed")
+                        + f" (exit {res.exit_code}): {res.stderr.strip()[-500:]}", host=host)
+    ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    return ProcessHandle(host=host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
+                         container=container)
+
+
 def alive_script(pid: int, start_ticks: int | None) -> str:
     """Exit 0 while the process runs (not a zombie) and is the one started at `start_ticks`."""
     check = f' && [ "${{20}}" = {int(start_ticks)} ]' if start_ticks is not None else ""
     return f'{_STAT.format(pid=int(pid))} || exit 1\n[ "$#" -ge 20 ] && [ "$1" != Z ]{check}\n'
 
 
+def _tagged_fn(pgid: int, tag: str) -> str:
+    """Shell function `tagged`: exit 0 while a live member of group `pgid` carries our tag (a zombie's
+    environ is empty, so a dead leader not yet reaped does not count)."""
+    return (
+        "tagged() {\n"
+        f"  for p in $(ps -e -o pid= -o pgid= | awk -v g={int(pgid)} '$2 == g {{print $1}}'); do\n"
+        f"    if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qxF {shlex.quote(f'{TAG_VAR}={tag}')}; then\n"
+        "      return 0\n"
+        "    fi\n"
+        "  done\n"
+        "  return 1\n"
+        "}\n"
+    )
+
+
 def signal_script(pgid: int, tag: str, sig: int) -> str:
     """Signal group `pgid` only if a live member still carries our tag; exit 1 when there is none."""
     return (
-        "hit=\n"
-        f"for p in $(ps -e -o pid= -o pgid= | awk -v g={int(pgid)} '$2 == g {{print $1}}'); do\n"
-        f"  if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qxF {shlex.quote(f'{TAG_VAR}={tag}')}; then\n"
-        "    hit=1; break\n"
-        "  fi\n"
-        "done\n"
-        f'[ -n "$hit" ] || exit 1\n'
+        _tagged_fn(pgid, tag)
+        + "tagged || exit 1\n"
         # no `--`: dash's kill builtin rejects it; a negative number after the signal is the group.
         f"kill -{int(sig)} -{int(pgid)} 2>/dev/null; exit 0\n"
+    )
+
+
+def terminate_script(pgid: int, tag: str, grace_s: float) -> str:
+    """The whole stop of one group in one command on the node: SIGTERM (if anything of it is left), wait up
+    to `grace_s`, SIGKILL the rest; exit 0 once nothing carries the tag, 3 if something survived SIGKILL."""
+    g, steps = int(pgid), max(1, math.ceil(grace_s / TERMINATE_STEP_S))
+    nap = f"sleep {TERMINATE_STEP_S} 2>/dev/null || sleep 1"  # POSIX sleep may take whole seconds only
+    return (
+        _tagged_fn(pgid, tag)
+        + "tagged || exit 0\n"
+        f"kill -TERM -{g} 2>/dev/null\n"
+        f"i=0; while [ $i -lt {steps} ] && tagged; do {nap}; i=$((i + 1)); done\n"
+        "for n in 1 2 3; do\n"
+        "  tagged || exit 0\n"
+        f"  kill -KILL -{g} 2>/dev/null; {nap}\n"
+        "done\n"
+        "tagged && exit 3; exit 0\n"
     )
 
 
@@ -79,8 +123,8 @@ def tail_script(log_path: str, lines: int) -> str:
 
 
 def follow_script(log_path: str, lines: int, pid: int | None) -> str:
-    """Follow a log until the process `pid` ends (GNU tail --pid)."""
-    until = f" --pid={int(pid)}" if pid else ""
+    """Follow a log until the process `pid` ends (GNU tail --pid, which checks it every half second)."""
+    until = f" -s 0.5 --pid={int(pid)}" if pid else ""
     return f"exec tail -n {int(lines)} -F{until} -- {shlex.quote(log_path)} 2>/dev/null\n"
 
 
@@ -134,14 +178,7 @@ class ShellExecutor(ABC):
         """Start `command` detached; the handle names its PID (= process group) and start time."""
         tag = check_tag(tag or "k3deploy")
         res = self.run(sh(start_script(command, log_path, workdir, tag)), timeout_s=self.control_timeout_s)
-        parts = res.stdout.split()
-        if res.exit_code != 0 or not parts or not parts[0].isdigit():
-            why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
-            raise ExecError(why.get(res.exit_code, "detached start failed")
-                            + f" (exit {res.exit_code}): {res.stderr.strip()[-500:]}", host=self.host)
-        ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-        return ProcessHandle(host=self.host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
-                             container=None)
+        return started_handle(self.host, res, log_path, workdir, tag, container=None)
 
     def alive(self, handle: ProcessHandle) -> bool:
         """The group leader runs and is the process we started."""
@@ -155,6 +192,13 @@ class ShellExecutor(ABC):
             return False
         script = signal_script(handle.pid, check_tag(handle.tag), sig)
         return self.run(sh(script), self.control_timeout_s).exit_code == 0
+
+    def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
+        """SIGTERM the group, SIGKILL what is left after `grace_s`, all in one command on the node."""
+        if handle.pid is None:
+            return True
+        script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
+        return self.run(sh(script), grace_s + self.control_timeout_s).exit_code == 0
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
         """The last lines of the log."""

@@ -48,7 +48,9 @@ from k3deploy.executors.posix import (
     follow_script,
     signal_script,
     start_script,
+    started_handle,
     tail_script,
+    terminate_script,
     with_env,
 )
 from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
@@ -135,19 +137,17 @@ class RayExecutor:
         except BaseException:
             _kill_actor(agent)
             raise
-        parts = out.split()
         if code is None:
             _kill_actor(agent)
             raise CommandTimeout(f"the detached start timed out after {self.control_timeout_s:g} s", host=self.host)
-        if code != 0 or not parts or not parts[0].isdigit():
+        try:
+            handle = started_handle(self.host, CommandResult(exit_code=code, stdout=out, stderr=err), log_path,
+                                    workdir, tag, container=name)
+        except ExecError:
             _kill_actor(agent)
-            why = {96: f"cannot create the log directory of {log_path}", 97: f"cannot cd to {workdir}"}
-            raise ExecError(why.get(code, "detached start failed") + f" (exit {code}): {err.strip()[-500:]}",
-                            host=self.host)
+            raise
         self._agents[name] = agent
-        ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-        return ProcessHandle(host=self.host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
-                             container=name)
+        return handle
 
     def alive(self, handle: ProcessHandle) -> bool:
         """The group leader runs and is the process that was started."""
@@ -164,6 +164,17 @@ class RayExecutor:
         if not hit and handle.container and self._agents.get(handle.container) is not None:
             self._retired[handle.container] = self._agents[handle.container]
         return hit
+
+    def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
+        """The whole stop of the group through its agent in one call; once nothing of it is left, its agent
+        is done (killed when this executor closes, as after `signal`)."""
+        if handle.pid is None:
+            return True
+        script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
+        gone = self._shell(handle, script, grace_s + self.control_timeout_s)[0] == 0
+        if gone and handle.container and self._agents.get(handle.container) is not None:
+            self._retired[handle.container] = self._agents[handle.container]
+        return gone
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
         """The last lines of the log."""
@@ -296,23 +307,24 @@ class RayExecutor:
         self._agents[name] = agent
         return agent
 
-    def _shell(self, handle: ProcessHandle, script: str) -> tuple[int, str, str]:
+    def _shell(self, handle: ProcessHandle, script: str, timeout_s: float | None = None) -> tuple[int, str, str]:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
+        timeout_s = timeout_s or self.control_timeout_s
         self.connect()
         agent = self._agent(handle.container)
         result: tuple[int | None, str, str] | None = None
         if agent is not None:
             try:
-                result = self._get(agent.run.remote(sh(script), self.control_timeout_s),
-                                   2 * self.control_timeout_s, "run a control command")
+                result = self._get(agent.run.remote(sh(script), timeout_s),
+                                   timeout_s + self.control_timeout_s, "run a control command")
             except _AgentGone:
                 self._agents[handle.container or ""] = None
         if result is None:
-            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), self.control_timeout_s)
-            result = self._get(ref, 2 * self.control_timeout_s, "run a control command")
+            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), timeout_s)
+            result = self._get(ref, timeout_s + self.control_timeout_s, "run a control command")
         code, out, err = result
         if code is None:
-            raise CommandTimeout(f"control command timed out after {self.control_timeout_s:g} s", host=self.host)
+            raise CommandTimeout(f"control command timed out after {timeout_s:g} s", host=self.host)
         return code, out, err
 
     def _get(self, ref: Any, timeout_s: float, what: str) -> Any:

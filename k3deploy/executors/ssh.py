@@ -42,6 +42,10 @@ _GROUP_WRAPPER = (
     "exec sh -c \"$c\"' k3deploy "
 )
 KILL_TIMEOUT_S = 5.0
+# How often an idle connection's reader thread, and a follower of a quiet log, wake to see whether they were
+# closed or asked to stop (data wakes them at once).
+IDLE_WAKE_S = 1.0
+STREAM_WAKE_S = 0.5
 
 # Retried: the network or an overloaded sshd. Never retried: authentication and host keys.
 CONNECT_ATTEMPTS = 3
@@ -147,6 +151,11 @@ class SshExecutor(ShellExecutor):
                 timeout=t.connect_timeout_s, banner_timeout=t.connect_timeout_s,
                 auth_timeout=t.connect_timeout_s, allow_agent=True, look_for_keys=not step.key_files,
             )  # fmt: skip
+            transport = client.get_transport()
+            if transport is not None:
+                # paramiko's reader thread wakes every 0.1 s to check for a close; across the connections a
+                # supervisor keeps open for days that is most of its CPU. Data still wakes it at once.
+                transport.sock.settimeout(IDLE_WAKE_S)
             return client
         except UnknownHostKey as exc:
             client.close()
@@ -256,7 +265,7 @@ class SshExecutor(ShellExecutor):
 
         try:
             chan.exec_command(command)
-            chan.settimeout(0.25)
+            chan.settimeout(STREAM_WAKE_S)
             yield from split_lines(read_chunk, stop)
         except _RETRYABLE as exc:
             raise ExecError(f"log stream failed: {_describe(exc)}", host=self.host) from None

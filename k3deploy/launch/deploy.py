@@ -8,7 +8,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import LaunchError, StateError
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
@@ -20,6 +23,9 @@ from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.planning.plan import Plan
+
+if TYPE_CHECKING:
+    from k3deploy.preflight.report import Report
 
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
@@ -56,21 +62,41 @@ def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity, probe_from:
 
 
 def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHandle], None]:
-    """Write each handle into the record the moment its process exists (a crash never orphans it)."""
+    """Write each handle into the record before its start returns (a crash never orphans it). Handles that
+    arrive while a write is under way go into the next write together: one write per wave of starts, not one
+    locked, fsynced write per node after another."""
+    pending: dict[int, ProcessHandle] = {}
+    mutex = threading.Lock()  # held across a write: a caller returns only once its handle is on disk
+    taken = threading.Lock()
+
+    def apply(d: Deployment, batch: dict[int, ProcessHandle]) -> Deployment:
+        for rank, handle in batch.items():
+            d = d.with_node(rank, handle=handle, phase="started")
+        return d
+
     def write(job: NodeJob, handle: ProcessHandle) -> None:
-        store.update(name, lambda d: d.with_node(job.rank, handle=handle, phase="started"))
+        with taken:
+            pending[job.rank] = handle
+        with mutex:
+            with taken:
+                batch = dict(pending)
+                pending.clear()
+            if batch:
+                store.update(name, lambda d: apply(d, batch))
 
     return write
 
 
 def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: threading.Event | None = None,
-             *, last_try: bool = True) -> Deployment:
-    """Connect, start (head first), wait for readiness; on any failure or interrupt stop every node that
-    was started, record the cause and re-raise. After the last try the owner lets go in the same write."""
+             *, last_try: bool = True, before_start: Callable[[Gang], None] | None = None) -> Deployment:
+    """Connect, run `before_start` (launch's preflight), start (head first), wait for readiness; on any
+    failure or interrupt stop every node that was started, record the cause and re-raise. After the last try
+    the owner lets go in the same write."""
     name = gang.name
     try:
         gang.connect()
-        gang.check_nodes()
+        if before_start is not None:
+            before_start(gang)
         gang.start(new_run_id(), on_started=record_started(store, name))
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:
@@ -105,7 +131,8 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     """Stop every node of the gang, keep local copies of their logs, record the outcome (and, when
     nobody will act on the deployment any more, clear its owner in the same write)."""
     dep = store.require(gang.name)
-    outcome = gang.stop(dep.stop_grace_s)
+    gang.final_logs.clear()
+    outcome = gang.stop(dep.stop_grace_s, log_lines=LOCAL_LOG_LINES)
     try:
         save_local_logs(gang, store)
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
@@ -127,11 +154,11 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
 
 
 def save_local_logs(gang: Gang, store: StateStore) -> None:
-    """Copy the end of every node's log into the state directory (for `logs` after the nodes are gone)."""
+    """Keep each node's log end (read by the stop) in the state directory, for `logs` once the nodes are gone."""
     dest = store.logs_dir(gang.name)
     for folder in (dest.parent, dest):  # mkdir(parents=True) would make the parent 0755
         folder.mkdir(mode=0o700, exist_ok=True)
-    for rank, text in gang.logs(LOCAL_LOG_LINES).items():
+    for rank, text in gang.final_logs.items():
         if text:  # a node whose log is gone keeps its earlier copy; logs are private like the record
             fd = os.open(dest / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as fh:
@@ -139,9 +166,10 @@ def save_local_logs(gang: Gang, store: StateStore) -> None:
 
 
 def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: ExecutorFactory = open_executor,
-           on_event: EventSink = ignore, background: bool = True) -> Deployment:
-    """Bring the deployment up and hand it to a supervisor (background), or return with this process as
-    its owner (the caller supervises in the foreground)."""
+           on_event: EventSink = ignore, background: bool = True, preflight_catalog: Catalog | None = None,
+           skip_preflight: bool = False) -> Deployment:
+    """Preflight (unless skipped), bring the deployment up and hand it to a supervisor (background), or
+    return with this process as its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
     fleet = fleet_of(jobs, factory)  # an executor kind that cannot work here fails before any record
     head = min(jobs, key=lambda j: j.rank)
@@ -153,8 +181,10 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             if old is not None and old.status in ACTIVE:
                 raise StateError(f"deployment {name} is already {old.status} (record {store.path(name)})",
                                  hint=f"stop it first: k3deploy stop {name}")
-            store.save(new_record(plan, jobs, Identity.me("launch"), probe_from))
-        bring_up(gang, store, plan.topology.launch.ready_timeout_s)
+            record = new_record(plan, jobs, Identity.me("launch"), probe_from)
+            store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
+        gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
+        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate)
     finally:
         gang.close()
     if not background:
@@ -180,6 +210,32 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
 
 
+class PreflightFailed(GroupFailed):
+    """Launch refused to start: a preflight check failed (exit 4, nothing was started)."""
+
+    def __init__(self, report: Report) -> None:
+        found = report.first_failure()
+        assert found is not None
+        check, v = found
+        super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
+        self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
+        self.hint = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
+
+
+def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
+    """The preflight launch runs on the connected gang's fleet before anything starts; records the verdict."""
+    def gate(gang: Gang) -> None:
+        from k3deploy.preflight.runner import run_preflight
+
+        report = run_preflight(plan, catalog, jobs, gang.fleet)
+        verdict: Literal["passed", "failed"] = "failed" if report.exit_code else "passed"
+        store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
+        if report.exit_code:
+            raise PreflightFailed(report)
+
+    return gate
+
+
 def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
     """`python -m k3deploy.launch.supervisor STATE_FILE` in its own session, output to a local log."""
     log = store.directory / f"{name}.supervisor.log"
@@ -195,7 +251,8 @@ def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
 
 def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
          on_event: EventSink = ignore) -> tuple[Deployment, dict[int, str]]:
-    """Stop the owner (so it cannot restart anything), then every recorded node; idempotent."""
+    """Stop the owner, which stops the nodes over its live connections as it goes (a record in `stopping`
+    tells it to), then whatever recorded node it did not stop; idempotent."""
     with store.lock(name):
         dep = store.require(name)
         final_status: Status = "stopped" if dep.status in ACTIVE else dep.status
@@ -205,10 +262,14 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     owner = dep.owner
     if owner is not None and owner.alive() and not owner.terminate(dep.stop_grace_s + OWNER_EXIT_EXTRA_S):
         raise StateError(f"the {owner.role} process {owner.pid} of {name} did not exit")
-    dep = store.require(name)  # the owner may have recorded new handles before it went
-    gang = open_gang(dep, factory, on_event)
-    try:
-        outcome = teardown(gang, store, None, status=final_status, release_owner=True)
-    finally:
-        gang.close()
+    dep = store.require(name)  # the owner may have recorded new handles, or stopped the nodes, before it went
+    started = [n for n in dep.nodes if n.handle is not None]
+    outcome = {n.rank: "stopped" for n in started if n.phase == "stopped"}
+    left = [n.rank for n in started if n.phase != "stopped"]
+    if left or dep.status in ACTIVE:
+        gang = open_gang(dep, factory, on_event, ranks=left)
+        try:
+            outcome |= teardown(gang, store, None, status=final_status, release_owner=True)
+        finally:
+            gang.close()
     return store.require(name), outcome

@@ -7,9 +7,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.base import Executor, ProcessHandle, exit_record
@@ -17,14 +16,19 @@ from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
-from k3deploy.launch.nodecheck import check_script, verdict
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
+from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 
+# Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
+READY_POLL_S = 0.1
+# Nodes without channels (Ray) are asked this often while they start.
 POLL_S = 0.5
+READY_POLL_MAX_S = 0.5
+# After an exit line: rounds (this far apart) until the exited process is gone too.
+END_CHECKS = 20
+END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
-STOP_POLL_S = 0.2
-CHECK_TIMEOUT_S = 20.0
 
 
 class GroupFailed(LaunchError):
@@ -65,14 +69,26 @@ class Gang:
         self.fleet = fleet
         self.emit = on_event
         self.handles: dict[int, ProcessHandle] = {}
+        self.final_logs: dict[int, str] = {}  # each node's log end, read by `stop` right after stopping it
         self._head_http: NodeHttp | None = None
+        self._watches: list[NodeWatch] = []
 
     def executor(self, rank: int) -> Executor:
         """The executor of one node."""
         return self.fleet.executor(rank)
 
+    def watch(self, poll_s: float, tail_lines: int = FIRST_TAIL_LINES) -> NodeWatch:
+        """One stream per started node, following its log (closed with the gang at the latest); nodes without
+        channels (Ray) are polled every `poll_s` instead."""
+        streams = all(j.target.kind != "ray" for j in self.jobs)
+        self._watches.append(NodeWatch(self.fleet, lambda: self.handles, None if streams else poll_s))
+        return self._watches[-1].start(tail_lines=tail_lines)
+
     def close(self) -> None:
-        """Close the readiness client and every connection."""
+        """Close the streams, the readiness client and every connection."""
+        for w in self._watches:
+            w.close()  # before the connections go: a follower must not read from a closed one (Ray client)
+        self._watches.clear()
         if self._head_http is not None:
             self._head_http.close()
             self._head_http = None
@@ -91,23 +107,6 @@ class Gang:
             self._event(job, "connected") if o.ok else self._event(job, "unreachable", str(o.error))
         require_all(outcomes)
 
-    def check_nodes(self) -> None:
-        """Each node has its `iface` with its `ip` on it (one command round); GroupFailed naming the first
-        node (rank order) that does not, before anything is started."""
-        jobs = {j.rank: j for j in self.jobs if j.iface}
-
-        def one(rank: int, ex: Executor) -> str | None:
-            job = jobs[rank]
-            out = ex.run(check_script(job.iface), timeout_s=CHECK_TIMEOUT_S)
-            return verdict(job.iface, job.ip, out.stdout) if out.exit_code == 0 else None
-
-        for rank, o in sorted(self.fleet.map(one, jobs).items()):
-            if o.error is not None:
-                raise o.error
-            if o.value:
-                self._event(jobs[rank], "failed", o.value)
-                raise GroupFailed(Failure(rank=rank, host=o.host, cause=o.value))
-
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
         jobs = {j.rank: j for j in self.jobs}
@@ -125,7 +124,11 @@ class Gang:
 
         head, workers = self.jobs[0], [j.rank for j in self.jobs[1:]]
         one(head.rank, self.executor(head.rank))
+        # The readiness client (or tunnel) is made while the workers start, not when rank 0 may already serve.
+        warm = threading.Thread(target=self._warm_readiness, daemon=True, name="k3ready")
+        warm.start()
         failed = [o for _, o in sorted(self.fleet.map(one, workers).items()) if not o.ok]
+        warm.join()
         if failed:
             err = failed[0].error
             raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
@@ -174,36 +177,81 @@ class Gang:
         return None
 
     def wait_ready(self, timeout_s: float, interrupt: threading.Event | None = None) -> None:
-        """Until rank 0 serves every readiness path, watching all nodes; GroupFailed on any failure or the
-        deadline (the caller stops the group)."""
+        """Until rank 0 serves every readiness path (asked every READY_POLL_S), following every node's log on
+        one stream each; GroupFailed on any failure or the deadline (the caller stops the group)."""
         head = self.jobs[0]
+        jobs = {j.rank: j for j in self.jobs}
         deadline = time.monotonic() + timeout_s
         loading: set[int] = set()
-        why = "not polled yet"
-        for _ in range(int(timeout_s / POLL_S) + 100):
-            if interrupt is not None and interrupt.is_set():
-                raise KeyboardInterrupt
-            probes = self.probe(with_logs=True)
-            failure = self.first_failure(probes)
-            if failure is not None:
-                self._event(next(j for j in self.jobs if j.rank == failure.rank), "failed", failure.cause)
-                raise GroupFailed(failure)
-            for p in probes:
-                if p.log.strip() and p.job.rank not in loading:
-                    loading.add(p.job.rank)
-                    self._event(p.job, "loading")
-            ok, why = self.head_serving()
-            if ok:
-                for job in self.jobs:
-                    self._event(job, "ready")
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            _sleep(min(POLL_S, left), interrupt)
+        why = "not asked yet"
+        watch = self.watch(POLL_S)
+        try:
+            next_ask = time.monotonic()
+            for _ in range(10**7):  # ends at ready, a failure, the deadline or an interrupt
+                if interrupt is not None and interrupt.is_set():
+                    raise KeyboardInterrupt
+                asked = time.monotonic()
+                if asked >= next_ask:
+                    ok, why = self.head_serving()
+                    if ok:
+                        for job in self.jobs:
+                            self._event(job, "ready")
+                        return
+                    # A check that costs more (on the node through Ray: a task) is asked less often.
+                    took = time.monotonic() - asked
+                    next_ask = time.monotonic() + min(READY_POLL_MAX_S, max(READY_POLL_S, 4 * took))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for seen in watch.wait(min(next_ask - time.monotonic(), left)):
+                    if seen.kind == "poll":
+                        self._poll_round(loading)
+                        continue
+                    job = jobs[seen.rank]
+                    if seen.kind == "line" and seen.rank not in loading:
+                        loading.add(seen.rank)
+                        self._event(job, "loading")
+                    line = fatal_line(seen.text) if seen.kind == "line" else None
+                    if line:
+                        self._fail(Failure(rank=job.rank, host=job.host, cause=f"fatal error in its log: {line}",
+                                           log_tail=self._tail(job)))
+                    if seen.ends_process:
+                        self._check_after_end(seen.rank, watch)
+        finally:
+            watch.close(wait_s=0)  # followers end within a read timeout; ready need not wait for them
         raise GroupFailed(Failure(rank=head.rank, host=head.host,
                                   cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
                                   log_tail=self._tail(head)))
+
+    def _poll_round(self, loading: set[int]) -> None:
+        """Every node asked (alive and log): the first failure raised, a first log line reported."""
+        probes = self.probe(with_logs=True)
+        failure = self.first_failure(probes)
+        if failure is not None:
+            self._fail(failure)
+        for p in probes:
+            if p.log.strip() and p.job.rank not in loading:
+                loading.add(p.job.rank)
+                self._event(p.job, "loading")
+
+    def _fail(self, failure: Failure) -> None:
+        self._event(next(j for j in self.jobs if j.rank == failure.rank), "failed", failure.cause)
+        raise GroupFailed(failure)
+
+    def _check_after_end(self, rank: int, watch: NodeWatch) -> None:
+        """A node's stream says its process ended: one round over every node finds who failed first (the
+        wrapper may take a moment to go after writing its exit line); a stream that ended while its process
+        still runs is followed again."""
+        for _ in range(END_CHECKS):
+            probes = self.probe(with_logs=True)
+            failure = self.first_failure(probes)
+            if failure is not None:
+                self._fail(failure)
+            mine = next((p for p in probes if p.job.rank == rank), None)
+            if mine is None or exit_record(mine.log) is None:
+                break
+            time.sleep(END_CHECK_WAIT_S)
+        watch.refollow(rank, delay_s=REFOLLOW_DELAY_S)
 
     def _tail(self, job: NodeJob) -> str:
         handle = self.handles.get(job.rank)
@@ -214,55 +262,59 @@ class Gang:
         except ExecError:
             return ""
 
-    def stop(self, grace_s: float) -> dict[int, str]:
-        """SIGTERM every started group, wait up to grace_s, SIGKILL what is left; rank -> outcome."""
+    def stop(self, grace_s: float, log_lines: int = 0) -> dict[int, str]:
+        """Stop every started group, one command per node (SIGTERM, up to grace_s, SIGKILL, all on the node),
+        each node reported as it is done; with `log_lines`, the end of its log is read right after (into
+        `final_logs`). Rank -> outcome."""
         jobs = {j.rank: j for j in self.jobs if j.rank in self.handles}
-        outcome: dict[int, str] = {}
 
-        def send(sig: int) -> Callable[[int, Executor], bool]:
-            return lambda rank, ex: ex.signal(self.handles[rank], sig)
-
-        def still_there(outs: Mapping[int, Any]) -> list[int]:
-            return [rank for rank, o in sorted(outs.items()) if o.value or o.error is not None]
+        def one(rank: int, ex: Executor) -> str:
+            job, handle = jobs[rank], self.handles[rank]
+            try:
+                gone = ex.terminate(handle, grace_s)
+                if job.container:
+                    self._remove_container(job, ex)
+            except ExecError as exc:
+                what = f"unreachable: {exc}"
+                self._event(job, "failed", what)
+                return what
+            what = "stopped" if gone else "processes survived SIGKILL"
+            self._event(job, "stopped") if gone else self._event(job, "failed", what)
+            if log_lines:
+                try:
+                    self.final_logs[rank] = ex.read_log(handle, log_lines)
+                except ExecError:
+                    pass  # the outcome stands; `logs` says the copy is missing
+            return what
 
         for job in jobs.values():
             self._event(job, "stopping")
-        for rank, o in self.fleet.map(send(signal.SIGTERM), jobs).items():
-            if o.error is not None:
-                outcome[rank] = f"unreachable: {o.error}"
-        pending = [r for r in jobs if r not in outcome]
-        deadline = time.monotonic() + grace_s
-        for _ in range(int(grace_s / STOP_POLL_S) + 2):
-            pending = still_there(self.fleet.map(lambda rank, ex: ex.alive(self.handles[rank]), pending))
-            if not pending or time.monotonic() >= deadline:
-                break
-            time.sleep(STOP_POLL_S)
-        reachable = [r for r in jobs if r not in outcome]
-        for _ in range(3):  # SIGKILL whatever of each group is left, until nothing carries the tag
-            self.fleet.map(send(signal.SIGKILL), reachable)
-            self.fleet.map(self._remove_container, [r for r in reachable if jobs[r].container])
-            left = still_there(self.fleet.map(send(0), reachable))
-            if not left:
-                break
-            reachable = left
-            time.sleep(STOP_POLL_S)
-        else:
-            for rank in reachable:
-                outcome[rank] = "processes survived SIGKILL"
-        for rank, job in jobs.items():
-            what = outcome.setdefault(rank, "stopped")
-            self._event(job, "stopped") if what == "stopped" else self._event(job, "failed", what)
-        return outcome
+        outs = self.fleet.map(one, jobs)
+        return {rank: o.value if o.value is not None else f"unreachable: {o.error}" for rank, o in outs.items()}
 
-    def _remove_container(self, rank: int, ex: Executor) -> None:
-        container = next(j.container for j in self.jobs if j.rank == rank)
-        assert container is not None
-        ex.run(shlex.join(["docker", "rm", "-f", container]), timeout_s=60)
+    @staticmethod
+    def _remove_container(job: NodeJob, ex: Executor) -> None:
+        assert job.container is not None
+        ex.run(shlex.join(["docker", "rm", "-f", job.container]), timeout_s=60)
 
     def logs(self, lines: int) -> dict[int, str]:
         """The last `lines` lines of every started node's log (unreachable nodes left out)."""
         outs = self.fleet.map(lambda rank, ex: ex.read_log(self.handles[rank], lines), list(self.handles))
         return {rank: o.value for rank, o in outs.items() if o.value is not None}
+
+    def _warm_readiness(self) -> None:
+        if self.jobs[0].ready.url:
+            try:
+                _ = self._readiness_client().route
+            except ExecError:
+                pass  # asked again by head_serving, which reports it
+
+    def _readiness_client(self) -> NodeHttp:
+        head = self.jobs[0]
+        if self._head_http is None:
+            via = self.executor(head.rank) if self.probe_from == "head" else None
+            self._head_http = NodeHttp(head.ready.url or "", via=via)
+        return self._head_http
 
     def head_serving(self) -> tuple[bool, str]:
         """Rank 0 answers every readiness path, asked from here or as rank 0 itself sees it (`probe_from`:
@@ -270,11 +322,8 @@ class Gang:
         head = self.jobs[0]
         if head.ready.kind == "none" or not head.ready.url:
             return True, ""
-        if self._head_http is None:
-            via = self.executor(head.rank) if self.probe_from == "head" else None
-            self._head_http = NodeHttp(head.ready.url, via=via)
         try:
-            return serving(self._head_http, head.ready.paths)
+            return serving(self._readiness_client(), head.ready.paths)
         except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
             return False, str(exc)
 
@@ -288,9 +337,3 @@ def _signal_note(status: int) -> str:
     return ""
 
 
-def _sleep(seconds: float, interrupt: threading.Event | None) -> None:
-    if interrupt is not None:
-        if interrupt.wait(seconds):
-            raise KeyboardInterrupt
-    else:
-        time.sleep(seconds)

@@ -79,6 +79,9 @@ class Deployment(Record):
     owner: Identity | None = None
     failure: Failure | None = None
     attempts: tuple[Attempt, ...] = ()
+    # Records written before preflight existed load as "none".
+    preflight: Literal["passed", "failed", "skipped", "none"] = Field(
+        "none", description="the preflight before the first start: passed, failed, skipped (--skip-preflight)")
 
     def with_node(self, rank: int, **changes: object) -> Deployment:
         """A copy with one node's fields changed."""

@@ -1,8 +1,9 @@
 """Supervision for the life of a deployment: one node gone, all stopped, cause recorded; restart policy.
 
 Runs detached as `python -m k3deploy.launch.supervisor STATE_FILE` (owner recorded in the state), or in
-the foreground under `launch --attach`. SIGTERM/SIGINT end it without touching the nodes: `stop` signals
-the supervisor first, then stops the nodes itself.
+the foreground under `launch --attach`. SIGTERM/SIGINT end it without touching the nodes, unless the record
+says `stopping`: then `stop` sent it, and it stops every node over its live connections before it exits
+(`stop` then has nothing left to do but what the supervisor could not reach).
 """
 from __future__ import annotations
 
@@ -20,11 +21,17 @@ from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity
 from k3deploy.launch.state import Attempt, Deployment, Failure, StateStore
+from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
 
-POLL_S = 1.0
-# Consecutive polls a host may be unreachable before it counts as failed (one SSH hiccup is not a death).
+# A process that ends is seen through its node's stream at once; this round only finds hosts gone silent.
+POLL_S = 10.0
+# Nodes without channels (Ray) have no streams: every node is asked this often instead.
+POLL_NO_STREAMS_S = 1.0
+# Consecutive rounds a host may be unreachable before it counts as failed (one SSH hiccup is not a death).
 UNREACHABLE_POLLS = 2
 OWNER_WAIT_S = 10.0
+# How soon a stop request (a signal setting stop_event) is noticed between stream events.
+WAKE_S = 0.05
 
 
 class Supervisor:
@@ -43,24 +50,49 @@ class Supervisor:
         self.gang = open_gang(self.store.require(self.name), self.factory, self.emit)
         try:
             self._watch(self.gang)
+            if self.stop_event.is_set() and self.store.require(self.name).status == "stopping":
+                # `stop` asked: stop the nodes over these live connections instead of it reconnecting.
+                teardown(self.gang, self.store, None, status="stopped", release_owner=True)
         finally:
             self.gang.close()
         return self.store.require(self.name)
 
     def _watch(self, gang: Gang) -> None:
+        """Each node's log on one long-lived stream: a process that ends is seen at once (its stream ends, or
+        its exit line arrives) and checked; every `poll_s` one `alive` round catches hosts gone silent."""
+        watch = gang.watch(POLL_NO_STREAMS_S, tail_lines=0)
+        try:
+            self._follow(gang, watch)
+        finally:
+            watch.close(wait_s=0)  # the followers end with their streams; a stop need not wait for them
+
+    def _follow(self, gang: Gang, watch: NodeWatch) -> None:
         misses: dict[int, int] = {}
-        outage = 0  # consecutive polls in which no node answered
+        outage = 0  # consecutive rounds in which no node answered
+        unfollowed: set[int] = set()  # nodes whose stream ended while they could not be asked
+        next_round = time.monotonic() + self.poll_s
         for _ in range(10**9):  # ends on stop_event or when the restart budget is spent
-            if self.stop_event.wait(self.poll_s):
+            if self.stop_event.is_set():
                 return
+            ended = {s.rank for s in watch.wait(min(WAKE_S, max(0.0, next_round - time.monotonic())))
+                     if s.ends_process}
+            if not ended and time.monotonic() < next_round:
+                continue
+            next_round = time.monotonic() + self.poll_s
             probes = gang.probe(with_logs=False)
             for p in probes:
                 misses[p.job.rank] = misses.get(p.job.rank, 0) + 1 if p.alive is None else 0
+                if p.job.rank in ended or p.job.rank in unfollowed:  # a stream ended under a live process
+                    if p.alive:
+                        unfollowed.discard(p.job.rank)
+                        watch.refollow(p.job.rank, delay_s=REFOLLOW_DELAY_S)
+                    elif p.alive is None:
+                        unfollowed.add(p.job.rank)
             failure = gang.first_failure(probes, unreachable_counts=False)
             if failure is None and probes and all(p.alive is None for p in probes):
                 # No node answers at all: this machine's (or the jump host's) network, not a dead node. Tearing
                 # down would fail to reach them anyway and leave the engines unsupervised under a "failed" record.
-                # Such a poll says nothing about any one node, so it counts toward no node's misses.
+                # Such a round says nothing about any one node, so it counts toward no node's misses.
                 outage += 1
                 misses.clear()
                 if outage == UNREACHABLE_POLLS:
@@ -83,6 +115,8 @@ class Supervisor:
             if not budget_left or not self._restart(gang):
                 return
             misses.clear()
+            unfollowed.clear()
+            watch.start(tail_lines=0)  # the new processes
 
     def _restart(self, gang: Gang) -> bool:
         """Relaunch the whole group with doubling backoff until ready or the budget is spent."""
@@ -142,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def log(event: NodeEvent) -> None:
         who = "group" if event.rank == GROUP else f"rank {event.rank} {event.host}"
-        print(f"{time.strftime('%H:%M:%S')} {who}: {event.phase} {event.detail}".rstrip(), flush=True)
+        stamp = time.strftime("%H:%M:%S", time.localtime(event.at)) + f".{int(event.at * 1000) % 1000:03d}"
+        print(f"{stamp} {who}: {event.phase} {event.detail}".rstrip(), flush=True)
 
     me = Identity.me("supervisor")
     if not _wait_for_ownership(store, name, me):

@@ -22,6 +22,14 @@ VLLM_NO_CACHE = (
     "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
     "when initializing the engine."
 )
+# vLLM logs its MXFP4 MoE backends by enum name, not by the --moe-backend spelling.
+VLLM_MOE_NAMES = {"marlin": "MARLIN", "flashinfer_trtllm": "FLASHINFER_TRTLLM_MXFP4_BF16",
+                  "flashinfer_cutlass": "FLASHINFER_CUTLASS_MXFP4_BF16", "triton": "TRITON"}
+VLLM_FP4_MARLIN_WARNING = (
+    "Your GPU does not have native support for FP4 computation but FP4 quantization is being used. "
+    "Weight-only FP4 compression will be used leveraging the Marlin kernel. This may degrade performance for "
+    "compute-heavy workloads."
+)
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16"}
 _SSM_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -67,7 +75,7 @@ def moe_choice(cfg: ServeConfig, hw: HardwareSpec, *, wrong_kernel: bool = False
                 False,
             )
         used = asked if asked != "auto" else ("flashinfer_trtllm" if hw.native_mxfp4 else "marlin")
-        return MoeChoice(used, f"Using '{used}' Mxfp4 MoE backend.", False)
+        return MoeChoice(used, f"Using '{VLLM_MOE_NAMES.get(used, used.upper())}' Mxfp4 MoE backend.", False)
     if wrong_kernel:
         used = "triton" if asked != "triton" else "flashinfer_cutlass"
         return MoeChoice(used, f"Kimi-K3 on {_sm(hw)}: moe_runner_backend={used} (asked for {asked}).", False)

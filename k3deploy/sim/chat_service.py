@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3deploy.sim.engine_core import STALL_S, EngineCore, Job
-from k3deploy.sim.generation import complete
+from k3deploy.sim.generation import Completion, complete
+from k3deploy.sim.recall import recall_answer, state_view
 from k3deploy.sim.stream import ChatParser, Frame, stream_flags
-from k3deploy.sim.tokens import render_prompt, token_ids
+from k3deploy.sim.tokens import message_text, render_prompt, token_ids
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens default in the OpenAI API and both engines
 
@@ -168,7 +169,16 @@ class ChatService(EngineCore):
         self._check_alive()
         messages, tools, choice = self._validate(body)
         prompt = render_prompt(messages, tools if choice != "none" else None)
-        done = complete(messages, tools=tools, tool_choice=choice, **self._generation(body, len(prompt.ids)))
+        gen = self._generation(body, len(prompt.ids))
+        asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
+
+        def decide(cached: int) -> Completion:
+            """The completion as the KDA state after a hit of `cached` tokens lets the model read its context."""
+            view = state_view(self.faults, len(prompt.ids), cached)
+            answer = recall_answer(prompt.text, asked, view)
+            return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag, **gen)
+
+        done = decide(0)
         # A required or named tool_choice runs guided decoding, which returns the call structured
         # whatever the tool parser; `auto` relies on the kimi_k3 parser.
         guided = choice == "required" or isinstance(choice, dict)
@@ -177,7 +187,7 @@ class ChatService(EngineCore):
             self.cfg.reasoning_parser == "kimi_k3",
             self.cfg.tool_calls_structured or guided,
         )
-        job = Job(prompt.ids, prompt.boundaries, done)
+        job = Job(prompt.ids, prompt.boundaries, done, rehit=decide if "wrong_cache_state" in self.faults else None)
         frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
         if body.get("stream"):
             return Reply(chunks=self._chat_chunks(job, parser, frame, body))
@@ -188,7 +198,7 @@ class ChatService(EngineCore):
             "index": 0,
             "message": parser.message(self.cfg.mimic),
             "logprobs": None,
-            "finish_reason": parser.finish_reason(done),
+            "finish_reason": parser.finish_reason(job.done),
         }
         return Reply(
             body={
@@ -207,11 +217,11 @@ class ChatService(EngineCore):
         def out(chunk: dict[str, Any]) -> dict[str, Any]:
             return {**chunk, "usage": self.usage(job, brief=True)} if continuous else chunk
 
-        last = job.done.tokens - 1
         finished = False
         with closing(self._run(job)) as pieces:
             for i, piece in enumerate(pieces):
-                if i == 0:
+                if i == 0:  # a prefix hit may have changed the completion (rehit): count it now
+                    last = job.done.tokens - 1
                     yield out(frame.chat({"role": "assistant", "content": ""}))
                 delta = parser.delta(piece)
                 if delta is None:

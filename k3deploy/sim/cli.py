@@ -30,7 +30,7 @@ def _add_make_checkpoint(subparsers: Subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the deterministic tensor contents")
     parser.add_argument(
         "--corrupt",
-        choices=("truncate", "flip"),
+        choices=("truncate", "flip", "missing-tensor", "wrong-dtype"),
         default=None,
         help="damage one shard after writing the manifest (for integrity-check tests)",
     )

@@ -12,11 +12,12 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from k3deploy.sim.admission import Admission
+from k3deploy.sim.faults import Faults
 from k3deploy.sim.generation import Completion, Piece
 from k3deploy.sim.log_format import EngineLog
 from k3deploy.sim.metrics import EngineMetrics, ServingStats
@@ -42,15 +43,23 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     cached: int = 0
     generated: int = 0
+    # Set when a prefix hit changes what is generated (a wrongly restored state): the completion for a hit.
+    rehit: Callable[[int], Completion] | None = None
 
 
 class EngineCore:
     """Shared by every request thread (the HTTP server runs one thread per connection)."""
 
     def __init__(
-        self, cfg: ServeConfig, admission: Admission, log: EngineLog, perf: PerfModel | None = None
+        self,
+        cfg: ServeConfig,
+        admission: Admission,
+        log: EngineLog,
+        perf: PerfModel | None = None,
+        faults: Faults | None = None,
     ) -> None:
         self.cfg = cfg
+        self.faults = faults or Faults()
         self.admission = admission
         self.log = log
         self.state: State = "starting"
@@ -107,6 +116,8 @@ class EngineCore:
             s.running += 1
             hit = self.cache.lookup(job.ids).hit_tokens if self.cfg.prefix_cache else 0
             job.cached = max(min(hit, len(job.ids) - 1), 0)
+        if job.rehit is not None and job.cached:
+            job.done = job.rehit(job.cached)
         if self.cfg.mimic == "sglang":
             self.log.info(
                 f"Prefill batch. #new-seq: 1, #new-token: {len(job.ids) - job.cached}, #cached-token: "

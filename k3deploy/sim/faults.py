@@ -1,4 +1,5 @@
-"""Fault injection for tests: K3SIM_FAULT=name[:seconds][,...], only on K3SIM_FAULT_RANK when set."""
+"""Fault injection for tests: K3SIM_FAULT=name[:value][,...], only on K3SIM_FAULT_RANK when set (values are
+seconds, tokens or factors, as each fault says in the README)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from dataclasses import dataclass, field
 
 FAULT_ENV = "K3SIM_FAULT"
 FAULT_RANK_ENV = "K3SIM_FAULT_RANK"
-FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel", "oom")
+FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel", "oom",
+          # The engine runs a different expert-parallel size than it was given (and says so).
+          "wrong_topology",
+          # The parser flag was passed, yet the engine answers as if it had no such parser.
+          "no_reasoning_parser", "no_tool_parser",
+          # what the validate stages long, prefix-cache and effort must catch
+          "no_prefix_cache", "no_cache_report", "wrong_cache_state", "short_context", "slow_decode",
+          "kda_state_zeroed", "kda_state_lost_beyond")
 # Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
 HANG_DEFAULT_S = 3600.0
 SLOW_LOAD_DEFAULT_S = 10.0
@@ -32,6 +40,11 @@ class Faults:
         value = self.active.get(name)
         return min(value if value is not None else default, MAX_SLEEP_S)
 
+    def value(self, name: str, default: float) -> float:
+        """The fault's value (tokens, a factor), or default when none was given."""
+        value = self.active.get(name)
+        return value if value is not None else default
+
 
 def parse_faults(env: Mapping[str, str], node_rank: int) -> Faults:
     """The faults named in env that apply to this node rank."""
@@ -47,7 +60,7 @@ def parse_faults(env: Mapping[str, str], node_rank: int) -> Faults:
         try:
             active[name] = float(value) if value else None
         except ValueError as exc:
-            raise FaultError(f"{FAULT_ENV}: {name} takes seconds, not {value!r}") from exc
+            raise FaultError(f"{FAULT_ENV}: {name} takes a number, not {value!r}") from exc
     if rank and int(rank) != node_rank:
         return Faults()
     return Faults(active)

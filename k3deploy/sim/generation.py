@@ -135,7 +135,9 @@ def tool_arguments(fn: dict[str, Any], user_text: str) -> dict[str, Any]:
     return {name: _argument(props.get(name, {}), last_word) for name in names}
 
 
-def _tail(fn: dict[str, Any] | None, asked: str, seed: bytes) -> list[tuple[Kind, str]]:
+def _tail(fn: dict[str, Any] | None, asked: str, seed: bytes, answer: Sequence[str] | None) -> list[tuple[Kind, str]]:
+    if fn is None and answer is not None:
+        return [("content", " " + " ".join(answer))]
     if fn is None:
         return [("content", _fit(["Stand-in", "answer:", *_words(asked)[:6]], ANSWER_WORDS, seed + b"a"))]
     args = json.dumps(tool_arguments(fn, asked), ensure_ascii=False)
@@ -173,9 +175,12 @@ def complete(
     max_tokens: int | None = None,
     min_tokens: int = 0,
     ignore_eos: bool = False,
+    answer: Sequence[str] | None = None,
+    state_tag: bytes = b"",
 ) -> Completion:
-    """The completion for a conversation: past its natural end with ignore_eos or min_tokens, cut at max_tokens."""
-    seed = json.dumps([messages, tools, tool_choice, effort], sort_keys=True, default=str).encode()
+    """The completion for a conversation: past its natural end with ignore_eos or min_tokens, cut at max_tokens;
+    `answer` replaces the answer's words (recalled facts), `state_tag` names a wrong KDA state (other words)."""
+    seed = json.dumps([messages, tools, tool_choice, effort], sort_keys=True, default=str).encode() + state_tag
     last = messages[-1] if messages else {}
     asked = message_text(last.get("content"))
     words = EFFORT_REASONING_WORDS.get(effort or DEFAULT_EFFORT, EFFORT_REASONING_WORDS[DEFAULT_EFFORT])
@@ -187,7 +192,7 @@ def complete(
             ("think", THINK_OPEN),
             ("reasoning", f" {reasoning}"),
             ("think", f" {THINK_CLOSE}"),
-            *_tail(fn, asked, seed),
+            *_tail(fn, asked, seed, answer),
         ]
     )
     wanted = max(min_tokens, max_tokens if ignore_eos and max_tokens is not None else 0)

@@ -14,6 +14,8 @@ GPU_ENV = "K3SIM_GPU"
 DEFAULT_GPU = "sim"
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
+# The model classes this stand-in can serve (what `k3deploy preflight` asks an engine for).
+SUPPORTED_ARCHITECTURES = ("KimiK3ForConditionalGeneration",)
 _SOURCE = "k3deploy.sim: read from config.json"
 # Architecture field -> key inside text_config (or inside its linear_attn_config when prefixed "lin.").
 _FIELDS = {

@@ -60,6 +60,7 @@ class PerfModel:
     bandwidth_bps: float
     flops_per_s: float
     speed: float
+    decode_slowdown: float = 1.0  # the slow_decode fault: every decode step takes this many times longer
 
     @classmethod
     def build(
@@ -72,6 +73,7 @@ class PerfModel:
         kv_bytes_per_token: float,
         state_bytes_per_request: float,
         speed: float = 1.0,
+        decode_slowdown: float = 1.0,
     ) -> PerfModel:
         """The model for one GPU of a replica laid out as given."""
         if hw.bf16_tflops is None:
@@ -93,6 +95,7 @@ class PerfModel:
             bandwidth_bps=hw.bandwidth_tbps * 1e12,
             flops_per_s=hw.bf16_tflops * 1e12,
             speed=speed,
+            decode_slowdown=decode_slowdown,
         )
 
     def step_s(self, batch: int, context_tokens: int = 0) -> float:
@@ -105,7 +108,8 @@ class PerfModel:
             + self.kv_bytes_per_token * context_tokens
             + self.state_bytes_per_request * b
         )
-        return max(read / self.bandwidth_bps, b * self.flops_per_token / self.flops_per_s) / self.speed
+        step = max(read / self.bandwidth_bps, b * self.flops_per_token / self.flops_per_s)
+        return step * self.decode_slowdown / self.speed
 
     def prefill_s(self, uncached_tokens: int) -> float:
         """Prefill of the tokens the prefix cache did not cover (0 when nothing is left to compute)."""

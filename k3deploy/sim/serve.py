@@ -8,6 +8,7 @@ job. When the head dies, workers notice through the heartbeat within seconds and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import NoReturn
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.sim import startup_lines as lines
-from k3deploy.sim.admission import Admission, admit, oom_line
+from k3deploy.sim.admission import VLLM_FP4_MARLIN_WARNING, Admission, admit, oom_line
 from k3deploy.sim.chat_service import ChatService
 from k3deploy.sim.engine_args import Mimic, parse_engine_args
 from k3deploy.sim.faults import SLOW_LOAD_DEFAULT_S, FaultError, Faults, parse_faults
@@ -30,6 +31,7 @@ from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
 
 LIFETIME_ENV = "K3SIM_MAX_LIFETIME_S"
+SLOW_DECODE_DEFAULT = 10.0  # the slow_decode fault's factor on each decode step
 # A forgotten stand-in (a test runner killed mid-run) stops by itself after a day.
 DEFAULT_LIFETIME_S = 86400.0
 
@@ -47,9 +49,15 @@ class Node:
         lifetime_s: float = DEFAULT_LIFETIME_S,
         speed: float = 1.0,
     ) -> None:
+        # Faults that make the engine serve otherwise than its flags say (what validate must notice).
+        cfg = dataclasses.replace(cfg, prefix_cache=cfg.prefix_cache and "no_prefix_cache" not in faults,
+                                  cache_report=cfg.cache_report and "no_cache_report" not in faults)
         self.cfg, self.model, self.hw, self.faults, self.log = cfg, model, hw, faults, log
         self.lifetime_s = lifetime_s
         self.adm: Admission = admit(cfg, model, hw, wrong_kernel="wrong_kernel" in faults)
+        if "short_context" in faults:
+            short = int(faults.value("short_context", self.adm.context_length // 4))
+            self.adm = dataclasses.replace(self.adm, context_length=short)
         b = self.adm.budget
         self.perf = PerfModel.build(
             model,
@@ -59,6 +67,7 @@ class Node:
             kv_bytes_per_token=b.mla_kv_bytes_per_token,
             state_bytes_per_request=b.kda_state_bytes_per_slot,  # one live state per running request
             speed=speed,
+            decode_slowdown=faults.value("slow_decode", SLOW_DECODE_DEFAULT) if "slow_decode" in faults else 1.0,
         )
         self.members = Membership(cfg, log, faults)
         self.service: ChatService | None = None
@@ -71,7 +80,10 @@ class Node:
     def run(self) -> int:
         """Start up; on success serve until killed (never returns), else return the exit status."""
         cfg, log = self.cfg, self.log
-        log.info(lines.server_args_line(cfg), source="server", where="utils.py:320")
+        attention = lines.sglang_attention_line(cfg, self.hw) if cfg.mimic == "sglang" else None
+        if attention:
+            log.info(attention, source="server", where="server_args.py:1650")
+        log.info(lines.server_args_line(cfg, self.hw, self._moe_asked()), source="server", where="utils.py:320")
         if cfg.mimic == "vllm":
             log.info(f"vLLM API server version {cfg.version}", source="server", where="api_server.py:1820")
             if not cfg.serves_api:
@@ -84,7 +96,7 @@ class Node:
         return self._load_and_serve()
 
     def _bind(self) -> bool:
-        self.service = ChatService(self.cfg, self.adm, self.log, self.perf)
+        self.service = ChatService(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
         try:
             self.api = ApiServer(
                 self.service, self.log, self.cfg.bind_host, self.cfg.port, self._server_info()
@@ -99,8 +111,12 @@ class Node:
         self.api.start()  # answers 503 on /health until the engine is ready
         return True
 
+    def _moe_asked(self) -> str:
+        # SGLang's argument handling rewrites the MoE backend only where it logs that it did.
+        return self.adm.moe.backend if self.adm.moe.log_line else self.cfg.moe_backend
+
     def _server_info(self) -> dict[str, object]:
-        moe = self.adm.moe.backend if self.adm.moe.log_line else self.cfg.moe_backend
+        moe = self._moe_asked()
         return {
             **self.cfg.args,
             "model_path": self.cfg.model_path,
@@ -121,12 +137,15 @@ class Node:
             log.info(lines.sglang_load_begin(adm), where="model_runner.py:760")
         else:
             log.info(lines.vllm_block_line(adm), where="config.py:420")
+            log.info(lines.vllm_attention_line(cfg, self.hw), where="cuda.py:380")
             log.info(f"Starting to load model {cfg.model_path}...", where="gpu_model_runner.py:3100")
             ep_line = lines.vllm_ep_line(adm, log.ranks, self.model)
             if ep_line:
                 log.info(ep_line, where="layer.py:1310")
         if adm.moe.log_line:
             log.info(adm.moe.log_line, where="mxfp4.py:210")
+        if cfg.mimic == "vllm" and adm.moe.backend == "marlin" and not self.hw.native_mxfp4:
+            log.warning(VLLM_FP4_MARLIN_WARNING, where="marlin_utils_fp4.py:90")
         if "oom" in self.faults:
             self.fail(oom_line(adm.budget, self.hw, self.model.architecture.moe_layers))
         if adm.verdict == "oom" and adm.error:
@@ -218,6 +237,20 @@ class Node:
         exit_now(0)
 
 
+def with_faults(cfg: ServeConfig, faults: Faults) -> ServeConfig:
+    """The configuration the engine really runs under the configuration faults."""
+    if "wrong_topology" in faults:
+        ep = 1 if cfg.ep > 1 else cfg.tp  # as if --ep-size were ignored (or experts split although not asked)
+        # SGLang reports its resolved arguments; vLLM's logged arguments stay as parsed.
+        args = {**cfg.args, "ep_size": ep} if cfg.mimic == "sglang" else cfg.args
+        cfg = dataclasses.replace(cfg, ep=ep, args=args)
+    if "no_reasoning_parser" in faults:
+        cfg = dataclasses.replace(cfg, reasoning_parser=None)
+    if "no_tool_parser" in faults:
+        cfg = dataclasses.replace(cfg, tool_parser=f"{cfg.tool_parser} (not loaded)")
+    return cfg
+
+
 def serve_main(mimic: Mimic, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Run one stand-in node; return its exit status (argparse errors exit 2 by themselves)."""
     env = os.environ if env is None else env
@@ -228,6 +261,12 @@ def serve_main(mimic: Mimic, argv: Sequence[str], env: Mapping[str, str] | None 
         print(exc, file=sys.stderr, flush=True)
         return FAILED
     rdv = cfg.rendezvous
+    try:
+        faults = parse_faults(env, rdv.node_rank)
+    except FaultError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return FAILED
+    cfg = with_faults(cfg, faults)
     ranks = first_gpu_ranks(
         rdv.node_rank,
         cfg.gpus_per_node,
@@ -240,13 +279,12 @@ def serve_main(mimic: Mimic, argv: Sequence[str], env: Mapping[str, str] | None 
     )
     log = EngineLog(mimic, ranks)
     try:
-        faults = parse_faults(env, rdv.node_rank)
         model = model_spec(read_config(cfg.model_path))
         hw = hardware(env)
         lifetime_s = float(env.get(LIFETIME_ENV) or DEFAULT_LIFETIME_S)
         speed = speed_factor(env)
         node = Node(cfg, model, hw, faults, log, lifetime_s, speed)
-    except (FaultError, ModelError, PacingError, ValueError) as exc:
+    except (ModelError, PacingError, ValueError) as exc:
         log.error(str(exc), source="server")
         return FAILED
     return node.run()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from k3deploy.catalog.specs import DTYPE_BYTES, GIB, ModelSpec
+from k3deploy.catalog.specs import DTYPE_BYTES, GIB, HardwareSpec, ModelSpec
 from k3deploy.sim.admission import Admission
 from k3deploy.sim.engine_args import engine_defaults
 from k3deploy.sim.log_format import Ranks
@@ -33,14 +33,44 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f}"
 
 
-def server_args_line(cfg: ServeConfig) -> str:
-    """SGLang's `server_args=ServerArgs(...)` line (set values only) or vLLM's `non-default args` line."""
+def sglang_default_attention(hw: HardwareSpec) -> str:
+    """The attention backend SGLang picks for an MLA model when none is given."""
+    if hw.arch == "sm90":
+        return "fa3"
+    if hw.arch.startswith("sm10"):
+        return "trtllm_mla"
+    return "aiter" if hw.vendor == "amd" else "triton"
+
+
+def sglang_attention_line(cfg: ServeConfig, hw: HardwareSpec) -> str | None:
+    """SGLang's note when --attention-backend is unset (None when it was given)."""
+    if cfg.args.get("attention_backend"):
+        return None
+    return f"Attention backend not explicitly specified. Use {sglang_default_attention(hw)} backend by default."
+
+
+def server_args_line(cfg: ServeConfig, hw: HardwareSpec, moe_backend: str) -> str:
+    """SGLang's `server_args=ServerArgs(...)` dump (every resolved argument) or vLLM's `non-default args` line."""
+    if cfg.mimic == "sglang":
+        resolved = {**cfg.args, "moe_runner_backend": moe_backend,
+                    "attention_backend": cfg.args.get("attention_backend") or sglang_default_attention(hw)}
+        inner = ", ".join(f"{k}={v!r}" for k, v in resolved.items() if k != "mimic")
+        return f"server_args=ServerArgs({inner})"
     defaults = engine_defaults(cfg.mimic)
     changed = {k: v for k, v in cfg.args.items() if k in defaults and v != defaults[k] and k != "mimic"}
-    if cfg.mimic == "sglang":
-        inner = ", ".join(f"{k}={v!r}" for k, v in changed.items())
-        return f"server_args=ServerArgs({inner})"
     return f"non-default args: {changed}"
+
+
+def vllm_attention_line(cfg: ServeConfig, hw: HardwareSpec) -> str:
+    """vLLM's attention backend choice for an MLA model on this accelerator."""
+    if hw.arch == "sm90":
+        candidates = ["FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA"]
+    elif hw.arch.startswith("sm10"):
+        candidates = ["FLASHINFER_MLA", "CUTLASS_MLA", "TRITON_MLA"]
+    else:
+        candidates = ["TRITON_MLA"]
+    used = (cfg.decode_attention_backend or candidates[0]).upper()
+    return f"Using {used} attention backend out of potential backends: {candidates}"
 
 
 def failure_block(cfg: ServeConfig, exception_line: str) -> str:

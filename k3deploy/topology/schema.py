@@ -274,11 +274,38 @@ class Launch(Strict):
 class ValidateSettings(Strict):
     """Thresholds for `k3deploy validate`."""
 
-    long_request_tokens: int = Field(65536, ge=1, description="prompt length of the long-request stage")
+    long_request_tokens: int | None = Field(None, ge=1, description="prompt tokens of the long stage's request "
+                                            "(default: long_request_fraction of serving.context_length)")
+    long_request_fraction: float = Field(0.9, gt=0, le=1, description="the long request's share of "
+                                         "serving.context_length when long_request_tokens is not set")
+    answer_max_tokens: int = Field(2048, ge=16, description="max_tokens of the long and prefix-cache requests "
+                                   "(K3 reasons first; asked at low effort); kept free of the context")
+    retrieval_depths: list[float] = Field([0.1, 0.5, 0.9], min_length=1, description="where facts are planted "
+                                          "in the long and prefix-cache prompts (0 = start, 1 = end)")
+    prefix_cache_tokens: int = Field(8192, ge=1, description="shared prefix of the prefix-cache stage's "
+                                     "conversation (well past the hash block)")
+    cache_block_tokens: int = Field(512, ge=1, description="the engine's prefix-cache hash block (K3's design: "
+                                    "512; vLLM --prefix-match-unit changes it): hits land on its multiples")
     min_cache_hit_ratio: float = Field(0.5, ge=0, le=1, description="minimum cached/prompt on turn 2")
-    min_throughput_tok_s: float = Field(0.0, ge=0, description="minimum aggregate output tokens/s")
-    concurrency: int = Field(8, ge=1, description="concurrent requests in the throughput stage")
+    min_throughput_tok_s: float = Field(0.0, ge=0, description="minimum output tokens/s of each effort workload")
+    max_p99_ttft_s: float | None = Field(None, gt=0, description="maximum p99 time to first token in the effort "
+                                         "stage (none: not checked)")
+    max_mean_tpot_ms: float | None = Field(None, gt=0, description="maximum mean time per output token in the "
+                                           "effort stage (none: not checked)")
+    concurrency: int = Field(8, ge=1, description="concurrent requests in the effort stage")
+    effort_requests: int | None = Field(None, ge=1, description="requests per effort workload (default: 2 x "
+                                        "concurrency)")
+    effort_prompt_tokens: int = Field(1024, ge=16, description="approximate prompt tokens of each effort request "
+                                      "(at least 2 x cache_block_tokens, so that the shared prefix can hit)")
+    effort_max_tokens: int = Field(2048, ge=1, description="max_tokens of each effort request (bounds the run)")
+    effort_via: Literal["auto", "reasoning_effort", "chat_template_kwargs"] = Field(
+        "auto", description="how requests ask for serving.reasoning_effort: top-level reasoning_effort, "
+        "chat_template_kwargs.thinking_effort, or auto (SGLang: the first, vLLM: the second)")
     request_timeout_s: float = Field(600.0, gt=0, description="per-request timeout")
+    manifest: str | None = Field(None, description="checkpoint manifest (`k3deploy manifest create/from-hub`) the "
+                                 "shards stage checks every node against; relative to the topology file")
+    shards_timeout_s: float | None = Field(None, gt=0, description="bound on the shards stage per node (default: "
+                                           "300 s + checkpoint bytes at 100 MB/s)")
 
 
 class Topology(Strict):

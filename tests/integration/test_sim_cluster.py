@@ -18,6 +18,8 @@ from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, free_ports, node_env, node_ip, sglang_node_argv
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
+pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
+
 NNODES = 4
 FLAGS = [
     "--context-length",

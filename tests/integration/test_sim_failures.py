@@ -19,6 +19,8 @@ from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
 from k3deploy.sim.model_info import config_for
 
+pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
+
 IFNAME_TIMEOUT_S = 30
 UNREACHABLE_TIMEOUT_S = 3
 HANG_TIMEOUT_S = 4

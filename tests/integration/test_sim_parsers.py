@@ -17,6 +17,8 @@ from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, node_ip
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
+pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
+
 VLLM_FULL = [
     "--max-model-len",
     "32768",
@@ -140,7 +142,7 @@ def test_vllm_data_parallel_nodes_rendezvous(nodes: Nodes) -> None:
             rf"rank={rank} local_rank=0 distributed_init_method=tcp://127\.0\.0\.1:\d+ backend=gloo",
             log,
         )
-        assert "Using 'flashinfer_trtllm' Mxfp4 MoE backend." in log
+        assert "Using 'FLASHINFER_TRTLLM_MXFP4_BF16' Mxfp4 MoE backend." in log
         assert re.search(
             r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 32,768 tokens per request: ", log
         )

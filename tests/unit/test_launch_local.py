@@ -33,7 +33,12 @@ from tests.unit.test_launch_support import assert_nothing_left, fake_topology, t
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
+        preflight: bool = False) -> subprocess.CompletedProcess[str]:
+    """The CLI; these tests are about the gang, so `launch` skips preflight unless asked (tests/integration
+    and test_preflight run it)."""
+    if args[:1] == ("launch",) and not preflight:
+        args = (*args, "--skip-preflight")
     return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
                           timeout=timeout_s, cwd=ROOT, env={**os.environ, **(env or {})})
 
@@ -50,6 +55,7 @@ def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:
     cat = catalog_for(None)
     plan = require_feasible(path, cat)
     store = StateStore(plan.topology.launch.state_dir or "")
+    kwargs.setdefault("skip_preflight", True)
     deploy.launch(plan, jobs_for(plan, None, cat), store, **kwargs)  # type: ignore[arg-type]
     return store, plan.topology.name
 
@@ -190,7 +196,7 @@ def test_restart_policy_relaunches_the_group_then_gives_up(tmp_path: Path, name:
 
 def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": "60"}, launch={"ready_timeout_s": 120})
-    launcher = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo)], cwd=ROOT,
+    launcher = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--skip-preflight"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store = StateStore(tmp_path / "state")
     try:
@@ -208,7 +214,8 @@ def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> No
 
 def test_attach_streams_node_prefixed_logs_and_ctrl_c_stops(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name)
-    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--attach"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--attach", "--skip-preflight"],
+                            cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[str] = set()
     try:
@@ -334,12 +341,13 @@ def test_a_node_whose_ip_or_iface_is_wrong_fails_before_anything_starts(tmp_path
     doc = yaml.safe_load(topo.read_text())
     doc["nodes"][2][field] = value
     topo.write_text(yaml.safe_dump(doc))
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), preflight=True)
     assert run.returncode == 4 and says in run.stderr, run.stderr
+    assert "preflight failed, nothing was started" in run.stderr and "--skip-preflight" in run.stderr
     assert tagged_pids(f"{name}.") == []  # rank 0 was never started
     rec = StateStore(tmp_path / "state").require(name)
     assert rec.status == "failed" and rec.failure is not None and rec.failure.rank == 2
-    assert all(n.handle is None for n in rec.nodes)
+    assert all(n.handle is None for n in rec.nodes) and rec.preflight == "failed"
 
 
 def test_unavailable_executor_is_input_error_and_leaves_no_record(tmp_path: Path, name: str) -> None:

@@ -70,7 +70,7 @@ def test_mem_fraction_too_low_is_sglangs_not_enough_memory() -> None:
 
 def test_vllm_on_hopper_picks_marlin_and_rejects_a_context_the_kv_pool_cannot_hold() -> None:
     ok = run("vllm", K3_VLLM + " --moe-backend marlin")
-    assert ok.verdict == "ok" and ok.moe.log_line == "Using 'marlin' Mxfp4 MoE backend."
+    assert ok.verdict == "ok" and ok.moe.log_line == "Using 'MARLIN' Mxfp4 MoE backend."
     assert ok.budget.block_tokens and ok.budget.block_tokens % 128 == 0
     short = run("vllm", K3_VLLM.replace("131072", "1048576") + " --moe-backend marlin")
     assert short.verdict == "kv_short"

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
+from k3deploy.checkpoint.manifest import verify_directory
 from k3deploy.sim.checkpoint import (
     Manifest,
     payload_bytes,
     tensor_specs,
     tiny_config,
-    verify_checkpoint,
     write_checkpoint,
 )
 
@@ -132,14 +132,14 @@ def test_manifest_matches_files(checkpoint: tuple[Path, Manifest]) -> None:
     assert Manifest.load(directory) == manifest
     assert manifest.revision == "tiny-r1"
     assert set(manifest.files) == {p.name for p in directory.iterdir()} - {"k3-manifest.json"}
-    assert verify_checkpoint(directory) == []
+    assert verify_directory(directory, Manifest.load(directory)) == []
 
 
 @pytest.mark.parametrize("how", ["truncate", "flip"])
 def test_corruption_breaks_exactly_one_file(tmp_path: Path, how: str) -> None:
     manifest = write_checkpoint(tmp_path, corrupt=how)  # type: ignore[arg-type]
     assert manifest == write_checkpoint(tmp_path / "clean")  # the manifest records the good hashes
-    bad = verify_checkpoint(tmp_path)
+    bad = verify_directory(tmp_path, manifest)
     assert len(bad) == 1 and SHARD_NAME.fullmatch(bad[0])
     size = (tmp_path / bad[0]).stat().st_size
     if how == "flip":
@@ -157,7 +157,7 @@ def test_revision_changes_contents_not_sizes(tmp_path: Path) -> None:
     for name in r1.files:
         if SHARD_NAME.fullmatch(name):
             assert r1.files[name].sha256 != r2.files[name].sha256, name
-    assert verify_checkpoint(tmp_path / "r2", r1) == sorted(n for n in r1.files if SHARD_NAME.fullmatch(n))
+    assert verify_directory(tmp_path / "r2", r1) == sorted(n for n in r1.files if SHARD_NAME.fullmatch(n))
 
 
 @pytest.mark.parametrize("shards", [1, 3, 7])
@@ -192,7 +192,7 @@ def test_cli_make_checkpoint(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     manifest = Manifest.load(out)
     assert manifest.revision == "r9"
-    assert verify_checkpoint(out) == []
+    assert verify_directory(out, manifest) == []
     assert len(list(out.glob("model-*-of-00002.safetensors"))) == 2
 
 
@@ -200,7 +200,7 @@ def test_cli_corrupt_flag_and_help(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "k3deploy.sim", "make-checkpoint", str(tmp_path), "--corrupt", "truncate"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=50, check=False)
     assert result.returncode == 0, result.stderr
-    assert len(verify_checkpoint(tmp_path)) == 1
+    assert len(verify_directory(tmp_path, Manifest.load(tmp_path))) == 1
     help_cmd = [sys.executable, "-m", "k3deploy.sim", "--help"]
     shown = subprocess.run(help_cmd, cwd=ROOT, capture_output=True, text=True, timeout=50, check=False)
     help_text = " ".join(shown.stdout.split())  # argparse wraps lines

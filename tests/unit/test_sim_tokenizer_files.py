@@ -121,11 +121,12 @@ def test_chat_template_counts_as_the_stand_in_prompt(
 
 
 def test_make_checkpoint_ships_the_tokenizer_in_its_manifest(tmp_path: Path) -> None:
-    from k3deploy.sim.checkpoint import verify_checkpoint, write_checkpoint
+    from k3deploy.checkpoint.manifest import verify_directory
+    from k3deploy.sim.checkpoint import write_checkpoint
 
     manifest = write_checkpoint(tmp_path)
     assert {TOKENIZER_FILE, TOKENIZER_CONFIG_FILE} <= set(manifest.files)
-    assert verify_checkpoint(tmp_path) == []
+    assert verify_directory(tmp_path, manifest) == []
     tok = Tokenizer.from_file(str(tmp_path / TOKENIZER_FILE))
     config = json.loads((tmp_path / TOKENIZER_CONFIG_FILE).read_text())
     assert config["model_max_length"] == 65536 and tok.get_vocab_size() > 40

@@ -1,0 +1,63 @@
+"""`k3deploy preflight`: every check on every node at once, before anything starts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from k3deploy.cli.common import CatalogOpt
+from k3deploy.cli.launch import (
+    AcceptNewOpt,
+    ConnectTimeoutOpt,
+    ExecutorOpt,
+    FileArg,
+    KnownHostsOpt,
+    RayAddressOpt,
+    SshConfigOpt,
+    SshJumpOpt,
+    SshKeyOpt,
+    SshUserOpt,
+    exec_options,
+    prepare,
+)
+
+
+def preflight(
+    file: FileArg,
+    executor: ExecutorOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    junit: Annotated[Path | None, typer.Option("--junit", help="also write a JUnit XML report here")] = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    ssh_config: SshConfigOpt = "~/.ssh/config",
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    connect_timeout_s: ConnectTimeoutOpt = None,
+    ssh_jump: SshJumpOpt = None,
+    ray_address: RayAddressOpt = None,
+    catalog: CatalogOpt = None,
+) -> Any:
+    """Fingerprint every node and run a real rendezvous probe: reachability, hostname, interface, MTU,
+    clock, checkpoint, /dev/shm, accelerators, driver, engine, Ray/Python, the rendezvous port, and a
+    torch.distributed all_reduce with the engine's environment.
+
+    Exit 0 when every check passes, 1 when one fails (each failure says how to fix it), 3 when a node
+    cannot be reached."""
+    from rich.console import Console
+
+    from k3deploy.launch.deploy import fleet_of
+    from k3deploy.preflight.runner import run_preflight
+    from k3deploy.preflight.views import table, write_junit
+
+    plan, jobs, cat = prepare(file, catalog, exec_options(locals()))
+    with fleet_of(jobs) as fleet:
+        report = run_preflight(plan, cat, jobs, fleet)
+    if junit is not None:
+        write_junit(report, junit)
+    if as_json:
+        print(json.dumps(report.as_json(), indent=2))
+    else:
+        Console(highlight=False, soft_wrap=True).print(table(report))
+    raise typer.Exit(report.exit_code)

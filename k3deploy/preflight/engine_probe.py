@@ -1,0 +1,53 @@
+"""Run by the engine's own interpreter on a node (shipped by source): its version, whether it knows the
+checkpoint's architecture, its torch, Ray and Python versions; one JSON line.
+
+argv: KIND (sglang | vllm | vllm-ascend | sim), MIMIC (sim only), ARCHITECTURES (JSON list)."""
+import importlib.metadata as md
+import json
+import platform
+import sys
+
+
+def dist_version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def supported_archs(kind, mimic):
+    """The architectures the engine's model registry can build (the K3 class lives only in K3 images)."""
+    if kind == "sglang":
+        from sglang.srt.models.registry import ModelRegistry
+        return list(ModelRegistry.get_supported_archs())
+    if kind in ("vllm", "vllm-ascend"):
+        from vllm import ModelRegistry
+        return list(ModelRegistry.get_supported_archs())
+    from k3deploy.sim.model_info import SUPPORTED_ARCHITECTURES
+    return list(SUPPORTED_ARCHITECTURES)
+
+
+def engine_version(kind, mimic):
+    if kind == "sim":
+        from k3deploy.sim.engine_args import engine_version as sim_version
+        return sim_version(mimic)
+    return dist_version({"sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm"}[kind])
+
+
+def main():
+    kind, mimic, archs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    out = {"python": platform.python_version(), "executable": sys.executable, "torch": dist_version("torch"),
+           "ray": dist_version("ray"), "version": None, "known_archs": None, "error": ""}
+    if kind == "vllm-ascend":
+        out["plugin"] = dist_version("vllm-ascend") or dist_version("vllm_ascend")
+    try:
+        out["version"] = engine_version(kind, mimic)
+        known = set(supported_archs(kind, mimic))
+        out["known_archs"] = [a for a in archs if a in known]
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Greedy streamed chat requests to rank 0 for the request stages, in the engine's own dialect (effort fields,
+cache flush endpoint, the flag that turns cached-token reporting on)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from k3deploy.errors import ExecError
+from k3deploy.validate.streamed import StreamRecord, add_event
+
+if TYPE_CHECKING:
+    from k3deploy.executors.http import NodeHttp
+    from k3deploy.validate.stage import ValidateContext
+
+CACHE_REPORT_FLAG = {"sglang": "--enable-cache-report", "vllm": "--enable-prompt-tokens-details"}
+PREFIX_CACHE_FLAG = {"sglang": "SGLang caches unless --disable-radix-cache", "vllm": "vLLM needs --enable-prefix-caching"}
+
+
+def dialect(ctx: ValidateContext) -> str:
+    """sglang | vllm: whose API rank 0 speaks (vLLM-Ascend is vLLM; the stand-in says whom it mimics)."""
+    engine = ctx.topology.engine
+    kind = getattr(engine, "mimic", None) if engine.kind == "sim" else engine.kind
+    return "sglang" if kind == "sglang" else "vllm"
+
+
+def effort_fields(effort: str, via: str) -> dict[str, Any]:
+    """The request fields asking K3 for a reasoning effort: top-level, or through the chat template."""
+    if via == "chat_template_kwargs":
+        return {"chat_template_kwargs": {"thinking": True, "thinking_effort": effort}}
+    return {"reasoning_effort": effort}
+
+
+def effort_via(ctx: ValidateContext) -> str:
+    """The topology's choice, else SGLang's cookbook form for SGLang and Moonshot's verifier form for vLLM."""
+    via = ctx.topology.validate_.effort_via
+    if via != "auto":
+        return via
+    return "reasoning_effort" if dialect(ctx) == "sglang" else "chat_template_kwargs"
+
+
+class Chat:
+    """Requests to one deployment's rank 0 (greedy, streamed, usage included)."""
+
+    def __init__(self, http: NodeHttp, ctx: ValidateContext) -> None:
+        self.http, self.ctx = http, ctx
+        self.dialect = dialect(ctx)
+        self.timeout_s = ctx.topology.validate_.request_timeout_s
+        self._model: str | None = None
+
+    @property
+    def model(self) -> str:
+        """The served model name, as /v1/models lists it (the catalog id when it does not answer)."""
+        if self._model is None:
+            self._model = self.ctx.topology.model.id
+            try:
+                reply = self.http.get("/v1/models", 10.0)
+                data = reply.json().get("data") if reply.ok else None
+                if data:
+                    self._model = str(data[0]["id"])
+            except (ExecError, ValueError, KeyError, TypeError, AttributeError):
+                pass  # asked with the catalog id; the engine's error says if that is wrong
+        return self._model
+
+    def body(self, messages: Sequence[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
+        """A greedy streamed request body with usage."""
+        return {"model": self.model, "messages": list(messages), "stream": True, "temperature": 0,
+                "max_tokens": max_tokens, "stream_options": {"include_usage": True}, **extra}
+
+    def ask(self, messages: Sequence[dict[str, Any]], max_tokens: int, **extra: Any) -> StreamRecord:
+        """One request for messages (see send)."""
+        return self.send(self.body(messages, max_tokens, **extra))
+
+    def send(self, body: dict[str, Any]) -> StreamRecord:
+        """One request; an HTTP error or a broken stream is the record's error, never an exception."""
+        rec = StreamRecord()
+        try:
+            for event in self.http.stream("/v1/chat/completions", body, self.timeout_s):
+                add_event(rec, event.t_s, event.data)
+        except ExecError as exc:
+            rec.error = str(exc)
+        if rec.error is None and rec.usage is None:
+            rec.error = "the stream ended without a usage block (stream_options.include_usage was asked)"
+        return rec
+
+    def flush(self) -> tuple[bool, str]:
+        """Empty the engine's prefix cache: SGLang /flush_cache, vLLM /reset_prefix_cache; (done, why not)."""
+        path = "/flush_cache" if self.dialect == "sglang" else "/reset_prefix_cache"
+        try:
+            reply = self.http.post(path, None, 30.0)
+        except ExecError as exc:
+            return False, f"POST {path}: {exc}"
+        if reply.ok:
+            return True, ""
+        hint = " (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)" if self.dialect == "vllm" else ""
+        return False, f"POST {path}: HTTP {reply.status}{hint}"

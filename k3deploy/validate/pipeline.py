@@ -1,0 +1,90 @@
+"""Select stages (--only / --from / --skip) over the fixed order and run them into one report."""
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from k3deploy.errors import ExecError, InputError
+from k3deploy.validate.stage import STAGE_NAMES, Stage, StageResult, ValidateContext
+
+NOT_IMPLEMENTED = "not implemented in this version of k3deploy"
+
+
+class Report(BaseModel):
+    """What `validate --json` prints (the contract is in the README)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    deployment: str = Field(description="topology name")
+    passed: bool = Field(description="every stage that ran passed (skipped stages do not fail a run)")
+    exit_code: int = Field(description="0 passed, 1 a stage failed, 3 a stage could not reach its nodes")
+    stages: list[StageResult] = Field(description="stages in order, as run (or skipped)")
+    not_implemented: list[str] = Field(default_factory=list,
+                                       description="selected stages this version does not have yet (not run)")
+
+
+def _check_names(names: Sequence[str], option: str) -> None:
+    for name in names:
+        if name not in STAGE_NAMES:
+            close = difflib.get_close_matches(name, STAGE_NAMES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise InputError(f"{option}: no stage named {name!r}{hint}; stages in order: {', '.join(STAGE_NAMES)}")
+
+
+def select(implemented: Mapping[str, Stage], only: Sequence[str] = (), start: str | None = None,
+           skip: Sequence[str] = ()) -> tuple[list[Stage], list[str]]:
+    """(stages to run in order, selected names this version lacks); InputError for bad or unrunnable selections."""
+    only = [n.strip() for item in only for n in item.split(",") if n.strip()]
+    skip = [n.strip() for item in skip for n in item.split(",") if n.strip()]
+    _check_names(only, "--only")
+    _check_names(skip, "--skip")
+    _check_names([start] if start else [], "--from")
+    if only and start:
+        raise InputError("--only and --from do not combine: pick one")
+    names = [n for n in STAGE_NAMES if (not only or n in only) and (not start or
+                                                                       STAGE_NAMES.index(n) >= STAGE_NAMES.index(start))]
+    names = [n for n in names if n not in skip]
+    missing = [n for n in names if n not in implemented]
+    if only and missing:
+        raise InputError(f"stage {', '.join(missing)}: {NOT_IMPLEMENTED} (implemented: {', '.join(implemented)})",
+                         hint="run the implemented stages, e.g. --only shards")
+    stages = [implemented[n] for n in names if n in implemented]
+    if not stages:
+        raise InputError(f"nothing to run: the selected stages are {NOT_IMPLEMENTED} "
+                         f"(implemented: {', '.join(implemented)})")
+    return stages, missing
+
+
+def run_pipeline(ctx: ValidateContext, stages: Sequence[Stage], *, fail_fast: bool = False,
+                 not_implemented: Sequence[str] = (),
+                 on_stage: Callable[[str, StageResult | None], None] = lambda name, result: None) -> Report:
+    """Run stages in order; `on_stage(name, None)` as one starts and `(name, result)` when it ends."""
+    results: list[StageResult] = []
+    stopped: str | None = None
+    for stage in stages:
+        on_stage(stage.name, None)
+        start = time.monotonic()
+        if stopped is not None:
+            result = StageResult(name=stage.name, status="skip", detail=f"not run: --fail-fast after {stopped}",
+                                 seconds=0.0)
+        elif stage.needs_deployment and ctx.deployment is None:
+            result = StageResult(name=stage.name, status="skip", seconds=0.0,
+                                 detail="needs a running deployment: none is recorded for "
+                                        f"{ctx.name} (start one with `k3deploy launch`)")
+        else:
+            try:
+                result = stage.run(ctx)
+            except ExecError as exc:  # a host error ends this stage, not the run
+                result = StageResult(name=stage.name, status="error", detail=str(exc),
+                                     seconds=round(time.monotonic() - start, 3), evidence=exc.hint or "")
+        results.append(result)
+        on_stage(stage.name, result)
+        if fail_fast and stopped is None and result.status in ("fail", "error"):
+            stopped = f"{stage.name} {'failed' if result.status == 'fail' else 'errored'}"
+    statuses = {r.status for r in results}
+    code = 1 if "fail" in statuses else 3 if "error" in statuses else 0
+    return Report(deployment=ctx.name, passed=code == 0, exit_code=code, stages=results,
+                  not_implemented=list(not_implemented))

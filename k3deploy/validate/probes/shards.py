@@ -1,0 +1,384 @@
+"""Checkpoint probe, stdlib only: safetensors structure from headers, then sha256 of every file in threads.
+
+Run on a node as `python3 -c SOURCE SPEC_JSON`. SPEC_JSON: {"path", "expect": {dotted config key: value},
+"files": {name: [size, sha256]} | null, "hash": bool, "threads": int (0 = all cores), "progress_s": float}.
+Prints JSON lines: {"type": "progress", ...} while hashing, then one {"type": "result", ...} line last.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+MANIFEST_FILE = "k3-manifest.json"
+HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
+READ_BUFFER = 8 << 20
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "I16": 16,
+              "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64}
+SCALE_DTYPES = ("U8", "F8_E8M0")  # MXFP4 scales: E8M0 exponents, stored as either
+SHARD_RE = re.compile(r"-(\d{5})-of-\d{5}\.safetensors$")
+EXPERTS = ".block_sparse_moe.experts."
+MAX_LISTED = 5
+MAX_WORKERS = 32  # header-parsing processes; a 200-core node gains nothing from more for ~100 shards
+
+Problem = dict[str, str]
+
+
+def label(name: str) -> str:
+    """'shard 00042' for model-00042-of-00096.safetensors, else the file name."""
+    m = SHARD_RE.search(name)
+    return f"shard {m.group(1)}" if m else name
+
+
+def listed(names: list[str]) -> str:
+    """The first few names and how many more."""
+    more = len(names) - MAX_LISTED
+    return ", ".join(names[:MAX_LISTED]) + (f" and {more:,} more" if more > 0 else "")
+
+
+def read_header(path: str, cap: int = HEADER_CAP) -> tuple[int, dict[str, Any], int]:
+    """(header length N, parsed header, file size); ValueError says what is wrong."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise ValueError(f"{size} bytes, too short for a safetensors header")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > cap:
+            raise ValueError(f"header length {n:,} exceeds the {cap:,}-byte cap (not a safetensors file?)")
+        if 8 + n > size:
+            raise ValueError(f"header of {n:,} bytes runs past the end of the {size:,}-byte file")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"header is not JSON ({exc})") from None
+    if not raw.startswith(b"{") or not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return n, header, size
+
+
+def config_problems(config: dict[str, Any], expect: dict[str, Any]) -> list[str]:
+    """Dotted config keys whose value is not the catalog's."""
+    out = []
+    for key, want in sorted(expect.items()):
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node != want:
+            out.append(f"{key} is {json.dumps(node)}, the catalog says {json.dumps(want)}")
+    return out
+
+
+class Layout:
+    """The dtypes and shapes config.json implies: MXFP4 packed/scale pairs for routed experts, BF16 elsewhere."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        t = config.get("text_config") or config
+        group = int((config.get("quantization_config") or {}).get("group_size", 32))
+        inter, latent = int(t["moe_intermediate_size"]), int(t["routed_expert_hidden_size"])
+        self.experts, self.first_moe = int(t["num_experts"]), int(t.get("first_k_dense_replace", 0))
+        self.layers, hidden, vocab = int(t["num_hidden_layers"]), int(t["hidden_size"]), int(t["vocab_size"])
+        # w1 = gate, w3 = up: latent -> inter; w2 = down: inter -> latent. Two E2M1 per byte, one scale per group.
+        dims = {"w1": (inter, latent), "w2": (latent, inter), "w3": (inter, latent)}
+        self.expert_shapes: dict[str, list[int]] = {}
+        for w, (rows, cols) in dims.items():
+            self.expert_shapes[f"{w}.weight_packed"] = [rows, cols // 2]
+            self.expert_shapes[f"{w}.weight_scale"] = [rows, cols // group]
+        self.exact = {n: [vocab, hidden] for n in ("language_model.model.embed_tokens.weight",
+                                                    "language_model.lm_head.weight")}
+
+    @property
+    def expert_count(self) -> int:
+        """Routed-expert tensors a complete checkpoint has."""
+        return (self.layers - self.first_moe) * self.experts * len(self.expert_shapes)
+
+    def check(self, name: str, dtype: str, shape: list[int]) -> str | None:
+        """None when the tensor is what the config implies, else what is wrong ('' = not a routed expert)."""
+        head, sep, tail = name.partition(EXPERTS)
+        if not sep:
+            if dtype != "BF16" and not name.startswith("vision"):
+                return f"dtype {dtype}, expected BF16"
+            want = self.exact.get(name)
+            return f"shape {shape}, expected {want}" if want is not None and shape != want else None
+        expert, _, kind = tail.partition(".")
+        layer = head.rpartition(".")[2]
+        if not (expert.isdigit() and int(expert) < self.experts and layer.isdigit()
+                and self.first_moe <= int(layer) < self.layers and kind in self.expert_shapes):
+            return "not a routed-expert tensor of this config"
+        if kind.endswith("packed") and dtype != "U8":
+            return f"dtype {dtype}, expected U8 (two E2M1 values per byte)"
+        if not kind.endswith("packed") and dtype not in SCALE_DTYPES:
+            return f"dtype {dtype}, expected U8 or F8_E8M0 (E8M0 scales)"
+        want = self.expert_shapes[kind]
+        return f"shape {shape}, expected {want}" if shape != want else None
+
+
+def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, int | None]:
+    """What is wrong with one shard's header and length, its routed-expert tensor count, and the hash of its
+    tensor names (None when the header is unreadable)."""
+    try:
+        n, header, size = read_header(path)
+    except (OSError, ValueError) as exc:
+        return [getattr(exc, "strerror", None) or str(exc)], 0, None
+    header.pop("__metadata__", None)
+    out: list[str] = []
+    spans = []
+    bad_layout: list[str] = []
+    experts = 0
+    for tensor, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            elems = 1
+            for d in shape:
+                elems *= d
+            nbytes = elems * DTYPE_BITS[dtype] // 8
+        except (KeyError, TypeError, ValueError):
+            out.append(f"tensor {tensor}: malformed entry {json.dumps(info)[:120]}")
+            continue
+        if end - begin != nbytes:
+            out.append(f"tensor {tensor}: data_offsets span {end - begin:,} bytes, {dtype} {shape} needs {nbytes:,}")
+        spans.append((begin, end, tensor))
+        if layout is not None:
+            wrong = layout.check(tensor, dtype, shape)
+            if wrong:
+                bad_layout.append(f"tensor {tensor}: {wrong}")
+            elif EXPERTS in tensor:
+                experts += 1
+    out += bad_layout[:MAX_LISTED]
+    if len(bad_layout) > MAX_LISTED:
+        out.append(f"and {len(bad_layout) - MAX_LISTED:,} more tensors of the wrong dtype or shape")
+    spans.sort()
+    cursor = 0
+    for begin, end, tensor in spans:
+        if begin > cursor:
+            out.append(f"hole of {begin - cursor:,} bytes before tensor {tensor}")
+        elif begin < cursor:
+            out.append(f"tensor {tensor} overlaps the tensor before it by {cursor - begin:,} bytes")
+        cursor = max(cursor, end)
+    want = 8 + n + cursor
+    if size < want:
+        out.append(f"{want - size:,} bytes short (file {size:,}, header says {want:,})")
+    elif size > want:
+        out.append(f"{size - want:,} bytes of trailing data after the last tensor")
+    # Python's string hash is per process, but forked workers share the parent's: comparable with the index's.
+    return out, experts, hash(frozenset(header))
+
+
+def name_problems(shard: str, path: str, indexed: list[str]) -> list[str]:
+    """Tensors the index puts in this shard that it lacks, and tensors it has that the index does not name."""
+    header = read_header(path)[1]
+    header.pop("__metadata__", None)
+    out = []
+    absent = [t for t in indexed if t not in header]
+    if absent:
+        out.append(f"tensor {listed(absent)} missing from {label(shard)}")
+    extra = sorted(set(header) - set(indexed))
+    if extra:
+        out.append(f"tensor {listed(extra)} in {label(shard)} but not in the index's weight_map")
+    return out
+
+
+_LAYOUT: Layout | None = None  # set before the worker processes fork, so they inherit it
+
+
+def _shard_job(path: str) -> tuple[list[str], int, int | None]:
+    return shard_problems(path, _LAYOUT)
+
+
+def _map_shards(paths: list[str], workers: int) -> Any:
+    """shard_problems over every shard: in forked processes across the node's cores (headers of a full K3
+    are ~130 MB of JSON), serially where fork is not available."""
+    workers = min(workers, len(paths), MAX_WORKERS)
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        return pool, [pool.submit(_shard_job, p) for p in paths]
+    return None, [_Done(_shard_job(p)) for p in paths]
+
+
+class _Done:
+    """An already-computed result with a future's result()."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Problem]:
+    """Index, config and every shard's header: what is wrong, each with the file it is in."""
+    global _LAYOUT
+    problems: list[Problem] = []
+
+    def add(file: str, message: str) -> None:
+        problems.append({"file": file, "message": f"{label(file)}: {message}"})
+
+    _LAYOUT = None
+    try:
+        with open(os.path.join(root, CONFIG_FILE), "rb") as f:
+            config = json.load(f)
+        for message in config_problems(config, expect):
+            add(CONFIG_FILE, message)
+        _LAYOUT = Layout(config)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        add(CONFIG_FILE, f"cannot derive the tensor layout: {type(exc).__name__}: {exc}")
+    on_disk = sorted(f for f in os.listdir(root) if f.endswith(".safetensors"))
+    # Workers start on the headers while this process parses the index.
+    pool, futures = _map_shards([os.path.join(root, f) for f in on_disk], workers or os.cpu_count() or 1)
+    try:
+        try:
+            with open(os.path.join(root, INDEX_FILE), "rb") as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            add(INDEX_FILE, f"cannot read the weight map: {exc}")
+            return problems
+        by_shard: dict[str, list[str]] = {}
+        for tensor, shard in weight_map.items():
+            by_shard.setdefault(shard, []).append(tensor)
+        results = dict(zip(on_disk, (fut.result() for fut in futures)))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    experts = 0
+    for shard in sorted(by_shard):
+        if shard not in results:
+            add(shard, "missing (named by the index)")
+            continue
+        found, count, names = results[shard]
+        experts += count
+        for message in found:
+            add(shard, message)
+        if names is not None and names != hash(frozenset(by_shard[shard])):
+            for message in name_problems(shard, os.path.join(root, shard), by_shard[shard]):
+                add(shard, message)
+    if _LAYOUT is not None and experts < _LAYOUT.expert_count and not problems:
+        add(INDEX_FILE, f"{_LAYOUT.expert_count - experts:,} of {_LAYOUT.expert_count:,} routed-expert tensors "
+            "are in no shard and not in the weight_map")
+    return problems
+
+
+def local_files(root: str) -> list[str]:
+    """Every regular file under root (relative, sorted), without dot-directories and our manifest."""
+    out = []
+    for base, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = os.path.relpath(base, root)
+        out += [f if rel == "." else f"{rel}/{f}" for f in files if f != MANIFEST_FILE and not f.startswith(".")]
+    return sorted(out)
+
+
+def sha256_files(paths: list[str], threads: int = 0, progress: Callable[[int, int, int], None] | None = None,
+                 progress_s: float = 1.0) -> dict[str, tuple[int, str]]:
+    """{path: (size, sha256)} with one file per thread (hashlib releases the GIL); unreadable files omitted."""
+    sizes = {}
+    for p in paths:
+        try:
+            sizes[p] = os.stat(p).st_size
+        except OSError:
+            pass
+    queue = sorted(sizes, key=lambda p: -sizes[p])  # largest first: the last file to start is a small one
+    total, out = sum(sizes.values()), {}
+    lock = threading.Lock()
+    done = [0] * max(1, threads or os.cpu_count() or 1)  # bytes hashed, one counter per thread (no shared +=)
+
+    def work(slot: int) -> None:
+        buf = bytearray(READ_BUFFER)
+        view = memoryview(buf)
+        while True:
+            with lock:
+                if not queue:
+                    return
+                path = queue.pop(0)
+            h, size = hashlib.sha256(), 0
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    for _ in range(1 << 40):
+                        got = f.readinto(buf)
+                        if not got:
+                            break
+                        h.update(view[:got])
+                        size += got
+                        done[slot] += got
+            except OSError:
+                continue
+            out[path] = (size, h.hexdigest())
+
+    count = max(1, min(len(done), len(queue)))
+    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        while w.is_alive():
+            w.join(progress_s)
+            if progress is not None:
+                progress(sum(done), total, len(out))
+    return out
+
+
+def revision_hint(root: str) -> tuple[str | None, str]:
+    """The revision this copy claims: our manifest, huggingface's download metadata, or a snapshots/<sha> path."""
+    try:
+        with open(os.path.join(root, MANIFEST_FILE), "rb") as f:
+            return str(json.load(f)["revision"]), MANIFEST_FILE
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    meta = os.path.join(root, ".cache", "huggingface", "download")
+    commits = set()
+    for base, _, names in os.walk(meta):
+        for name in names:
+            if name.endswith(".metadata"):
+                try:
+                    with open(os.path.join(base, name)) as fh:
+                        commits.add(fh.readline().strip())
+                except OSError:
+                    pass
+    if len(commits) == 1:
+        return commits.pop(), ".cache/huggingface/download"
+    m = re.search(r"/snapshots/([0-9a-f]{40})(/|$)", os.path.abspath(root))
+    return (m.group(1), "hub cache snapshot path") if m else (None, "")
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the checks the spec asks for and return the result line's content."""
+    root = spec["path"]
+    if not os.path.isdir(root):
+        return {"type": "result", "path": root, "fatal": f"{root}: no such directory", "problems": []}
+    t0 = time.monotonic()
+    problems = structure(root, spec.get("expect") or {}, int(spec.get("workers", 0)))
+    structure_s = time.monotonic() - t0
+    revision, revision_from = revision_hint(root)
+    files: dict[str, Any] = {}
+    wanted = spec.get("files")
+    names = sorted(wanted) if wanted is not None else local_files(root)
+    if spec.get("hash", True):
+        def progress(done: int, total: int, files_done: int) -> None:
+            line = {"type": "progress", "phase": "sha256", "done": done, "total": total, "files_done": files_done,
+                    "files": len(names), "elapsed_s": round(time.monotonic() - t1, 3)}
+            print(json.dumps(line), flush=True)
+
+        t1 = time.monotonic()
+        digests = sha256_files([os.path.join(root, n) for n in names], int(spec.get("threads", 0)), progress,
+                               float(spec.get("progress_s", 1.0)))
+        files = {n: list(digests[os.path.join(root, n)]) for n in names if os.path.join(root, n) in digests}
+        hash_s = time.monotonic() - t1
+    else:
+        hash_s = 0.0
+    return {"type": "result", "path": root, "revision": revision, "revision_from": revision_from,
+            "files": files, "missing": [n for n in names if n not in files] if spec.get("hash", True) else [],
+            "problems": problems, "structure_s": round(structure_s, 3), "hash_s": round(hash_s, 3),
+            "hashed_bytes": sum(v[0] for v in files.values())}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)

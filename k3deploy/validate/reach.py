@@ -1,0 +1,42 @@
+"""How stages reach a running deployment: rank 0's HTTP API (from here, or as rank 0 sees it when this
+machine cannot reach its ip: a login node) and each node's engine log, both through the fleet."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from k3deploy.errors import StateError
+
+if TYPE_CHECKING:
+    from k3deploy.executors.http import NodeHttp
+    from k3deploy.validate.stage import ValidateContext
+
+LOG_LINES = 5000
+
+
+def rank0_http(ctx: ValidateContext, timeout_s: float = 30.0) -> NodeHttp:
+    """A client for rank 0's API (close it); asked where launch asked, re-decided when that was here."""
+    from k3deploy.executors.http import NodeHttp
+    from k3deploy.launch.readiness import choose_probe_from
+
+    dep = ctx.deployment
+    if dep is None or not dep.url:
+        raise StateError(f"{ctx.name} is not running: no rank 0 to ask", hint=f"k3deploy launch {ctx.name}")
+    where = dep.probe_from if dep.probe_from == "head" else choose_probe_from("auto", dep.url)
+    head = min(j.rank for j in dep.jobs)
+    return NodeHttp(dep.url, via=ctx.fleet.executor(head) if where == "head" else None, timeout_s=timeout_s)
+
+
+def node_logs(ctx: ValidateContext, lines: int = LOG_LINES) -> dict[int, str]:
+    """The end of every started node's engine log, read on the node (rank -> text; '' when unreadable)."""
+    dep = ctx.deployment
+    if dep is None:
+        return {}
+    out: dict[int, str] = {}
+    for node in dep.nodes:
+        if node.handle is None:
+            continue
+        try:
+            out[node.rank] = ctx.fleet.executor(node.rank).read_log(node.handle, lines)
+        except Exception:  # noqa: BLE001 - a node whose log cannot be read is judged on what is there
+            out[node.rank] = ""
+    return out

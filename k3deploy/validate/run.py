@@ -1,0 +1,93 @@
+"""`validate FILE|NAME` as a library call: the topology, its deployment if one runs, the manifest, the stages."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3deploy.errors import InputError, StateError
+from k3deploy.validate.pipeline import Report, run_pipeline, select
+from k3deploy.validate.stage import NodeRef, Nodes, ProgressEvent, StageResult, ValidateContext
+from k3deploy.validate.stages import IMPLEMENTED
+
+if TYPE_CHECKING:
+    from k3deploy.checkpoint.manifest import Manifest
+    from k3deploy.launch.state import Deployment
+    from k3deploy.topology.schema import Topology
+
+# Opens "every node" for a topology (and its running deployment, if any): a NodeFleet.
+RunnerFactory = Callable[["Topology", "Deployment | None"], AbstractContextManager[Nodes]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What `validate` was pointed at."""
+
+    topology: Topology
+    file: Path
+    deployment: Deployment | None
+
+
+def _load(file: Path) -> Topology:
+    from k3deploy.topology.loader import TopologyError, load_topology
+
+    try:
+        return load_topology(file).topology
+    except TopologyError as exc:
+        raise InputError(f"{file} is not a valid topology:\n{exc}") from exc
+
+
+def resolve_target(target: str, state_dir: str | None = None) -> Target:
+    """A topology file (with its deployment when one is ready), or a deployment name (StateError if none)."""
+    from k3deploy.launch.state import StateStore, default_state_dir
+
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        topology = _load(path)
+        store = StateStore(state_dir or topology.launch.state_dir or default_state_dir())
+        record = store.load(topology.name)
+        return Target(topology, path, record if record is not None and record.status == "ready" else None)
+    store = StateStore(state_dir or default_state_dir())
+    record = store.require(target)
+    file = Path(record.file)
+    if not file.is_file():
+        raise StateError(f"deployment {target} was launched from {file}, which is gone",
+                         hint="pass the topology file instead of the name")
+    return Target(_load(file), file, record if record.status == "ready" else None)
+
+
+def load_manifest(topology: Topology, topology_file: Path, override: Path | None) -> Manifest | None:
+    """--manifest, else the topology's validate.manifest (relative to the topology file), else None."""
+    from k3deploy.checkpoint.manifest import Manifest
+
+    if override is not None:
+        return Manifest.load(override)
+    if topology.validate_.manifest is None:
+        return None
+    path = Path(topology.validate_.manifest).expanduser()
+    return Manifest.load(path if path.is_absolute() else topology_file.parent / path)
+
+
+def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifest | None = None,
+             only: Sequence[str] = (), start: str | None = None, skip: Sequence[str] = (), fail_fast: bool = False,
+             catalog_dirs: Sequence[Path] = (), progress: Callable[[ProgressEvent], None] = lambda e: None,
+             on_stage: Callable[[str, StageResult | None], None] = lambda n, r: None) -> Report:
+    """Run the selected stages against a target and return the report (never raises for a finding)."""
+    from k3deploy.planning.files import catalog_for
+
+    stages, missing = select(IMPLEMENTED, only, start, skip)
+    topology = target.topology
+    catalog = catalog_for(list(catalog_dirs))
+    if topology.model.id not in catalog.models:
+        raise InputError(f"{target.file}: model.id {topology.model.id!r} is not in the catalog "
+                         f"(known: {', '.join(sorted(catalog.models))})")
+    nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(runner_factory(topology, target.deployment))
+        ctx = ValidateContext(name=topology.name, topology=topology, model=catalog.model(topology.model.id),
+                              nodes=nodes, fleet=fleet, manifest=manifest, deployment=target.deployment,
+                              catalog=catalog, progress=progress)
+        return run_pipeline(ctx, stages, fail_fast=fail_fast, not_implemented=missing, on_stage=on_stage)

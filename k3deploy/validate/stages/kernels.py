@@ -1,0 +1,115 @@
+"""Stage `kernels`: every node's start-up log names the MoE and attention kernels this accelerator needs for
+K3 (the renderers' table, k3deploy.engines.kernels), and no line says the experts fell back or were upcast."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from k3deploy.catalog.specs import Catalog, HardwareSpec
+from k3deploy.engines.kernels import KernelNeeds, kernel_needs
+from k3deploy.engines.kinds import Family, engine_family
+from k3deploy.engines.log_lines import LogLines, log_lines
+from k3deploy.errors import InputError
+from k3deploy.validate import reach
+from k3deploy.validate.logscan import last_match, node_result, row
+from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext
+
+KIND_WORDS = {"marlin": "Marlin W4A16", "native_mxfp4": "native MXFP4", "upcast": "experts upcast to BF16"}
+
+
+def catalog_of(ctx: ValidateContext) -> Catalog:
+    """The catalog the topology was checked against."""
+    from k3deploy.catalog.loader import load_catalog
+
+    return ctx.catalog if ctx.catalog is not None else load_catalog()
+
+
+def hardware_of(ctx: ValidateContext) -> HardwareSpec:
+    """The topology's accelerator (InputError when the catalog lacks it)."""
+    catalog = catalog_of(ctx)
+    gpu = ctx.topology.hardware.gpu
+    if gpu not in catalog.hardware:
+        raise InputError(f"hardware.gpu {gpu!r} is not in the catalog (known: {', '.join(sorted(catalog.hardware))})")
+    return catalog.hardware[gpu]
+
+
+def family_of(ctx: ValidateContext) -> Family:
+    """sglang | vllm: whose API fields and log lines the deployment's engine has (the stand-in: its mimic)."""
+    return engine_family(ctx.topology.engine.kind, getattr(ctx.topology.engine, "mimic", None))
+
+
+@dataclass(frozen=True)
+class NodeKernels:
+    """What one node's log says about its kernels."""
+
+    problems: list[str]
+    seen: list[str]  # the deciding lines
+    summary: str
+
+
+def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds) -> NodeKernels:
+    """Judge one node's start-up log against what the accelerator needs."""
+    lines = text.splitlines()
+    problems: list[str] = []
+    seen: list[str] = []
+    for pattern in patterns.fallback:
+        problems += [f"fallback: {line.strip()}" for line in lines if pattern.search(line)]
+    marlin = last_match(lines, patterns.marlin_warning)
+    if marlin is not None and needs.moe == "native_mxfp4":
+        problems.append(f"Marlin weight-only FP4 on a GPU with FP4 cores ({needs.reason}): {marlin.evidence}")
+    moe = last_match(lines, patterns.moe)
+    moe_name = moe.group("name") if moe is not None else ""
+    if moe is None:
+        kind = "marlin" if marlin is not None else ""
+        if needs.moe is not None and not kind:
+            problems.append(f"no line names the MoE kernel ({len(lines)} log lines read)")
+    else:
+        seen.append(moe.evidence)
+        kind = patterns.moe_kind(moe_name)
+        if needs.moe == "native_mxfp4" and moe_name.lower() == "auto":  # resolves per GPU, and says so
+            problems.append(f"no line says which MoE kernel 'auto' resolved to: {moe.evidence}")
+        elif needs.moe is not None and kind != needs.moe:
+            problems.append(f"MoE kernel {moe_name} ({KIND_WORDS[kind]}), needs {KIND_WORDS[needs.moe]}: "
+                            f"{needs.reason}; evidence: {moe.evidence}")
+    attention = last_match(lines, patterns.attention)
+    att_name = attention.group("name") if attention is not None else ""
+    if attention is not None:
+        seen.append(attention.evidence)
+    if needs.attention is not None and attention is None:
+        problems.append(f"no line names the attention backend, needs {needs.attention} ({len(lines)} log lines read)")
+    elif needs.attention is not None and att_name.lower() != needs.attention:
+        assert attention is not None
+        problems.append(f"attention backend {att_name}, needs {needs.attention}; evidence: {attention.evidence}")
+    summary = (f"MoE {moe_name or '?'} ({KIND_WORDS.get(kind, 'unknown')}), "
+               f"attention {att_name or 'not logged'}")
+    return NodeKernels(problems, seen, summary)
+
+
+class KernelsStage:
+    """MoE and attention kernels from every node's start-up log."""
+
+    name = "kernels"
+    needs_deployment = True
+
+    def run(self, ctx: ValidateContext) -> StageResult:
+        """Read every node's log and judge it."""
+        start = time.monotonic()
+        hw = hardware_of(ctx)
+        family = family_of(ctx)
+        needs = kernel_needs(hw, family, ctx.topology.parallel.dcp)
+        patterns = log_lines(family)
+        logs = reach.node_logs(ctx)
+        rows: list[NodeRow] = []
+        evidence = ""
+        for node in ctx.nodes:
+            text = logs.get(node.rank, "")
+            if not text.strip():
+                rows.append(row(node.rank, node.host, [], "", "its engine log is empty or could not be read"))
+                continue
+            found = read_kernels(text, patterns, needs)
+            rows.append(row(node.rank, node.host, found.problems, found.summary))
+            if not evidence and found.seen:
+                evidence = f"node {node.rank} ({node.host}): " + "\n".join(found.seen)
+        wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention) if x) or "no rule"
+        passed = f"{len(rows)} nodes on {hw.id}: {rows[0].detail if rows else ''} (needs {wanted}; {patterns.version})"
+        return node_result(self.name, rows, time.monotonic() - start, passed, evidence)

@@ -1,0 +1,44 @@
+"""`k3deploy validate` through Ray (one Ray node per namespace host, the agent actor runs the probe on its
+node), each host with its own checkpoint copy at the same path: clean passes, every seeded fault is caught on
+its host with the file named, one failing JUnit testcase per fault."""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.sim_deployments import cli as run_cli
+from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round, nodes
+from tests.rig import HostRig
+from tests.rig.ray_cluster import RAY_ENV, RayRig
+
+pytestmark = pytest.mark.integration
+__all__ = ["nodes"]  # the fixture, imported
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, timeout_s=120, env={**os.environ, **RAY_ENV})
+
+
+@pytest.fixture(scope="module")
+def ray4(rig4: HostRig) -> Iterator[RayRig]:
+    with RayRig(rig4) as cluster:
+        yield cluster
+
+
+def ray_launch(cluster: RayRig) -> dict[str, Any]:
+    return {"executor": "ray", "ray_address": cluster.address}
+
+
+@pytest.mark.timeout(240)
+def test_a_clean_checkpoint_passes_through_ray(nodes: RigNodes, ray4: RayRig) -> None:
+    check_clean(nodes, ray_launch(ray4), cli)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("round_name", sorted(ROUNDS))
+def test_each_fault_is_caught_through_ray(nodes: RigNodes, ray4: RayRig, round_name: str) -> None:
+    check_round(nodes, round_name, ray_launch(ray4), cli)

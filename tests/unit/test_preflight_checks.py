@@ -1,0 +1,178 @@
+"""Preflight judgements on recorded node facts (what the facts probe prints), and the command end to end on
+four local nodes: table, --json, --junit, exit codes; launch records whether preflight ran."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.launch.jobs import jobs_for
+from k3deploy.planning.files import catalog_for, require_feasible
+from k3deploy.preflight.checks_host import HOST_CHECKS
+from k3deploy.preflight.checks_stack import STACK_CHECKS
+from k3deploy.preflight.context import Context
+from k3deploy.preflight.nodes import engine_python, node_inputs
+from k3deploy.sim.checkpoint import write_checkpoint
+from tests.unit.test_launch_support import fake_topology, kill_tagged
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKS = {c.name: c for c in (*HOST_CHECKS, *STACK_CHECKS)}
+ENGINE_OK = {"python": "3.11.2", "executable": "/usr/bin/python3", "torch": "2.13.0", "ray": "2.60.0",
+             "version": "0.5.23", "known_archs": ["KimiK3ForConditionalGeneration"], "error": ""}
+
+
+def facts(ip: str, **changes: Any) -> dict[str, Any]:
+    """What a healthy node's facts probe prints (lo holding `ip`)."""
+    f: dict[str, Any] = {
+        "time": time.time(), "python": "3.11.2",
+        "host": {"hostname": "n1", "resolves_to": ["10.0.0.5"], "resolve_error": ""},
+        "iface": {"present": True, "operstate": "unknown", "flags": "0x9", "mtu": "65536",
+                  "ip_addr": f"1: lo    inet {ip}/8 scope host lo\n"},
+        "checkpoint": {"path": "/ckpt", "is_dir": True, "index": True, "shards": 4, "missing_shards": [],
+                       "architectures": ["KimiK3ForConditionalGeneration"], "revision": None, "free_bytes": 10},
+        "shm": {"total": 2**34, "free": 2**34}, "tools": {},
+        "engine": {"exit": 0, "out": json.dumps(ENGINE_OK), "err": ""},
+    }
+    f["time"] += changes.pop("time_offset_s", 0.0)
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        target = f
+        for p in parents:
+            target = target[p]
+        target[last] = value
+    return f
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory: pytest.TempPathFactory) -> Context:
+    tmp = tmp_path_factory.mktemp("pf")
+    topo = fake_topology(tmp, "pf-unit", model={"id": "kimi-k3-tiny", "path": "/ckpt", "revision": "abc123"})
+    cat = catalog_for(None)
+    plan = require_feasible(topo, cat)
+    jobs = jobs_for(plan, None, cat)
+    return Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs, cat), executor="local")
+
+
+def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str, str, str]]:
+    """Rank 2 with `odd` facts, the others healthy: rank -> (status, detail, fix)."""
+    c = copy.copy(ctx)
+    now = time.time()
+    c.clock = {r: (now - 0.05, now + 0.05) for r in ctx.nodes}
+    c.facts = {r: facts(n.ip, **(dict(odd) if r == 2 else {})) for r, n in ctx.nodes.items()}
+    c.errors = {}
+    if check == "hostname":  # a loopback hostname is only wrong where the node's ip is not loopback itself
+        c.nodes = {**ctx.nodes, 2: dataclasses.replace(ctx.nodes[2], ip="10.0.0.3")}
+    return {v.rank: (v.status, v.detail, v.fix) for v in CHECKS[check].run(c).verdicts}
+
+
+@pytest.mark.parametrize(("check", "odd", "says", "fix"), [
+    ("hostname", {"host__resolves_to": ["127.0.1.1"]}, "resolves to 127.0.1.1 (loopback)", "/etc/hosts"),
+    ("iface", {"iface__flags": "0x1002"}, "lo is down", "ip link set dev lo up"),
+    ("iface", {"iface": {"present": False, "all": ["eth0", "lo"]}}, "has no interface lo (it has: eth0, lo)",
+     "nodes[].iface"),
+    ("mtu", {"iface__mtu": "1500"}, "MTU 1500; the other nodes have 65536", "mtu"),
+    ("clock", {"time_offset_s": 30.0}, "30.0 s ahead of this machine", "chrony"),
+    ("checkpoint", {"checkpoint__revision": ["fff000"]}, "revision fff000 but model.revision pins abc123",
+     "--revision abc123"),
+    ("checkpoint", {"checkpoint__missing_shards": ["model-00002-of-00004.safetensors"]}, "1 shard(s) listed",
+     "download"),
+    ("shm", {"shm": {"total": 2**20, "free": 2**20}}, "/dev/shm is 0.00 GiB", "--shm-size"),
+    ("engine", {"engine__out": json.dumps({**ENGINE_OK, "known_archs": []})},
+     "no model class for KimiK3ForConditionalGeneration", "K3-enabled"),
+    ("engine", {"engine__out": json.dumps({**ENGINE_OK, "error": "ModuleNotFoundError: No module named 'sglang'"})},
+     "cannot load the engine", "engine.launcher"),
+    ("engine", {"engine": {"exit": 127, "out": "", "err": "sh: /opt/venv/bin/python3: not found"}},
+     "could not run", "engine.launcher"),
+])
+def test_one_odd_node_fails_alone_with_a_fix(ctx: Context, check: str, odd: dict[str, Any], says: str,
+                                             fix: str) -> None:
+    got = judge(ctx, check, odd)
+    assert got[2][0] == "fail" and says in got[2][1] and fix in got[2][2], got[2]
+    assert all(got[r][0] in ("pass", "skip") for r in (0, 1, 3)), got
+
+
+def test_healthy_facts_pass_and_unreachable_nodes_are_errors(ctx: Context) -> None:
+    c = copy.copy(ctx)
+    c.facts = {r: facts(n.ip) for r, n in ctx.nodes.items() if r != 1}
+    c.clock = {r: (time.time() - 0.05, time.time() + 0.05) for r in c.facts}
+    c.errors = {1: "cannot connect to root@n2:22 after 3 attempts"}
+    for check in CHECKS.values():
+        verdicts = {v.rank: v for v in check.run(c).verdicts}
+        assert verdicts[1].status == "error" and "cannot connect" in verdicts[1].detail
+        assert all(verdicts[r].status in ("pass", "skip") for r in (0, 2, 3)), (check.name, verdicts)
+
+
+def test_engine_interpreter_from_the_argv() -> None:
+    assert engine_python(["/opt/venv/bin/sglang", "serve"]) == "/opt/venv/bin/python3"
+    assert engine_python(["/usr/bin/python3.11", "-m", "sglang.launch_server"]) == "/usr/bin/python3.11"
+    assert engine_python(["vllm", "serve"]) == "python3"
+    assert engine_python(["docker", "run", "img"]) is None
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
+                          timeout=120, cwd=ROOT, env=dict(os.environ))
+
+
+@pytest.mark.timeout(180)
+def test_preflight_and_launch_on_local_nodes(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    write_checkpoint(ckpt)
+    topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(ckpt)})
+    run = cli("preflight", str(topo), "--json", "--junit", str(tmp_path / "pf.xml"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["exit_code"] == 0 and sorted(report["measurements"]) == ["0", "1", "2", "3"]
+    assert "preflight.rendezvous" in (tmp_path / "pf.xml").read_text()
+    table = cli("preflight", str(topo))
+    assert table.returncode == 0 and "rendezvous" in table.stdout and "busbw" in table.stdout, table.stdout
+
+    doc = yaml.safe_load(topo.read_text())
+    doc["model"]["path"] = str(tmp_path / "nowhere")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(doc))
+    bad = cli("preflight", str(broken))
+    assert bad.returncode == 1 and f"no checkpoint at {tmp_path / 'nowhere'}" in bad.stdout
+    assert "fix: download the checkpoint" in bad.stdout and "rendezvous: skipped: skipped until these pass: " \
+                                                              "checkpoint" in bad.stdout, bad.stdout
+    try:
+        refused = cli("launch", str(broken))
+        assert refused.returncode == 4 and "preflight failed, nothing was started" in refused.stderr
+        assert "checkpoint: rank 0 (localhost): no checkpoint at" in refused.stderr, refused.stderr
+        rec = json.loads((tmp_path / "state" / "pf-local.json").read_text())
+        assert rec["preflight"] == "failed" and rec["status"] == "failed"
+        assert "(preflight check checkpoint)" in rec["failure"]["cause"]
+        ok = cli("launch", str(topo), "--json")
+        assert ok.returncode == 0, ok.stderr
+        assert json.loads(ok.stdout)["preflight"] == "passed"
+        assert cli("stop", "pf-local", "--state-dir", str(tmp_path / "state")).returncode == 0
+        skipped = cli("launch", str(broken), "--skip-preflight", "--json")
+        assert skipped.returncode == 0 and json.loads(skipped.stdout)["preflight"] == "skipped", skipped.stderr
+        assert cli("stop", "pf-local", "--state-dir", str(tmp_path / "state")).returncode == 0
+    finally:
+        assert kill_tagged("pf-local.") == []
+
+
+def test_container_engines_compare_image_digests(ctx: Context) -> None:
+    c = copy.copy(ctx)
+    engine = ctx.plan.topology.engine.model_copy(update={"image": "lmsys/sglang:k3"})
+    topology = ctx.plan.topology.model_copy(update={"engine": engine})
+    c.plan = ctx.plan._replace(topology=topology)
+    docker = {0: {"exit": 0, "out": "sha256:aaa\n", "err": ""}, 1: {"exit": 0, "out": "sha256:aaa\n", "err": ""},
+              2: {"exit": 0, "out": "sha256:bbb\n", "err": ""},
+              3: {"exit": 1, "out": "", "err": "Error: No such image: lmsys/sglang:k3"}}
+    c.facts = {r: facts(n.ip, tools={"docker": [docker[r]]}) for r, n in ctx.nodes.items()}
+    c.errors = {}
+    got = {v.rank: v for v in CHECKS["engine"].run(c).verdicts}
+    assert got[0].status == "pass" and got[1].status == "pass"
+    assert got[2].status == "fail" and "sha256:bbb; the other nodes have sha256:aaa" in got[2].detail
+    assert got[3].status == "fail" and "not on the node" in got[3].detail and "docker pull" in got[3].fix

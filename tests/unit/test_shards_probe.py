@@ -1,0 +1,145 @@
+"""The stdlib-only shard probe, run as nodes run it (`python3 -c SOURCE SPEC`), on real checkpoints."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.sim.checkpoint import Manifest, write_checkpoint
+from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
+from k3deploy.validate.probes import shards
+
+pytestmark = pytest.mark.timeout(120)
+SOURCE = Path(shards.__file__).read_text()
+SHARD1 = "model-00001-of-00004.safetensors"
+
+
+def probe(path: Path, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(progress lines, result) of the probe run in an isolated interpreter: no site-packages, no k3deploy."""
+    args = [sys.executable, "-I", "-S", "-c", SOURCE, json.dumps({"path": str(path), **spec})]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=100, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines and lines[-1]["type"] == "result"
+    assert all(line["type"] == "progress" for line in lines[:-1])
+    return lines[:-1], lines[-1]
+
+
+def messages(result: dict[str, Any]) -> list[str]:
+    return [p["message"] for p in result["problems"]]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
+    path = tmp_path_factory.mktemp("tiny")
+    return path, write_checkpoint(path)
+
+
+def expect_of(model_id: str) -> dict[str, Any]:
+    from k3deploy.validate.stages.shards import config_expectations
+
+    return config_expectations(load_catalog().model(model_id))
+
+
+def test_clean_checkpoint_passes_and_digests_match_the_manifest(tiny: tuple[Path, Manifest]) -> None:
+    path, manifest = tiny
+    progress, result = probe(path, expect=expect_of("kimi-k3-tiny"), files=manifest.expected(), progress_s=0.01)
+    assert result["problems"] == [] and result["missing"] == []
+    assert {n: tuple(v) for n, v in result["files"].items()} == {n: (d.size, d.sha256) for n, d in manifest.files.items()}
+    assert (result["revision"], result["revision_from"]) == ("tiny-r1", "k3-manifest.json")
+    assert result["hashed_bytes"] == sum(d.size for d in manifest.files.values())
+    if progress:  # a fast machine may finish before the first tick
+        assert progress[-1]["total"] == result["hashed_bytes"] and progress[-1]["files"] == len(manifest.files)
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    ("truncate", r"shard 00002: [\d,]+ bytes short \(file [\d,]+, header says [\d,]+\)"),
+    ("missing-tensor", (r"shard 00002: tensor language_model\.model\.layers\.\d+\.block_sparse_moe\.experts\.\d+\.w\d"
+                       r"\.weight_scale missing from shard 00002")),
+    ("wrong-dtype", r"shard 00002: tensor language_model\.\S+: dtype F16, expected BF16"),
+])
+def test_each_structural_fault_is_named_with_its_shard(tmp_path: Path, fault: str, expected: str) -> None:
+    write_checkpoint(tmp_path, corrupt=fault, corrupt_shard=2)  # type: ignore[arg-type]
+    _, result = probe(tmp_path, expect=expect_of("kimi-k3-tiny"), hash=False)
+    assert {p["file"] for p in result["problems"]} == {"model-00002-of-00004.safetensors"}, result["problems"]
+    assert any(re.fullmatch(expected, m) for m in messages(result)), messages(result)
+
+
+def test_a_flipped_byte_passes_structure_and_changes_the_digest(tmp_path: Path) -> None:
+    manifest = write_checkpoint(tmp_path, corrupt="flip")
+    _, result = probe(tmp_path, expect=expect_of("kimi-k3-tiny"), files=manifest.expected())
+    assert result["problems"] == []
+    changed = [n for n, (size, sha) in result["files"].items() if [size, sha] != manifest.expected()[n]]
+    assert changed == [SHARD1]
+
+
+def test_config_against_another_catalog_entry_names_each_field(tiny: tuple[Path, Manifest]) -> None:
+    _, result = probe(tiny[0], expect=expect_of("kimi-k3"), hash=False)
+    found = messages(result)
+    assert "config.json: text_config.hidden_size is 256, the catalog says 7168" in found
+    assert "config.json: text_config.num_experts is 32, the catalog says 896" in found
+    assert all(p["file"] == "config.json" for p in result["problems"])
+
+
+def _shard(path: Path, header: dict[str, Any], payload: int, header_len: int | None = None) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", header_len if header_len is not None else len(raw)) + raw + b"\0" * payload)
+
+
+def test_holes_overlaps_spans_caps_and_missing_shards(tmp_path: Path, tiny: tuple[Path, Manifest]) -> None:
+    for f in tiny[0].iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    a = "model-00001-of-00004.safetensors"
+    index = json.loads((tmp_path / shards.INDEX_FILE).read_text())
+    names = [t for t, s in index["weight_map"].items() if s == a]
+    index["weight_map"] = {n: a for n in names[:3]} | {"x.weight": "model-00009-of-00009.safetensors"}
+    (tmp_path / shards.INDEX_FILE).write_text(json.dumps(index))
+    bf16 = {"dtype": "BF16", "shape": [4]}
+    _shard(tmp_path / a, {names[0]: {**bf16, "data_offsets": [0, 8]}, names[1]: {**bf16, "data_offsets": [16, 24]},
+                          names[2]: {**bf16, "data_offsets": [20, 30]}}, 30)
+    found = "\n".join(messages(probe(tmp_path, hash=False)[1]))
+    assert f"shard 00001: hole of 8 bytes before tensor {names[1]}" in found
+    assert f"shard 00001: tensor {names[2]}: data_offsets span 10 bytes, BF16 [4] needs 8" in found
+    assert f"shard 00001: tensor {names[2]} overlaps the tensor before it by 4 bytes" in found
+    assert "shard 00009: missing (named by the index)" in found
+    _shard(tmp_path / a, {}, 0, header_len=1 << 40)
+    found = "\n".join(messages(probe(tmp_path, hash=False)[1]))
+    assert "shard 00001: header length 1,099,511,627,776 exceeds the 268,435,456-byte cap" in found
+
+
+def test_full_scale_sparse_k3_checkpoint_passes_structure(tmp_path: Path) -> None:
+    arch = load_catalog().model("kimi-k3").architecture.model_dump()
+    total = write_sparse_checkpoint(tmp_path, arch)
+    shard_files = sorted(tmp_path.glob("*.safetensors"))
+    assert len(shard_files) == 96
+    assert sum(f.stat().st_size for f in shard_files) > total  # real sizes (headers + payload), held as holes
+    assert sum(f.stat().st_blocks * 512 for f in shard_files) < total // 1000
+    _, result = probe(tmp_path, expect=expect_of("kimi-k3"), hash=False)
+    assert result["problems"] == []
+
+
+def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: Path, tiny: tuple[Path, Manifest]) -> None:
+    sha = "f831ab6" + "0" * 33
+    local = tmp_path / "local-dir"
+    shutil.copytree(tiny[0], local, ignore=shutil.ignore_patterns("k3-manifest.json"))
+    meta = local / ".cache" / "huggingface" / "download"
+    meta.mkdir(parents=True)
+    for name in ("config.json", "model-00001-of-00004.safetensors"):  # what `hf download --local-dir` leaves
+        (meta / f"{name}.metadata").write_text(f"{sha}\n\"etag\"\n1764000000.0\n")
+    assert shards.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
+    assert ".cache/huggingface/download/config.json.metadata" not in shards.local_files(str(local))
+    snapshot = tmp_path / "models--moonshotai--Kimi-K3" / "snapshots" / sha
+    snapshot.mkdir(parents=True)
+    for f in local.iterdir():  # the hub cache: a snapshot directory of symlinks into blobs/
+        (snapshot / f.name).symlink_to(f)
+    shutil.rmtree(meta.parent.parent)
+    assert shards.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
+    assert shards.revision_hint(str(local)) == (None, "")

@@ -1,0 +1,80 @@
+"""Request-stage test helpers: a stand-in deployment launched for real on this machine (local executor, one
+or more loopback "nodes"), small enough to validate in seconds, with K3SIM_FAULT set on its engine."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small on purpose: a long request of ~3k tokens, a 1.5k-token shared prefix, light load.
+VALIDATE = {"long_request_tokens": 3000, "answer_max_tokens": 512, "prefix_cache_tokens": 1536,
+            "concurrency": 4, "effort_requests": 8, "effort_prompt_tokens": 256, "effort_max_tokens": 512,
+            "request_timeout_s": 60}
+SERVING = {"context_length": 8192, "max_running_requests": 16, "reasoning_effort": "low"}
+SPEED = "8"
+# The slow_decode fault's throughput sits well under this; a clean stand-in well above (see bench/).
+MIN_THROUGHPUT = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m k3deploy ARGS` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout_s, cwd=ROOT, env=dict(os.environ))
+
+
+def sim_topology(tmp: Path, name: str, checkpoint: Path, *, fault: str = "", nodes: int = 1, mimic: str = "sglang",
+                 env: Mapping[str, str] | None = None, validate: Mapping[str, Any] | None = None) -> Path:
+    """A kimi-k3-tiny stand-in deployment over `nodes` loopback addresses on a free port."""
+    doc = {"name": name, "model": {"id": "kimi-k3-tiny", "path": str(checkpoint)},
+           "hardware": {"gpu": "sim", "gpus_per_node": 1},
+           "nodes": [{"host": "localhost", "ip": f"127.0.0.{i + 1}", "iface": "lo"} for i in range(nodes)],
+           "engine": {"kind": "sim", "mimic": mimic, "port": free_port(),
+                      "env": {"K3SIM_SPEED": SPEED, **({"K3SIM_FAULT": fault} if fault else {}), **(env or {})}},
+           "parallel": {"tp": nodes, "ep": nodes},
+           "serving": SERVING,
+           "launch": {"executor": "local", "port": free_port(), "dist_timeout_s": 30, "ready_timeout_s": 60,
+                      "stop_grace_s": 3, "log_dir": str(tmp / "logs"), "state_dir": str(tmp / "state")},
+           "validate": {**VALIDATE, "min_throughput_tok_s": MIN_THROUGHPUT, **(validate or {})}}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@contextmanager
+def launched(topology: Path) -> Iterator[Path]:
+    """Launch (the CLI, detached supervisor) and always stop."""
+    done = cli("launch", str(topology))
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield topology
+    finally:
+        cli("stop", str(topology))
+
+
+def validate_json(topology: Path, *stages: str) -> dict[str, Any]:
+    """`validate --json` of the given stages (all implemented when none), as parsed JSON."""
+    args = ["validate", str(topology), "--json", *(["--only", ",".join(stages)] if stages else [])]
+    done = cli(*args, timeout_s=240)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def statuses(report: Mapping[str, Any]) -> dict[str, str]:
+    """Stage name -> status."""
+    return {s["name"]: s["status"] for s in report["stages"]}
