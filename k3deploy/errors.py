@@ -59,7 +59,7 @@ EXIT_CODES = {
     3: "host error: unreachable host, SSH authentication or host key, Ray connection",
     4: "launch failed: a node exited, readiness deadline passed, or the deployment was torn down; "
        "`status` of a deployment that failed",
-    5: "state error: no such deployment, or one is already running",
+    5: "state error: no such deployment, one is already running, or the state directory cannot be written",
     70: "internal error: a bug in k3deploy (rerun with --debug for the traceback and report it)",
     130: "interrupted (Ctrl-C); every node that was started has been stopped",
 }

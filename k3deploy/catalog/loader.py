@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from k3deploy.catalog.cache import cached_catalog
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import InputError
+from k3deploy.topology.source import YamlSyntaxError, load_yaml
 
 DATA_DIR = Path(__file__).parent / "data"
 _LIST_SECTIONS = ("models", "hardware")
@@ -24,9 +25,19 @@ except AttributeError:  # pragma: no cover - libyaml missing
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read catalog file: {exc}") from exc
+    if path.parent == DATA_DIR:  # our own files: the fast loader, no positions needed
+        data = yaml.load(text, Loader=_Loader)
+    else:  # a user's file gets the topology loader's guards (nesting depth, alias bombs, duplicate keys)
+        try:
+            data, _smap, dups = load_yaml(text, str(path))
+        except YamlSyntaxError as exc:
+            raise InputError(f"{path}:{exc.position.line}:{exc.position.column}: invalid YAML: {exc}") from None
+        if dups:
+            (key, pos), *_ = dups
+            raise InputError(f"{path}:{pos.line}:{pos.column}: duplicate key '{'.'.join(map(str, key))}'")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -37,14 +48,20 @@ def _read(path: Path) -> dict[str, Any]:
             f"{path}: unknown catalog section(s) {sorted(unknown)}; "
             f"expected any of {list(_LIST_SECTIONS + _MAP_SECTIONS)}"
         )
+    for section in _LIST_SECTIONS:
+        if not isinstance(data.get(section) or [], list):
+            raise InputError(f"{path}: `{section}` must be a list of entries with an `id`")
+    for section in _MAP_SECTIONS:
+        if not isinstance(data.get(section) or {}, dict):
+            raise InputError(f"{path}: `{section}` must be a mapping")
     return data
 
 
 def _merge(raw: dict[str, Any], data: dict[str, Any], path: Path) -> None:
     for section in _LIST_SECTIONS:
         for i, entry in enumerate(data.get(section) or []):
-            if not isinstance(entry, dict) or "id" not in entry:
-                raise InputError(f"{path}: {section}[{i}] needs an `id`")
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                raise InputError(f"{path}: {section}[{i}] needs an `id` (a string)")
             raw[section][entry["id"]] = entry
     for section in ("vendors", "engines"):
         raw[section].update(data.get(section) or {})

@@ -37,13 +37,16 @@ _STAT = 'read -r st 2>/dev/null < /proc/{pid}/stat && st=${{st##*")"}} && set --
 
 def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
     """Detach `command` in its own session (setsid, no pty, full redirection: the channel closes at once);
-    print `PID STARTTICKS`. A previous log is kept as LOG.1."""
+    print `PID STARTTICKS`. A previous log is kept as LOG.1; a new log is 0600."""
     q = shlex.quote
     log = q(log_path)
     log_dir = q(posixpath.dirname(log_path) or "/")
     return (
-        f"[ -d {log_dir} ] || mkdir -p {log_dir} || exit 96\n"
+        # Logs may hold what an engine prints about its secrets: 0600 in 0700 folders we make. The umask is
+        # set in subshells only: the engine keeps the host's own for the files it writes.
+        f"[ -d {log_dir} ] || (umask 077 && mkdir -p {log_dir}) || exit 96\n"
         f"if [ -e {log} ]; then mv -f {log} {log}.1; fi\n"
+        f"(umask 077 && : > {log}) || exit 96\n"
         f"cd {q(workdir)} || exit 97\n"
         f"{TAG_VAR}={q(tag)} setsid nohup sh -c {q(_WRAPPER)} k3deploy {q(command)} > {log} 2>&1 < /dev/null &\n"
         "p=$!\n"

@@ -156,10 +156,13 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
 def save_local_logs(gang: Gang, store: StateStore) -> None:
     """Keep each node's log end (read by the stop) in the state directory, for `logs` once the nodes are gone."""
     dest = store.logs_dir(gang.name)
-    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder in (dest.parent, dest):  # mkdir(parents=True) would make the parent 0755
+        folder.mkdir(mode=0o700, exist_ok=True)
     for rank, text in gang.final_logs.items():
-        if text:  # a node whose log is gone keeps its earlier copy
-            (dest / f"rank{rank}.log").write_text(text)
+        if text:  # a node whose log is gone keeps its earlier copy; logs are private like the record
+            fd = os.open(dest / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
 
 
 def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: ExecutorFactory = open_executor,
@@ -239,7 +242,7 @@ def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     # The same k3deploy as this process, installed or not (the supervisor runs from /).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_PARENT), env.get("PYTHONPATH", "")) if p)
-    with open(log, "ab") as out:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "k3deploy.launch.supervisor", str(store.path(name))],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True, cwd="/", env=env,

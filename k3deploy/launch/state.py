@@ -155,7 +155,10 @@ class StateStore:
     def _acquire(path: Path, name: str, deadline: float) -> int:
         """A descriptor holding the lock on `path`, re-opening when the file was removed while we waited."""
         for _ in range(1000):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise StateError(f"cannot lock deployment {name}: {path}: {exc}") from exc
             try:
                 _flock(fd, name, deadline)
                 if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
@@ -191,7 +194,10 @@ class StateStore:
     def save(self, dep: Deployment) -> None:
         """Write atomically: temp file in the same directory, fsync, rename; mode 0600."""
         self._ensure()
-        fd, tmp = tempfile.mkstemp(prefix=f".{dep.name}.", suffix=".tmp", dir=self.directory)
+        try:  # a read-only or full disk: the old record stays whole, and the error says which file
+            fd, tmp = tempfile.mkstemp(prefix=f".{dep.name}.", suffix=".tmp", dir=self.directory)
+        except OSError as exc:
+            raise StateError(f"cannot write {self.path(dep.name)}: {exc}") from exc
         try:
             with os.fdopen(fd, "w") as fh:
                 os.fchmod(fh.fileno(), 0o600)

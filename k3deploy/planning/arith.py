@@ -1,6 +1,8 @@
 """Small integer helpers whose output appears in user-facing reasons."""
 from __future__ import annotations
 
+import math
+
 GIB = 1 << 30
 
 
@@ -22,8 +24,9 @@ def factorize(n: int) -> str:
 
 
 def divisors(n: int) -> list[int]:
-    """All positive divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """All positive divisors of n, ascending (pairs up to sqrt(n): n may be a user's number)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0] if n > 0 else []
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def gib(n_bytes: float) -> float:

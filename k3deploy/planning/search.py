@@ -34,6 +34,10 @@ class ShapeRow(NamedTuple):
         return self._asdict()
 
 
+# Far past any cluster; every shape of a bigger number would take minutes to list.
+MAX_SEARCH_GPUS = 65_536
+
+
 def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int, int, int, int, bool]]:
     """(tp, ep, dp, pp, attention_dp) tuples whose world size is `gpus`."""
     out = []
@@ -58,7 +62,9 @@ def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: in
         raise InputError(f"unknown accelerator '{hardware_id}'", hint=f"known: {', '.join(catalog.hardware)}")
     model, hw = catalog.models[model_id], catalog.hardware[hardware_id]
     per_node = gpus_per_node or hw.typical_gpus_per_node
-    if gpus < 1 or gpus % per_node and gpus > per_node:
+    if not 1 <= gpus <= MAX_SEARCH_GPUS:
+        raise InputError(f"--gpus {gpus}: expected 1 to {MAX_SEARCH_GPUS:,}")
+    if per_node < 1 or gpus % per_node and gpus > per_node:
         raise InputError(f"--gpus {gpus} is not a whole number of {per_node}-GPU nodes",
                          hint="pass --gpus-per-node, or a multiple of it")
     nnodes = max(1, gpus // per_node)

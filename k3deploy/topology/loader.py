@@ -131,9 +131,31 @@ def _issue_from_error(err: Any, data: Any, smap: SourceMap) -> Issue:
         pos = smap.locate(path)
         message = err["msg"].removeprefix("Value error, ")
         if "input" in err and not isinstance(err["input"], (dict, list)) and kind != "value_error":
-            message += f" (got {err['input']!r})"
+            message += f" (got {_shown(err['input'])})"
     return Issue(code="SCHEMA", severity="error", message=message, path=dotted(path),
                  line=pos.line, column=pos.column, hint=hint)
+
+
+def _nul_issues(data: Any, smap: SourceMap, path: PathKey = ()) -> list[Issue]:
+    """Strings holding a NUL: no process argument or environment value can carry one, so such a value
+    would fail only on the node, mid-launch."""
+    if isinstance(data, dict):
+        return [i for k, v in data.items() for i in _nul_issues(v, smap, path + (k if isinstance(k, (str, int))
+                                                                              else str(k),))]
+    if isinstance(data, list):
+        return [i for n, v in enumerate(data) for i in _nul_issues(v, smap, path + (n,))]
+    if isinstance(data, str) and "\x00" in data:
+        pos = smap.locate(path)
+        return [Issue(code="SCHEMA", severity="error", message="contains a NUL character (\\0), which no "
+                      "command argument or environment value can hold", path=dotted(path), line=pos.line,
+                      column=pos.column)]
+    return []
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """A wrong value as the message quotes it: its repr, cut short (it may be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def parse_topology(text: str, file: str) -> LoadedTopology:
@@ -153,6 +175,7 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
         issues.append(Issue(code="YAML", severity="error", message="a topology is a YAML mapping",
                             line=1, column=1))
         raise TopologyError(file, issues)
+    issues += _nul_issues(data, smap)
     try:
         topology = Topology.model_validate(data)
     except ValidationError as exc:

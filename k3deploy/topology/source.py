@@ -12,6 +12,12 @@ except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
 
 PathKey = tuple[str | int, ...]
+# A topology is a few levels deep and a few hundred values; far past these is a hostile or broken file:
+# libyaml's composer recurses per level (a deep enough file crashes the interpreter) and aliases let a
+# few lines expand to billions of values ("billion laughs").
+MAX_DEPTH = 64
+MAX_VALUES = 50_000
+MAX_CHARS = 2**20
 
 
 class Position(NamedTuple):
@@ -59,6 +65,10 @@ def _pos(mark: Any) -> Position:
 
 
 def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: list[tuple[PathKey, Position]]) -> Any:
+    if len(smap.positions) >= MAX_VALUES:
+        raise YamlSyntaxError(f"the document holds more than {MAX_VALUES:,} values (a topology has hundreds; "
+                              "nested aliases?)",
+                              _pos(node.start_mark))
     smap.positions[path] = _pos(node.start_mark)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
@@ -87,9 +97,35 @@ def _syntax_error(exc: yaml.MarkedYAMLError) -> YamlSyntaxError:
                            "here (is its closing bracket or quote missing?)", _pos(context))
 
 
+def _check_depth(text: str) -> None:
+    """Refuse a document nested deeper than MAX_DEPTH before anything recursive sees it (events are flat)."""
+    loader = _Loader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise YamlSyntaxError(f"nested more than {MAX_DEPTH} levels deep", _pos(event.start_mark))
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    finally:
+        loader.dispose()
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, SourceMap, list[tuple[PathKey, Position]]]:
     """Parse one YAML document; return data, positions and duplicate keys."""
     smap = SourceMap(file, {}, {})
+    if len(text) > MAX_CHARS:
+        raise YamlSyntaxError(f"{len(text):,} characters; a topology or catalog file is at most {MAX_CHARS:,}",
+                              Position(1, 1))
+    try:
+        _check_depth(text)
+    except yaml.MarkedYAMLError as exc:
+        raise _syntax_error(exc) from exc
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(str(exc), Position(1, 1)) from exc
     loader = _Loader(text)
     try:
         node = loader.get_single_node()

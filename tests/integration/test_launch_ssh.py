@@ -314,3 +314,11 @@ def test_unknown_host_key_is_refused_with_how_to_trust_it(deployments: Deploymen
         changed.connect()
     assert err.value.host == host.mgmt_ip and "ssh-keygen -R" in (err.value.hint or "")
     assert os.path.getsize(empty) < 200  # nothing was added
+    # The same through the command line: the flag trusts new keys only; a changed one stops the launch.
+    changed_run = cli("launch", str(topo), "--known-hosts", str(empty), "--accept-new-host-keys")
+    assert changed_run.returncode == 3, changed_run.stderr
+    assert "HOST KEY CHANGED" in changed_run.stderr and host.mgmt_ip in changed_run.stderr
+    assert "Traceback" not in changed_run.stderr
+    lines = [ln for ln in empty.read_text().splitlines() if ln.split()[0] == host.mgmt_ip]
+    assert lines == [f"{host.mgmt_ip} {' '.join(other_key)}"]  # the changed key was not replaced
+    assert hosts_empty(rig4)

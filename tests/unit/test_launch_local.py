@@ -26,8 +26,9 @@ from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.planning.files import catalog_for, require_feasible
+from tests import figures
 from tests.polling import wait_for
-from tests.unit.test_launch_support import fake_topology, kill_tagged, tagged_pids
+from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,15 +48,7 @@ def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A unique deployment name; afterwards nothing of it may be left running."""
     dep_name = f"ut-{request.node.name.replace('_', '-')[5:40]}-{os.getpid() % 10000}"
     yield dep_name
-    store = StateStore(tmp_path / "state")
-    rec = store.load(dep_name) if store.path(dep_name).exists() else None
-    owner_alive = rec is not None and rec.owner is not None and rec.owner.alive()
-    if owner_alive:
-        assert rec is not None and rec.owner is not None
-        rec.owner.terminate(2)
-    left = kill_tagged(f"{dep_name}.")
-    assert not owner_alive, "a supervisor was left running"
-    assert left == [], f"processes left running: {left}"
+    assert_nothing_left(dep_name, tmp_path / "state")
 
 
 def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:
@@ -160,23 +153,25 @@ def test_readiness_deadline_stops_everything(tmp_path: Path, name: str) -> None:
     assert time.monotonic() - t0 < 8 and tagged_pids(f"{name}.") == []
 
 
-def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("rank", [2, 0], ids=["worker", "head"])
+def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, name: str, rank: int) -> None:
     topo = fake_topology(tmp_path, name)
     store, _ = launch_lib(topo)
     rec = store.require(name)
     supervisor = rec.owner
     assert supervisor is not None and supervisor.role == "supervisor" and supervisor.alive()
-    victim = _engine_pid(name, rank=2)
+    victim = _engine_pid(name, rank=rank)
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
+    figures.add(figures.FAULTS_INJECTED)
     assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
     took = time.monotonic() - t0
     rec = store.require(name)
-    assert rec.failure is not None and (rec.failure.rank, rec.failure.host) == (2, "localhost")
+    assert rec.failure is not None and (rec.failure.rank, rec.failure.host) == (rank, "localhost")
     assert "killed by SIGKILL" in rec.failure.cause and took < 8
     assert rec.owner is None and wait_for(lambda: not supervisor.alive(), 5)  # gave up (no restarts)
     st = json.loads(cli("status", name, "--state-dir", str(tmp_path / "state"), "--json").stdout)
-    assert st["failure"]["rank"] == 2 and st["status"] == "failed"
+    assert st["failure"]["rank"] == rank and st["status"] == "failed"
 
 
 def test_restart_policy_relaunches_the_group_then_gives_up(tmp_path: Path, name: str) -> None:

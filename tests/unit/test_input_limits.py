@@ -1,0 +1,73 @@
+"""Regression tests for what fuzzing found: inputs that crashed, hung or flooded the terminal, now refused
+with a located message (exit 2)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3deploy.planning.arith import divisors
+from k3deploy.topology.loader import TopologyError, parse_topology
+from tests.fuzz_inputs import SHIPPED, billion_laughs, run_cli
+
+pytestmark = pytest.mark.timeout(60)
+DEMO = Path(SHIPPED[0]).parent / "local-demo.yaml"
+
+
+def only_issue(text: str) -> str:
+    with pytest.raises(TopologyError) as info:
+        parse_topology(text, "t.yaml")
+    return info.value.issues[0].render("t.yaml")
+
+
+def test_deep_nesting_is_refused_before_libyaml_recurses() -> None:
+    # 100,000 open brackets used to crash the interpreter (segfault in libyaml's composer).
+    assert "nested more than 64 levels deep" in only_issue("name: " + "[" * 100_000 + "]" * 100_000)
+    assert only_issue("name: " + "[" * 900 + "]" * 900).startswith("t.yaml:1:")
+
+
+def test_an_alias_bomb_stops_at_the_value_limit() -> None:
+    # 9 levels of 9 aliases named 387 million values and never returned.
+    assert "more than 50,000 values" in only_issue(billion_laughs())
+
+
+def test_a_file_over_a_mebibyte_is_refused_unread() -> None:
+    assert "a topology or catalog file is at most" in only_issue("name: " + "x" * 2**21)
+
+
+def test_a_long_wrong_value_is_quoted_short() -> None:
+    message = only_issue(DEMO.read_text().replace("port: 18000", f"port: {'9' * 5000}x"))
+    assert "(5,00" in message and len(message) < 400
+
+
+@pytest.mark.parametrize("gpus", ["1000000007", "99999999999999999999", "0", "-8"])
+def test_search_refuses_a_gpu_count_it_would_take_hours_to_list(gpus: str) -> None:
+    result = run_cli("plan", "--search", "--hardware", "h200", "--gpus", gpus)
+    assert result.code == 2 and "expected 1 to 65,536" in result.err
+
+
+def test_divisors_pair_up_to_the_square_root() -> None:
+    assert divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(1_000_000_007) == [1, 1_000_000_007]
+    assert divisors(1) == [1]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\xff\xfe binary", "cannot read catalog file"),
+    (b"hardware: {id: x}\n", "`hardware` must be a list"),
+    (b"vendors: [a, b]\n", "`vendors` must be a mapping"),
+    (b"hardware:\n  - {id: [1, 2]}\n", "needs an `id` (a string)"),
+    (b"hardware: []\nhardware: []\n", "duplicate key 'hardware'"),
+    (b"models: " + b"[" * 1000 + b"]" * 1000 + b"\n", "nested more than 64 levels deep"),
+])
+def test_bad_catalog_files_are_input_errors_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "extra.yaml").write_bytes(content)
+    result = run_cli("plan", "--check", "--catalog", tmp_path, DEMO)
+    assert result.code == 2, result.err
+    assert str(tmp_path / "extra.yaml") in result.err and message in result.err, result.err
+
+
+def test_a_nul_in_any_string_is_refused_at_its_position() -> None:
+    # It loaded, rendered, and then failed inside the local executor (ValueError: embedded null byte).
+    text = DEMO.read_text().replace("port: 18000", "port: 18000, args: {--served-model-name: \"a\\0b\"}")
+    assert "engine.args.--served-model-name: contains a NUL character" in only_issue(text)

@@ -1,0 +1,142 @@
+"""The fault matrix on the local executor with the fake engine: private files, secrets kept out of every
+output, an unwritable or full state disk, two launches at once, Ctrl-C while waiting for ready. Each fault
+ends with every node stopped (counted in the reliability figures)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3deploy.launch.state import StateStore
+from tests import figures
+from tests.polling import wait_for
+from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
+
+pytestmark = pytest.mark.timeout(90)
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "hf_" + "Fz7q" * 9  # made up; must appear nowhere k3deploy writes or shows
+UNSHARE = shutil.which("unshare")
+needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or UNSHARE is None,
+                                  reason="a private tmpfs for the state directory needs root and unshare")
+
+
+def k3(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "k3deploy", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def done(proc: subprocess.Popen[str], timeout_s: float = 60) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out, err
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A unique deployment name; afterwards none of its processes may run (counted if any do)."""
+    dep = f"fault-{request.node.name.replace('_', '-')[5:30]}-{os.getpid() % 10000}"
+    yield dep
+    assert_nothing_left(dep, tmp_path / "state")
+
+
+def fault() -> None:
+    figures.add(figures.FAULTS_INJECTED)
+
+
+def modes(root: Path) -> dict[str, str]:
+    """Octal mode of every file and folder under `root`, by relative path."""
+    out = {".": oct(stat.S_IMODE(root.stat().st_mode))}
+    for p in root.rglob("*"):
+        out[str(p.relative_to(root))] = oct(stat.S_IMODE(p.stat().st_mode))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_state_and_logs_are_private_and_a_secret_by_reference_leaks_nowhere(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    doc = yaml.safe_load(topo.read_text())
+    doc["engine"]["secrets"] = {"HF_TOKEN": "env:K3_FAULT_SECRET"}
+    topo.write_text(yaml.safe_dump(doc))
+    env = {"K3_FAULT_SECRET": SECRET}
+    code, out, err = done(k3("launch", str(topo), "--json", env=env))
+    assert code == 0, err
+    running = tagged_pids(f"{name}.")
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in running]
+    owner = StateStore(tmp_path / "state").require(name).owner
+    assert owner is not None
+    cmdlines.append(Path(f"/proc/{owner.pid}/cmdline").read_bytes().decode(errors="replace"))
+    shown = [out, err]
+    for args in (("status", str(topo), "--json"), ("status", str(topo)), ("render", str(topo)),
+                 ("render", str(topo), "--format", "json"), ("launch", str(topo), "--dry-run", "--json"),
+                 ("launch", str(topo)), ("logs", str(topo)), ("stop", str(topo))):
+        shown += list(done(k3(*args, env=env))[1:])
+    files = {str(p): p.read_bytes().decode(errors="replace") for d in ("state", "logs")
+             for p in (tmp_path / d).rglob("*") if p.is_file()}
+    leaks = [t[:200] for t in shown + cmdlines + list(files.values()) if SECRET in t]
+    figures.add(figures.SECRETS_LEAKED, len(leaks))
+    assert leaks == []
+    assert any("K3_FAULT_SECRET" in t for t in shown)  # the reference is shown, never its value
+    for root in (tmp_path / "state", tmp_path / "logs"):
+        for rel, mode in modes(root).items():
+            is_dir = (root / rel).is_dir()
+            assert mode == ("0o700" if is_dir else "0o600"), f"{root / rel}: {mode}"
+
+
+@needs_mounts
+@pytest.mark.parametrize("mount", ["ro", "size=4k"])
+def test_an_unwritable_or_full_state_disk_is_a_state_error_and_starts_nothing(tmp_path: Path, name: str,
+                                                                           mount: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    state = tmp_path / "state"
+    state.mkdir()
+    fill = f"head -c 1M /dev/zero > {state}/filler 2>/dev/null; " if mount != "ro" else ""
+    script = (f"mount -t tmpfs -o {mount},mode=700 tmpfs {state} && {fill}"
+              f'exec "$0" -m k3deploy launch {topo}')
+    fault()
+    code, _, err = done(subprocess.Popen([str(UNSHARE), "-m", "sh", "-c", script, sys.executable], cwd=ROOT,
+                                         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    assert code == 5, err
+    assert "Traceback" not in err and str(state) in err
+    assert ("Read-only file system" if mount == "ro" else "No space left on device") in err
+    assert tagged_pids(f"{name}.") == []
+    assert not (state / f"{name}.json").exists()  # the mount was private: nothing half-written out here
+
+
+def test_two_launches_at_the_same_moment_exactly_one_proceeds(tmp_path: Path, name: str) -> None:
+    topo = fake_topology(tmp_path, name)
+    fault()
+    procs = [k3("launch", str(topo)) for _ in range(2)]
+    results = sorted(done(p)[0:3:2] for p in procs)
+    assert [c for c, _ in results] == [0, 5], results
+    assert "already" in results[1][1] and f"k3deploy stop {name}" in results[1][1]
+    rec = json.loads(done(k3("status", str(topo), "--json"))[1])
+    assert rec["status"] == "ready" and rec["supervised"] is True
+    assert done(k3("stop", str(topo)))[0] == 0
+    assert tagged_pids(f"{name}.") == []
+
+
+@pytest.mark.parametrize("phase", ["starting", "waiting for ready"])
+def test_ctrl_c_stops_every_started_node_and_exits_130(tmp_path: Path, name: str, phase: str) -> None:
+    delay = {"starting": "0", "waiting for ready": "60"}[phase]
+    topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": delay},
+                         launch={"ready_timeout_s": 60})
+    proc = k3("launch", str(topo))
+    expected = 1 if phase == "starting" else 4
+    assert wait_for(lambda: len(tagged_pids(f"{name}.")) >= expected, 30), "nothing started"
+    fault()
+    proc.send_signal(signal.SIGINT)
+    code, _, err = done(proc)
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert wait_for(lambda: tagged_pids(f"{name}.") == [], 10), tagged_pids(f"{name}.")
+    rec = json.loads(done(k3("status", str(topo), "--json"))[1])
+    assert rec["status"] in ("failed", "stopped") and rec["supervised"] is False
