@@ -40,10 +40,11 @@ def fmt_gib(n_bytes: float) -> str:
 
 
 def stage_layers(num_layers: int, pp: int) -> list[range]:
-    """Contiguous 1-based layer ranges per pipeline stage (earlier stages take the remainder)."""
+    """Contiguous 1-based layer ranges of the pipeline stages that hold any layer (earlier stages take the
+    remainder); with more stages than layers the rest are empty and left out, so a huge pp costs nothing."""
     base, extra = divmod(num_layers, pp)
     out, start = [], 1
-    for s in range(pp):
+    for s in range(min(pp, num_layers)):
         size = base + (1 if s < extra else 0)
         out.append(range(start, start + size))
         start += size

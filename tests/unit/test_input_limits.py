@@ -71,3 +71,18 @@ def test_a_nul_in_any_string_is_refused_at_its_position() -> None:
     # It loaded, rendered, and then failed inside the local executor (ValueError: embedded null byte).
     text = DEMO.read_text().replace("port: 18000", "port: 18000, args: {--served-model-name: \"a\\0b\"}")
     assert "engine.args.--served-model-name: contains a NUL character" in only_issue(text)
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_pipeline_size_is_judged_without_a_list_per_stage(tmp_path: Path) -> None:
+    """pp: 10**12 used to build one layer range per stage in the memory step (found by the CLI fuzzer:
+    gigabytes before any verdict)."""
+    import yaml
+
+    doc = yaml.safe_load((SHIPPED[0]).read_text(encoding="utf-8"))
+    doc.setdefault("parallel", {})["pp"] = 10**12
+    path = tmp_path / "huge-pp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = run_cli("plan", path)
+    assert result.code in (1, 2), result.out + result.err
+    assert "Traceback" not in result.out + result.err
