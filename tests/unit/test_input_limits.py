@@ -21,9 +21,12 @@ def only_issue(text: str) -> str:
 
 
 def test_deep_nesting_is_refused_before_libyaml_recurses() -> None:
-    # 100,000 open brackets used to crash the interpreter (segfault in libyaml's composer).
-    assert "nested more than 64 levels deep" in only_issue("name: " + "[" * 100_000 + "]" * 100_000)
-    assert only_issue("name: " + "[" * 900 + "]" * 900).startswith("t.yaml:1:")
+    # 100,000 open brackets used to crash the interpreter (segfault in libyaml's composer). PyYAML 6.0.4's
+    # scanner refuses past 1,000 levels itself; below that, our own limit speaks.
+    deepest = only_issue("name: " + "[" * 100_000 + "]" * 100_000)
+    assert deepest.startswith("t.yaml:1:")
+    assert "nested more than 64 levels deep" in deepest or "exceeded maximum nesting depth" in deepest
+    assert "nested more than 64 levels deep" in only_issue("name: " + "[" * 500 + "]" * 500)
 
 
 def test_an_alias_bomb_stops_at_the_value_limit() -> None:
@@ -58,7 +61,7 @@ def test_divisors_pair_up_to_the_square_root() -> None:
     (b"vendors: [a, b]\n", "`vendors` must be a mapping"),
     (b"hardware:\n  - {id: [1, 2]}\n", "needs an `id` (a string)"),
     (b"hardware: []\nhardware: []\n", "duplicate key 'hardware'"),
-    (b"models: " + b"[" * 1000 + b"]" * 1000 + b"\n", "nested more than 64 levels deep"),
+    (b"models: " + b"[" * 500 + b"]" * 500 + b"\n", "nested more than 64 levels deep"),
 ])
 def test_bad_catalog_files_are_input_errors_naming_the_file(tmp_path: Path, content: bytes, message: str) -> None:
     (tmp_path / "extra.yaml").write_bytes(content)

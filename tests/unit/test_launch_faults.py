@@ -67,7 +67,7 @@ def test_state_and_logs_are_private_and_a_secret_by_reference_leaks_nowhere(tmp_
     doc["engine"]["secrets"] = {"HF_TOKEN": "env:K3_FAULT_SECRET"}
     topo.write_text(yaml.safe_dump(doc))
     env = {"K3_FAULT_SECRET": SECRET}
-    code, out, err = done(k3("launch", str(topo), "--json", env=env))
+    code, out, err = done(k3("launch", str(topo), "--json", "--skip-preflight", env=env))
     assert code == 0, err
     running = tagged_pids(f"{name}.")
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in running]
@@ -77,7 +77,7 @@ def test_state_and_logs_are_private_and_a_secret_by_reference_leaks_nowhere(tmp_
     shown = [out, err]
     for args in (("status", str(topo), "--json"), ("status", str(topo)), ("render", str(topo)),
                  ("render", str(topo), "--format", "json"), ("launch", str(topo), "--dry-run", "--json"),
-                 ("launch", str(topo)), ("logs", str(topo)), ("stop", str(topo))):
+                 ("launch", str(topo), "--skip-preflight"), ("logs", str(topo)), ("stop", str(topo))):
         shown += list(done(k3(*args, env=env))[1:])
     files = {str(p): p.read_bytes().decode(errors="replace") for d in ("state", "logs")
              for p in (tmp_path / d).rglob("*") if p.is_file()}
@@ -114,7 +114,7 @@ def test_an_unwritable_or_full_state_disk_is_a_state_error_and_starts_nothing(tm
 def test_two_launches_at_the_same_moment_exactly_one_proceeds(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name)
     fault()
-    procs = [k3("launch", str(topo)) for _ in range(2)]
+    procs = [k3("launch", str(topo), "--skip-preflight") for _ in range(2)]
     results = sorted(done(p)[0:3:2] for p in procs)
     assert [c for c, _ in results] == [0, 5], results
     assert "already" in results[1][1] and f"k3deploy stop {name}" in results[1][1]
@@ -129,7 +129,7 @@ def test_ctrl_c_stops_every_started_node_and_exits_130(tmp_path: Path, name: str
     delay = {"starting": "0", "waiting for ready": "60"}[phase]
     topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": delay},
                          launch={"ready_timeout_s": 60})
-    proc = k3("launch", str(topo))
+    proc = k3("launch", str(topo), "--skip-preflight")
     expected = 1 if phase == "starting" else 4
     assert wait_for(lambda: len(tagged_pids(f"{name}.")) >= expected, 30), "nothing started"
     fault()
