@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from k3deploy.engines.flag_tables import DATA_DIR, TABLE_FILES
-from tests.integration.sim_deployments import cli, write_tiny_checkpoint
-from tests.integration.test_launch_ray import RAY_CLI_ENV, RayDeployments
+from tests.integration.sim_deployments import cli
+from tests.integration.test_launch_ray import RAY_CLI_ENV, RayDeployments, checkpoint, ray4
 from tests.integration.test_preflight_ssh import failed, mounted, stages
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RayRig
@@ -21,15 +20,7 @@ from tests.rig.ray_cluster import RayRig
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def ray4(rig4: HostRig) -> Iterator[RayRig]:
-    with RayRig(rig4) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+__all__ = ["checkpoint", "ray4"]  # the module-scoped fixtures, shared with the Ray launch tests
 
 
 def preflight(topo: Path, capsys: pytest.CaptureFixture[str], what: str) -> tuple[int, dict[str, Any]]:
