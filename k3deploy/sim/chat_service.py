@@ -141,6 +141,15 @@ class ChatService(EngineCore):
             )
         return body["messages"], tools, choice
 
+    def _salt(self, body: dict[str, Any]) -> str:
+        """vLLM's `cache_salt` (its V1 engine's rule: a non-empty string when given); SGLang ignores it."""
+        salt = body.get("cache_salt")
+        if self.cfg.mimic != "vllm" or salt is None:
+            return ""
+        if not isinstance(salt, str) or not salt:
+            raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+        return salt
+
     def _generation(
         self, body: dict[str, Any], n_prompt: int, default_max: int | None = None
     ) -> dict[str, Any]:
@@ -187,7 +196,8 @@ class ChatService(EngineCore):
             self.cfg.reasoning_parser == "kimi_k3",
             self.cfg.tool_calls_structured or guided,
         )
-        job = Job(prompt.ids, prompt.boundaries, done, rehit=decide if "wrong_cache_state" in self.faults else None)
+        job = Job(prompt.ids, prompt.boundaries, done, rehit=decide if "wrong_cache_state" in self.faults else None,
+                  salt=self._salt(body))
         frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
         if body.get("stream"):
             return Reply(chunks=self._chat_chunks(job, parser, frame, body))
@@ -245,7 +255,7 @@ class ChatService(EngineCore):
         self._check_model(body)
         ids = token_ids(prompt)
         args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
-        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args))
+        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body))
         frame = Frame(self._head("cmpl", body), "text_completion")
         if body.get("stream"):
             return Reply(chunks=self._text_chunks(job, frame, body))

@@ -45,6 +45,7 @@ class Job:
     generated: int = 0
     # Set when a prefix hit changes what is generated (a wrongly restored state): the completion for a hit.
     rehit: Callable[[int], Completion] | None = None
+    salt: str = ""  # vLLM's cache_salt: hits only blocks cached under the same salt
 
 
 class EngineCore:
@@ -114,7 +115,7 @@ class EngineCore:
             finally:
                 s.queued -= 1
             s.running += 1
-            hit = self.cache.lookup(job.ids).hit_tokens if self.cfg.prefix_cache else 0
+            hit = self.cache.lookup(job.ids, job.salt).hit_tokens if self.cfg.prefix_cache else 0
             job.cached = max(min(hit, len(job.ids) - 1), 0)
         if job.rehit is not None and job.cached:
             job.done = job.rehit(job.cached)
@@ -141,7 +142,7 @@ class EngineCore:
         with self._cond:
             s.running -= 1
             self._cond.notify()
-            self.cache.insert(full, turn_boundaries=[*job.boundaries, len(full)])
+            self.cache.insert(full, turn_boundaries=[*job.boundaries, len(full)], salt=job.salt)
             s.kv_used_tokens = self.cache.used_tokens
             s.prompt_tokens += len(job.ids)
             s.cached_tokens += job.cached

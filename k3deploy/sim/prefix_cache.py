@@ -111,22 +111,22 @@ class PrefixCache(Generic[S]):
         self._roots.clear()
         self._pages.clear()
 
-    def lookup(self, tokens: Sequence[int]) -> Hit:
+    def lookup(self, tokens: Sequence[int], salt: str = "") -> Hit:
         """Match tokens against the cache, refresh LRU order and count the query."""
-        return self._find(tokens)[0]
+        return self._find(tokens, salt)[0]
 
-    def acquire(self, tokens: Sequence[int]) -> Acquired[S]:
+    def acquire(self, tokens: Sequence[int], salt: str = "") -> Acquired[S]:
         """Look up tokens and return a private copy of the checkpointed state at the hit (copy-on-hit)."""
-        hit, node = self._find(tokens)
+        hit, node = self._find(tokens, salt)
         if node is None or node.checkpoint is None:
             return Acquired(hit=hit, state=None)
         # The stored checkpoint is shared by every future hit, so the request only ever gets a copy.
         state: S | None = copy.deepcopy(node.checkpoint.state)  # type: ignore[assignment]
         return Acquired(hit=hit, state=state)
 
-    def checkpoints(self, tokens: Sequence[int]) -> list[int]:
+    def checkpoints(self, tokens: Sequence[int], salt: str = "") -> list[int]:
         """Token endpoints with a persisted checkpoint along the cached prefix of tokens (no side effects)."""
-        return [n.blocks * self.hash_block_tokens for n in self._walk(tokens) if n.checkpoint is not None]
+        return [n.blocks * self.hash_block_tokens for n in self._walk(tokens, salt) if n.checkpoint is not None]
 
     def insert(
         self,
@@ -134,8 +134,12 @@ class PrefixCache(Generic[S]):
         *,
         turn_boundaries: Iterable[int] = (),
         state_at: Callable[[int], S] | None = None,
+        salt: str = "",
     ) -> int:
-        """Cache the full hash blocks of tokens with sparse KDA checkpoints; return tokens newly cached."""
+        """Cache the full hash blocks of tokens with sparse KDA checkpoints; return tokens newly cached.
+
+        A salt (vLLM's per-request `cache_salt`) enters the first block's digest: only requests with the same
+        salt share these blocks."""
         if not self.enabled:
             return 0
         size_h = self.hash_block_tokens
@@ -147,7 +151,7 @@ class PrefixCache(Generic[S]):
         parent: _Node | None = None
         last_checkpoint, created = 0, 0
         path: list[_Node] = []
-        for digest in self._digests(tokens):
+        for digest in self._digests(tokens, salt):
             siblings = parent.children if parent is not None else self._roots
             node = siblings.get(digest)
             if node is None:
@@ -208,11 +212,11 @@ class PrefixCache(Generic[S]):
             self._pages.remove(victim)
             self.counters.evictions += 1
 
-    def _find(self, tokens: Sequence[int]) -> tuple[Hit, _Node | None]:
+    def _find(self, tokens: Sequence[int], salt: str) -> tuple[Hit, _Node | None]:
         self.counters.queries += len(tokens)
         if not self.enabled:
             return Hit(0, 0), None
-        path = self._walk(tokens)
+        path = self._walk(tokens, salt)
         tick = next(self._tick)
         for node in path:
             node.page.last_used = tick
@@ -224,10 +228,10 @@ class PrefixCache(Generic[S]):
         self.counters.hits += hit_tokens
         return Hit(matched_tokens=matched, hit_tokens=hit_tokens), hit_node
 
-    def _walk(self, tokens: Sequence[int]) -> list[_Node]:
+    def _walk(self, tokens: Sequence[int], salt: str) -> list[_Node]:
         path: list[_Node] = []
         siblings = self._roots
-        for digest in self._digests(tokens):
+        for digest in self._digests(tokens, salt):
             node = siblings.get(digest)
             if node is None:
                 break
@@ -235,9 +239,11 @@ class PrefixCache(Generic[S]):
             siblings = node.children
         return path
 
-    def _digests(self, tokens: Sequence[int]) -> Iterator[bytes]:
-        """Yield chained digests of the full hash blocks of tokens, lazily."""
+    def _digests(self, tokens: Sequence[int], salt: str = "") -> Iterator[bytes]:
+        """Yield chained digests of the full hash blocks of tokens, lazily (a salt changes every one)."""
         digest, size_h = _ROOT_DIGEST, self.hash_block_tokens
+        if salt:
+            digest = hashlib.blake2b(digest + b"\0salt\0" + salt.encode(), digest_size=16).digest()
         for start in range(0, len(tokens) - size_h + 1, size_h):
             block = array("q", tokens[start : start + size_h]).tobytes()
             # Chaining makes a block's digest name its whole prefix; 128 bits keeps collisions negligible.

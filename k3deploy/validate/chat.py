@@ -1,7 +1,8 @@
 """Greedy streamed chat requests to rank 0 for the request stages, in the engine's own dialect (effort fields,
-cache flush endpoint, the flag that turns cached-token reporting on)."""
+how to ask without the prefix cache, the flag that turns cached-token reporting on)."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,14 +83,19 @@ class Chat:
             rec.error = "the stream ended without a usage block (stream_options.include_usage was asked)"
         return rec
 
-    def flush(self) -> tuple[bool, str]:
-        """Empty the engine's prefix cache: SGLang /flush_cache, vLLM /reset_prefix_cache; (done, why not)."""
-        path = "/flush_cache" if self.dialect == "sglang" else "/reset_prefix_cache"
+    def cold(self, messages: Sequence[dict[str, Any]], max_tokens: int, **extra: Any) -> tuple[StreamRecord | None, str]:
+        """The same request again with no cache to hit: (record or None, how it was made cold, or why it was not).
+
+        vLLM: a fresh per-request `cache_salt` (no flush: the cached prefixes of other users stay, and vLLM's
+        /reset_prefix_cache exists only in its development mode); SGLang: POST /flush_cache first."""
+        if self.dialect == "vllm":
+            how = "cache-salted"
+            return self.ask(messages, max_tokens, cache_salt=f"k3deploy-validate-{uuid.uuid4().hex}", **extra), how
+        how = "after POST /flush_cache"
         try:
-            reply = self.http.post(path, None, 30.0)
+            reply = self.http.post("/flush_cache", None, 30.0)
         except ExecError as exc:
-            return False, f"POST {path}: {exc}"
-        if reply.ok:
-            return True, ""
-        hint = " (vLLM serves it only with VLLM_SERVER_DEV_MODE=1)" if self.dialect == "vllm" else ""
-        return False, f"POST {path}: HTTP {reply.status}{hint}"
+            return None, f"POST /flush_cache: {exc}"
+        if not reply.ok:
+            return None, f"POST /flush_cache: HTTP {reply.status}"
+        return self.ask(messages, max_tokens, **extra), how

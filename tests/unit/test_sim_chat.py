@@ -156,6 +156,24 @@ def test_second_turn_reports_cached_tokens(mimic: str, argv: str) -> None:
     assert re.search(rf"^{re.escape(name)}{{[^}}]*}} 1024\.0$", metrics, re.MULTILINE)
 
 
+def test_vllm_cache_salt_shares_blocks_only_between_requests_with_the_same_salt() -> None:
+    """vLLM's per-request cache_salt enters the first block's hash: another salt (or none) hits nothing."""
+    svc = service("vllm", VLLM_FULL)
+    turn1 = [{"role": "user", "content": LONG_QUESTION}]
+    first = ask(svc, messages=turn1, cache_salt="tenant-a")
+    turn2 = [*turn1, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And in one word?"}]
+
+    def cached(**salt: Any) -> int:
+        return int(ask(svc, messages=turn2, **salt)["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+    assert cached(cache_salt="tenant-a") == 1024
+    with pytest.raises(ApiError, match="Parameter 'cache_salt' must be a non-empty string if provided."):
+        ask(svc, messages=turn2, cache_salt="")
+
+
 @pytest.mark.parametrize(
     ("mimic", "argv"),
     [("sglang", "--enable-cache-report --disable-radix-cache"), ("vllm", "--enable-prompt-tokens-details")],

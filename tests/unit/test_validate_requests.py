@@ -113,21 +113,23 @@ def test_faults_fail_the_stage_that_catches_them_and_list_every_problem(tmp_path
     assert "turn 2 cached_tokens not reported (unknown, not zero): start the engine with --enable-cache-report" \
         in cache
     assert "on the cache hit, facts lost at" in cache
-    assert re.search(r"a cache hit changed the answer: token \d+ is '.+' on the hit, '.+' after the flush", cache)
+    assert re.search(r"a cache hit changed the answer: token \d+ is '.+' on the hit, '.+' cold \(after POST /flush_cache\)", cache)
 
 
 def test_vllm_dialect_short_context_and_effort_through_the_chat_template(tmp_path: Path, checkpoint: Path) -> None:
-    """vLLM's endpoints (/reset_prefix_cache in dev mode), chat_template_kwargs for the effort, and an engine
-    serving a shorter context than configured: only `long` fails, with the engine's own words."""
-    topo = sim_topology(tmp_path, "vr-vllm", checkpoint, mimic="vllm", fault="short_context:2600",
-                        env={"VLLM_SERVER_DEV_MODE": "1"})
+    """vLLM's dialect (the cold request cache-salted, no development-mode endpoint needed), chat_template_kwargs
+    for the effort, and an engine serving a shorter context than configured: only `long` fails, with the
+    engine's own words."""
+    topo = sim_topology(tmp_path, "vr-vllm", checkpoint, mimic="vllm", fault="short_context:2600")
     with launched(topo):
         report = validate_json(topo, *STAGES)
     assert statuses(report) == {"long": "fail", "prefix-cache": "pass", "effort": "pass"}, report
     long = stage(report, "long")["detail"]
     assert "This model's maximum context length is 2600 tokens" in long
     assert "rank 0 serves max_model_len 2,600 < serving.context_length 8,192" in long
-    assert "hit and cold answers equal token for token" in stage(report, "prefix-cache")["detail"]
+    cache = stage(report, "prefix-cache")
+    assert "hit and cold (cache-salted) answers equal token for token" in cache["detail"], cache
+    assert cache["results"]["cold_cached_tokens"] == 0 < cache["results"]["cached_tokens"]
     assert stage(report, "effort")["results"]["effort_via"] == "chat_template_kwargs"
 
 

@@ -1,6 +1,7 @@
 """Stage `prefix-cache`: a two-turn conversation over a long shared prefix hits the cache where the planner
-predicts, the hit turn still retrieves its facts, and a hit answers exactly as the same request after a flush
-(hybrid caches have restored the wrong linear-attention state while "hitting")."""
+predicts, the hit turn still retrieves its facts, and a hit answers exactly as the same request sent cold
+(cache-salted on vLLM, after a flush on SGLang): hybrid caches have restored the wrong linear-attention state
+while "hitting"."""
 from __future__ import annotations
 
 import time
@@ -22,7 +23,7 @@ def first_difference(hit: list[str], cold: list[str]) -> str:
     """Where two token streams part, for the failure line."""
     for i, (a, b) in enumerate(zip(hit, cold)):
         if a != b:
-            return f"token {i} is {a!r} on the hit, {b!r} after the flush"
+            return f"token {i} is {a!r} on the hit, {b!r} cold"
     return f"the hit gave {len(hit)} tokens, the cold request {len(cold)}"
 
 
@@ -33,7 +34,7 @@ class PrefixCacheStage:
     needs_deployment = True
 
     def run(self, ctx: ValidateContext) -> StageResult:
-        """Turn 1 cold, turn 2 on the hit, flush, turn 2 again cold; every problem found is listed."""
+        """Turn 1 cold, turn 2 on the hit, turn 2 again cold; every problem found is listed."""
         start = time.monotonic()
         settings = ctx.topology.validate_
         facts = haystack.facts_at(settings.retrieval_depths)
@@ -55,12 +56,11 @@ class PrefixCacheStage:
             turn2 = [*turn1, {"role": "assistant", "content": first.content},
                      {"role": "user", "content": haystack.questions(facts)}]
             hit = chat.ask(turn2, settings.answer_max_tokens, **effort)
-            flushed, why = chat.flush()
-            cold = chat.ask(turn2, settings.answer_max_tokens, **effort) if flushed else None
-        return self._result(ctx, chat.dialect, facts, first, hit, cold, why, time.monotonic() - start)
+            cold, how = chat.cold(turn2, settings.answer_max_tokens, **effort)
+        return self._result(ctx, chat.dialect, facts, first, hit, cold, how, time.monotonic() - start)
 
     def _result(self, ctx: ValidateContext, dialect: str, facts: list[haystack.Fact], first: StreamRecord,
-                hit: StreamRecord, cold: StreamRecord | None, why_not: str, seconds: float) -> StageResult:
+                hit: StreamRecord, cold: StreamRecord | None, how: str, seconds: float) -> StageResult:
         settings = ctx.topology.validate_
         predicted = predicted_hit_tokens(first.prompt_tokens or 0, settings.cache_block_tokens)
         problems: list[str] = []
@@ -81,12 +81,15 @@ class PrefixCacheStage:
         found = haystack.retrieved(facts, hit.content)
         if hit.error is None and not all(found.values()):
             problems.append(f"on the cache hit, {retrieval_line(found)}")
-        if cold is not None and cold.error is not None:
-            problems.append(f"turn 2 after the flush failed: {cold.error[:200]}")
-        elif cold is not None and hit.error is None and hit.deltas != cold.deltas:
-            problems.append(f"a cache hit changed the answer: {first_difference(hit.deltas, cold.deltas)}")
-        correctness = ("hit and cold answers equal token for token" if cold is not None
-                       else f"hit correctness not checked: cannot flush the cache ({why_not})")
+        if cold is None:
+            problems.append(f"hit correctness not checked: no cold request could be made ({how})")
+        elif cold.error is not None:
+            problems.append(f"turn 2 sent cold ({how}) failed: {cold.error[:200]}")
+        elif cold.cached_tokens:
+            problems.append(f"turn 2 sent cold ({how}) still hit {cold.cached_tokens:,} cached tokens: the hit's "
+                            f"correctness cannot be judged")
+        elif hit.error is None and hit.deltas != cold.deltas:
+            problems.append(f"a cache hit changed the answer: {first_difference(hit.deltas, cold.deltas)} ({how})")
         results: dict[str, Any] = {
             "turn1_prompt_tokens": first.prompt_tokens, "turn2_prompt_tokens": prompt, "cached_tokens": cached,
             "predicted_cached_tokens": predicted, "block_tokens": settings.cache_block_tokens,
@@ -100,6 +103,6 @@ class PrefixCacheStage:
                                    f"\ncold answer: {cold.content[:300]!r}" if cold is not None else ""),
                                results=results)
         detail = (f"turn 2 cached {cached:,} of {prompt:,} tokens (predicted ≥ {predicted:,}); "
-                  f"{retrieval_line(found)} on the hit; {correctness}")
+                  f"{retrieval_line(found)} on the hit; hit and cold ({how}) answers equal token for token")
         return StageResult(name=self.name, status="pass", detail=detail, seconds=round(seconds, 3),
                            evidence=f"hit answer: {hit.content[:300]!r}", results=results)

@@ -1,0 +1,57 @@
+"""`k3deploy validate` (all seven stages, no --only) against the stand-in launched over SSH on four
+network-namespace hosts as a simulated H100 cluster (TP4/EP4): a clean deployment passes every stage, and each
+stand-in fault fails exactly the stage that must catch it, with the evidence shown (tests/integration/
+validate_all.py). Twice: from this machine against a stand-in mimicking SGLang, and from the rig's login-node
+namespace through a jump host against one mimicking vLLM (every log read through the jump, every request
+through rank 0's tunnel)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.sim_deployments import ROOT, cli
+from tests.integration.test_launch_ssh import Deployments, checkpoint, deployments, hosts_empty
+from tests.integration.validate_all import FAULTS, fault_id, launch_validate_stop, topology
+from tests.rig import HostRig
+
+pytestmark = pytest.mark.integration
+__all__ = ["checkpoint", "deployments"]  # the fixtures, imported
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def login_cli(rig: HostRig) -> Cli:
+    """The CLI run in the login-node namespace (management network only)."""
+    ctl = rig.controller()
+
+    def run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-m", "k3deploy", *args],
+                              capture_output=True, text=True, check=False, timeout=timeout_s, cwd=ROOT)
+    return run
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("route", ["here", "login"])
+@pytest.mark.parametrize("fault", list(FAULTS), ids=[fault_id(f) for f in FAULTS])
+def test_every_stage_passes_clean_and_each_fault_fails_exactly_its_stage(deployments: Deployments, rig4: HostRig,
+                                                                         fault: str, route: str) -> None:
+    name = f"va-{route}-{fault_id(fault).replace('_', '-')}"
+    if route == "here":
+        mimic, run, nodes, extra = "sglang", cli, None, []
+    else:  # the login node reaches h01's management address only: everything goes through it
+        mimic, run, extra = "vllm", login_cli(rig4), ["--ssh-jump", f"root@{rig4.hosts[0].mgmt_ip}"]
+        nodes = [{"host": h.priv_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    stages = launch_validate_stop(run, topology(deployments, name, fault, mimic, nodes), fault, mimic, *extra)
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    hosts = [n["host"] for n in stages["kernels"]["nodes"]]
+    assert hosts == [h.mgmt_ip if route == "here" else h.priv_ip for h in rig4.hosts]  # every node's log read
+    assert [n["status"] for n in stages["shards"]["nodes"]] == ["pass"] * 4
+    assert stages["effort"]["results"]["route"] == ("forwarded" if route == "login" else "here")
+    if not fault:
+        assert "moe marlin (marlin w4a16), attention flashmla" in stages["kernels"]["detail"].lower()
+        assert "world_size=4, nnodes=4, tp=4, ep=4, dp=1, pp=1, experts_per_rank=8" in stages["topology"]["detail"]
+        assert [n["detail"] for n in stages["topology"]["nodes"]] == [f"DP0 PP0 TP{r} EP{r}" for r in range(4)]
+        assert "facts retrieved at every depth (10%, 50%, 90%)" in stages["long"]["detail"], stages["long"]["detail"]
+        assert stages["effort"]["results"]["cold"]["completed"] == 8
