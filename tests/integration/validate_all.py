@@ -50,11 +50,15 @@ FAULTS: dict[str, Expect] = {
     "kda_state_zeroed": {"long": {"*": r"^facts lost at 10%, 50%, 90% \(retrieved at none\)"},
                          "prefix-cache": {"*": r"on the cache hit, facts lost at 10%, 50%, 90%"}},
     "kda_state_lost_beyond:2000": {"long": {"*": r"^facts lost at 10% \(retrieved at 50%, 90%\)"}},
+    # lost beyond 1,000 tokens back: two depths of the long prompt, and on the hit the first of turn 2's
+    "kda_state_lost_beyond:1000": {"long": {"*": r"^facts lost at 10%, 50% \(retrieved at 90%\)"},
+                                   "prefix-cache": {"*": r"on the cache hit, facts lost at 10% \(retrieved at 50%, 90%\)"}},
 }
 
 
 def fault_id(fault: str) -> str:
-    return fault.split(":")[0] or "clean"
+    """The fault as a test id and deployment-name part: `kda_state_lost_beyond-1000`."""
+    return fault.replace(":", "-") or "clean"
 
 
 def topology(deployments: SimDeployments, name: str, fault: str, mimic: str,
