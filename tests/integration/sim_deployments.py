@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from k3deploy.launch.state import ACTIVE, StateStore
+from tests import figures
 from tests.polling import wait_for
 from tests.rig import HostRig
 
@@ -81,12 +82,34 @@ class SimDeployments:
         return status
 
     def stop_leftovers(self) -> list[str]:
-        """Stop every written deployment still active or owned; one line per deployment that was."""
+        """Stop every written deployment still active or owned, counting its running nodes and owner in the
+        reliability figures (nodes left running); one line per deployment that was."""
         problems = []
         store = StateStore(self.state_dir)
         for name in self.names:
             rec = store.load(name) if store.path(name).exists() else None
-            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
+            owned = rec is not None and rec.owner is not None and rec.owner.alive()
+            if rec is not None and (rec.status in ACTIVE or owned):
                 problems.append(f"{name} left {rec.status}")
+                running = [n for n in rec.nodes if n.handle is not None and n.phase != "stopped"]
+                figures.add(figures.NODES_LEFT, len(running) + owned)
                 cli("stop", name, "--state-dir", str(self.state_dir), env=self.cli_env)
+        return problems
+
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """What of any deployment still runs on each host once the test is over (after a short grace)."""
+        raise NotImplementedError
+
+    def remove(self, left: dict[str, list[str]]) -> None:
+        """Remove what `left_on_hosts` found (a rig that cannot, leaves it to its teardown)."""
+
+    def cleanup(self) -> list[str]:
+        """After a test: stop its deployments, then count (nodes left running) and remove anything still on a
+        host; one line per thing that had to be cleaned."""
+        problems = self.stop_leftovers()
+        left = self.left_on_hosts()
+        if any(left.values()):
+            figures.add(figures.NODES_LEFT, sum(map(len, left.values())))
+            problems.append(f"processes left on hosts: {left}")
+            self.remove(left)
         return problems
