@@ -104,7 +104,8 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: t
         interrupted = isinstance(exc, KeyboardInterrupt)
         status: Status = "stopped" if interrupted else "failed" if last_try else "restarting"
         outcome = teardown(gang, store, failure, status=status, release_owner=last_try or interrupted)
-        left = [f"rank {rank} ({gang.fleet.host(rank)})" for rank, what in sorted(outcome.items()) if what != "stopped"]
+        left = [f"rank {rank} ({gang.fleet.host(rank)})" for rank, what in sorted(outcome.items())
+                if what != "stopped"]
         if left:
             hint = f"{', '.join(left)} may still run; once reachable again: k3deploy stop {name}"
             if isinstance(exc, GroupFailed):
