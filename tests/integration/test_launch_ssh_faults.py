@@ -1,7 +1,8 @@
 """The rest of the SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch`
 (or deployment): one node's sshd killed while it starts, one host's private link cut while it starts and
-after ready, Ctrl-C while an SSH connection hangs. Each ends with the failing node and cause named, the
-documented exit code, and no process of the deployment left on any host."""
+after ready, Ctrl-C while an SSH connection hangs and while waiting for ready. Each ends with the failing node
+(or the interrupt) and cause named, the documented exit code, and no process of the deployment left on any
+host."""
 from __future__ import annotations
 
 import json
@@ -272,3 +273,18 @@ def test_ctrl_c_while_an_ssh_connection_hangs_exits_130_at_once(deployments: Dep
     assert rec.status == "stopped" and rec.owner is None and all(n.handle is None for n in rec.nodes)
     assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
     assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_waiting_for_ready_stops_every_node_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
+    """Every engine runs, rank 0 still loading: Ctrl-C stops all four over SSH and exits 130."""
+    topo = deployments.topology("it-ctrl-c-ready", env=SLOW_HEAD, launch={"dist_timeout_s": 60, "ready_timeout_s": 90})
+    with launching(topo) as proc:
+        assert wait_for(lambda: all(engine_running(rig4, h.name) for h in rig4.hosts), 60), proc.poll()
+        code, err, _ = after(lambda: proc.send_signal(signal.SIGINT), proc, 30)
+    assert code == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require("it-ctrl-c-ready")
+    assert rec.status == "stopped" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
+    assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
