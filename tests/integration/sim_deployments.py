@@ -71,14 +71,17 @@ class SimDeployments:
         return path
 
     def failed_status(self, topo: Path, name: str, rank: int, host: str) -> dict[str, Any]:
-        """After the supervisor tore the group down: the record says failed, `status` (JSON and text) names
-        the node, and nobody supervises any more; the JSON status for further checks."""
+        """After the group was torn down: the record says failed, `status` (JSON and text) names the node and
+        exits 4, and nobody supervises any more; the JSON status for further checks."""
         store = StateStore(self.state_dir)
         assert wait_for(lambda: store.require(name).status == "failed", 10), store.require(name).status
-        status: dict[str, Any] = json.loads(cli("status", str(topo), "--json", env=self.cli_env).stdout)
+        run = cli("status", str(topo), "--json", env=self.cli_env)
+        assert run.returncode == 4, run.stderr  # the documented exit code of `status` of a failed deployment
+        status: dict[str, Any] = json.loads(run.stdout)
         assert status["status"] == "failed" and status["supervised"] is False, status
         assert (status["failure"]["rank"], status["failure"]["host"]) == (rank, host), status["failure"]
-        assert f"rank {rank} ({host})" in cli("status", str(topo), env=self.cli_env).stdout
+        text = cli("status", str(topo), env=self.cli_env)
+        assert text.returncode == 4 and f"rank {rank} ({host})" in text.stdout, text.stdout + text.stderr
         return status
 
     def stop_leftovers(self) -> list[str]:
