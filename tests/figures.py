@@ -19,6 +19,11 @@ def add(name: str, n: int = 1) -> None:
     FIGURES[name] += n
 
 
+def fault_injected() -> None:
+    """One more fault injected into a deployment or an engine (a kill, a cut link or sshd, a signal...)."""
+    add(FAULTS_INJECTED)
+
+
 def summary_lines() -> list[str]:
     """One line per figure, in a fixed order, zeros included (a zero is a result too)."""
     return [f"{name:<20} {FIGURES[name]:>8,}" for name in NAMES]

@@ -40,6 +40,8 @@ def run_app(app: Any) -> int:
     try:
         # Without standalone mode click returns the code of a typer.Exit instead of raising it.
         rc = app(args=argv, prog_name="k3deploy", standalone_mode=False)
+        if rc == 130:  # typer >= 0.29 turns Ctrl-C into a silent Exit(130), which click returns here
+            print("interrupted", file=sys.stderr)
         return rc if isinstance(rc, int) else 0
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1

@@ -69,6 +69,11 @@ class SshExecutor(ShellExecutor):
         self._client: paramiko.SSHClient | None = None
         self._hop_keys: list[tuple[object, ...]] = []  # shared jump-host connections this one runs through
         self._lock = threading.Lock()
+        # `close` while a connect is under way (Ctrl-C, a teardown) ends it now, not after every attempt's
+        # timeout: it sets `_abort` and closes the clients still in their handshake (a connect holds `_lock`).
+        self._abort = threading.Event()
+        self._handshaking: set[paramiko.SSHClient] = set()
+        self._handshaking_lock = threading.Lock()
 
     @property
     def endpoint(self) -> SshEndpoint:
@@ -94,8 +99,8 @@ class SshExecutor(ShellExecutor):
         last: Exception | None = None
         where = chain[0]
         for attempt in range(CONNECT_ATTEMPTS):
-            if attempt:
-                time.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+            if attempt and self._abort.wait(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]):
+                break
             self._close_hops()
             via: paramiko.SSHClient | None = None
             try:
@@ -111,7 +116,12 @@ class SshExecutor(ShellExecutor):
                 raise
             except _RETRYABLE as exc:
                 last = exc
+            if self._abort.is_set():
+                break
         self._close_hops()
+        if self._abort.is_set():
+            raise ExecError(f"connecting to {self._label(where)} was given up: the connection was closed",
+                            host=self.host)
         direct = not ep.jump and not ep.proxy_command
         raise ExecError(f"cannot connect to {self._label(where)} after {CONNECT_ATTEMPTS} attempts "
                         f"(timeout {t.connect_timeout_s:g} s each): {_describe(last)}", host=self.host,
@@ -139,12 +149,17 @@ class SshExecutor(ShellExecutor):
         config's ProxyCommand; errors that a retry cannot fix become ExecErrors naming the step."""
         t = self.target
         client = paramiko.SSHClient()
+        with self._handshaking_lock:
+            self._handshaking.add(client)
         try:
             trust_known(client, (*step.extra_known_hosts, step.known_hosts), step.hostname, step.port)
             policy = AcceptNewPolicy(step.known_hosts) if t.accept_new_host_keys else RejectUnknownPolicy(step)
             client.set_missing_host_key_policy(policy)
             pkey = _load_key(step.key_files[0]) if len(step.key_files) == 1 else None
             sock = self._sock(step, via)
+            if self._abort.is_set():
+                sock.close()
+                raise paramiko.SSHException("closed while connecting")
             client.connect(
                 step.hostname, port=step.port, username=step.user, pkey=pkey, sock=sock,
                 key_filename=None if pkey is not None else list(step.key_files) or None,
@@ -176,6 +191,9 @@ class SshExecutor(ShellExecutor):
         except _RETRYABLE:
             client.close()
             raise
+        finally:
+            with self._handshaking_lock:
+                self._handshaking.discard(client)
 
     def _sock(self, step: SshEndpoint,
               via: paramiko.SSHClient | None) -> socket.socket | paramiko.Channel | paramiko.ProxyCommand:
@@ -305,12 +323,18 @@ class SshExecutor(ShellExecutor):
         return Tunnel(open_channel, f"{self.host} -> {remote_host}:{remote_port}")
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection; a connect under way in another thread gives up at once."""
+        self._abort.set()
+        with self._handshaking_lock:
+            pending = list(self._handshaking)
+        for client in pending:
+            client.close()  # its transport stops: the handshake fails within paramiko's 0.1 s poll
         with self._lock:
             if self._client is not None:
                 self._client.close()
                 self._client = None
             self._close_hops()
+            self._abort.clear()  # the executor may connect again later
 
 
 _KEYS: dict[str, paramiko.PKey | None] = {}

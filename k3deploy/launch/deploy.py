@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import Catalog
-from k3deploy.errors import LaunchError, StateError
+from k3deploy.errors import K3Error, LaunchError, StateError
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
@@ -103,7 +103,15 @@ def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: t
         failure = _failure_of(exc, gang)
         interrupted = isinstance(exc, KeyboardInterrupt)
         status: Status = "stopped" if interrupted else "failed" if last_try else "restarting"
-        teardown(gang, store, failure, status=status, release_owner=last_try or interrupted)
+        outcome = teardown(gang, store, failure, status=status, release_owner=last_try or interrupted)
+        left = [f"rank {rank} ({gang.fleet.host(rank)})" for rank, what in sorted(outcome.items())
+                if what != "stopped"]
+        if left:
+            hint = f"{', '.join(left)} may still run; once reachable again: k3deploy stop {name}"
+            if isinstance(exc, GroupFailed):
+                raise GroupFailed(exc.failure, left, hint) from None
+            if isinstance(exc, K3Error):
+                exc.hint = hint
         raise
     now = time.time()
 

@@ -16,6 +16,7 @@ from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.links import blame_link
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
@@ -32,15 +33,17 @@ LOG_TAIL_LINES = 40
 
 
 class GroupFailed(LaunchError):
-    """The group was torn down; `failure` names the node that failed first (when there is one)."""
+    """The group was torn down; `failure` names the node that failed first (when there is one), `left` the
+    nodes the teardown could not reach (`rank N (host)`), which may still run."""
 
-    def __init__(self, failure: Failure) -> None:
+    def __init__(self, failure: Failure, left: Sequence[str] = (), hint: str | None = None) -> None:
         self.failure = failure
         who = f"rank {failure.rank} ({failure.host})" if failure.rank is not None else "the deployment"
-        text = f"{who}: {failure.cause}; every node was stopped"
+        but = f" except {', '.join(left)}, which could not be reached" if left else ""
+        text = f"{who}: {failure.cause}; every node was stopped{but}"
         if failure.log_tail.strip():
             text += f"\n--- last lines of {failure.host}'s log ---\n{failure.log_tail.rstrip()}"
-        super().__init__(text)
+        super().__init__(text, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -219,9 +222,9 @@ class Gang:
                         self._check_after_end(seen.rank, watch)
         finally:
             watch.close(wait_s=0)  # followers end within a read timeout; ready need not wait for them
-        raise GroupFailed(Failure(rank=head.rank, host=head.host,
-                                  cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
-                                  log_tail=self._tail(head)))
+        raise GroupFailed(self.explain(Failure(
+            rank=head.rank, host=head.host, cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
+            log_tail=self._tail(head))))
 
     def _poll_round(self, loading: set[int]) -> None:
         """Every node asked (alive and log): the first failure raised, a first log line reported."""
@@ -234,7 +237,16 @@ class Gang:
                 loading.add(p.job.rank)
                 self._event(p.job, "loading")
 
+    def explain(self, failure: Failure) -> Failure:
+        """The failure, or the node whose private link is down when there is one (see links)."""
+        blamed = blame_link(failure, self.fleet, self.jobs)
+        if blamed.rank != failure.rank:
+            job = next(j for j in self.jobs if j.rank == blamed.rank)
+            blamed = blamed.model_copy(update={"log_tail": self._tail(job)})
+        return blamed
+
     def _fail(self, failure: Failure) -> None:
+        failure = self.explain(failure)
         self._event(next(j for j in self.jobs if j.rank == failure.rank), "failed", failure.cause)
         raise GroupFailed(failure)
 

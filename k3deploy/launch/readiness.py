@@ -22,12 +22,15 @@ FATAL_PATTERNS: tuple[str, ...] = (
     r"\bDistStoreError\b",
 )
 _FATAL_RE = re.compile("|".join(f"(?:{p})" for p in FATAL_PATTERNS))
+# torch prints a C++ stack with each *retried* store connection warning ("TCP client failed to connect ...
+# retrying"): its frames name DistNetworkError while the rendezvous still goes on, so they are not a verdict.
+_STACK_FRAME_RE = re.compile(r"^\s*frame #\d+: ")
 
 
 def fatal_line(log_text: str) -> str | None:
-    """The first log line matching a known fatal error text, if any."""
+    """The first log line matching a known fatal error text, if any (C++ stack frames never count)."""
     for line in log_text.splitlines():
-        if _FATAL_RE.search(line):
+        if _FATAL_RE.search(line) and not _STACK_FRAME_RE.match(line):
             return line.strip()
     return None
 

@@ -107,6 +107,7 @@ class Supervisor:
                 failure = gang.first_failure(lost)
             if failure is None:
                 continue
+            failure = gang.explain(failure)
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
             dep = self.store.require(self.name)
             budget_left = len(dep.attempts) - 1 < dep.restart_max

@@ -14,6 +14,9 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # One ProxyJump hop: [user@]host[:port], host a name, alias, IPv4 or [IPv6].
 JUMP_HOP_RE = re.compile(r"^([a-z_][a-z0-9_.-]{0,31}@)?([A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")
 SECRET_REF_RE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\x00\n]*)$")
+# Linux's PATH_MAX: a longer path can be opened on no node (and a log path repeated in the start script
+# would pass the kernel's 128 KiB limit on one argument long before that).
+PATH_MAX = 4096
 
 
 class Strict(BaseModel):
@@ -27,7 +30,8 @@ class ModelRef(Strict):
     """Which checkpoint, where it lives on every node, and which revision."""
 
     id: str = Field(description="model catalog id, e.g. kimi-k3, kimi-k3-w4a8, kimi-k3-tiny")
-    path: str = Field(description="absolute path of the checkpoint on every node (identical everywhere)")
+    path: str = Field(max_length=PATH_MAX,
+                      description="absolute path of the checkpoint on every node (identical everywhere)")
     revision: str | None = Field(None, description="pinned hub revision (commit sha) of the checkpoint")
 
     @field_validator("path")
@@ -263,7 +267,7 @@ class Launch(Strict):
     ssh: SshDefaults = Field(default_factory=SshDefaults, description="SSH defaults")
     ray_address: str | None = Field(None, description="Ray cluster: auto, ray://host:10001 or host:6379")
     state_dir: str | None = Field(None, description="where deployment records live (default: user state dir)")
-    log_dir: str = Field("/tmp/k3deploy", description="directory on each node for engine logs")
+    log_dir: str = Field("/tmp/k3deploy", max_length=PATH_MAX, description="directory on each node for engine logs")
     restart: RestartPolicy = Field(default_factory=RestartPolicy, description="restart policy")
     readiness_probe: Literal["auto", "here", "head"] = Field(
         "auto", description="where rank 0's HTTP readiness is checked from: here (this machine), head (on rank 0 "

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from k3deploy.launch.state import ACTIVE, StateStore
+from tests import figures
 from tests.polling import wait_for
 from tests.rig import HostRig
 
@@ -70,23 +71,48 @@ class SimDeployments:
         return path
 
     def failed_status(self, topo: Path, name: str, rank: int, host: str) -> dict[str, Any]:
-        """After the supervisor tore the group down: the record says failed, `status` (JSON and text) names
-        the node, and nobody supervises any more; the JSON status for further checks."""
+        """After the group was torn down: the record says failed, `status` (JSON and text) names the node and
+        exits 4, and nobody supervises any more; the JSON status for further checks."""
         store = StateStore(self.state_dir)
         assert wait_for(lambda: store.require(name).status == "failed", 10), store.require(name).status
-        status: dict[str, Any] = json.loads(cli("status", str(topo), "--json", env=self.cli_env).stdout)
+        run = cli("status", str(topo), "--json", env=self.cli_env)
+        assert run.returncode == 4, run.stderr  # the documented exit code of `status` of a failed deployment
+        status: dict[str, Any] = json.loads(run.stdout)
         assert status["status"] == "failed" and status["supervised"] is False, status
         assert (status["failure"]["rank"], status["failure"]["host"]) == (rank, host), status["failure"]
-        assert f"rank {rank} ({host})" in cli("status", str(topo), env=self.cli_env).stdout
+        text = cli("status", str(topo), env=self.cli_env)
+        assert text.returncode == 4 and f"rank {rank} ({host})" in text.stdout, text.stdout + text.stderr
         return status
 
     def stop_leftovers(self) -> list[str]:
-        """Stop every written deployment still active or owned; one line per deployment that was."""
+        """Stop every written deployment still active or owned, counting its running nodes and owner in the
+        reliability figures (nodes left running); one line per deployment that was."""
         problems = []
         store = StateStore(self.state_dir)
         for name in self.names:
             rec = store.load(name) if store.path(name).exists() else None
-            if rec is not None and (rec.status in ACTIVE or (rec.owner is not None and rec.owner.alive())):
+            owned = rec is not None and rec.owner is not None and rec.owner.alive()
+            if rec is not None and (rec.status in ACTIVE or owned):
                 problems.append(f"{name} left {rec.status}")
+                running = [n for n in rec.nodes if n.handle is not None and n.phase != "stopped"]
+                figures.add(figures.NODES_LEFT, len(running) + owned)
                 cli("stop", name, "--state-dir", str(self.state_dir), env=self.cli_env)
+        return problems
+
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """What of any deployment still runs on each host once the test is over (after a short grace)."""
+        raise NotImplementedError
+
+    def remove(self, left: dict[str, list[str]]) -> None:
+        """Remove what `left_on_hosts` found (a rig that cannot, leaves it to its teardown)."""
+
+    def cleanup(self) -> list[str]:
+        """After a test: stop its deployments, then count (nodes left running) and remove anything still on a
+        host; one line per thing that had to be cleaned."""
+        problems = self.stop_leftovers()
+        left = self.left_on_hosts()
+        if any(left.values()):
+            figures.add(figures.NODES_LEFT, sum(map(len, left.values())))
+            problems.append(f"processes left on hosts: {left}")
+            self.remove(left)
         return problems

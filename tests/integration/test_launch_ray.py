@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.launch.state import StateStore
+from tests import figures
 from tests.integration.sim_deployments import ROOT, SimDeployments, write_tiny_checkpoint
 from tests.integration.sim_deployments import cli as run_cli
 from tests.polling import wait_for
@@ -87,12 +88,10 @@ class RayDeployments(SimDeployments):
                          env=RAY_CLI_ENV)
         self.cluster = cluster
 
-    def cleanup(self) -> list[str]:
-        problems = self.stop_leftovers()
-        if not nothing_left(self.rig):
-            problems.append(f"left on hosts: { {h.name: tagged(self.rig, h.name) for h in self.rig.hosts} } "
-                            f"agents { {h.name: agents(self.rig, h.name) for h in self.rig.hosts} }")
-        return problems
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """k3deploy-tagged processes and agent actors on each host (Ray's own processes stay)."""
+        nothing_left(self.rig)
+        return {h.name: [*map(str, tagged(self.rig, h.name)), *agents(self.rig, h.name)] for h in self.rig.hosts}
 
 
 @pytest.fixture
@@ -174,6 +173,7 @@ def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
     assert len(engines) == 1
     t0 = time.monotonic()
     rig4.exec(victim, ["kill", "-KILL", str(engines[0])])
+    figures.fault_injected()
     others = [h for h in rig4.hosts if h is not victim]
     assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
     took = time.monotonic() - t0
@@ -195,6 +195,7 @@ def test_an_agent_actor_dying_stops_its_engine_and_the_group(
     (agent,) = agents(rig4, victim.name)
     t0 = time.monotonic()
     rig4.exec(victim, ["kill", "-KILL", agent.split()[0]])  # the actor dies; nothing of it can clean up
+    figures.fault_injected()
     assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in rig4.hosts), 30)
     took = time.monotonic() - t0
     store = StateStore(deployments.state_dir)
@@ -213,6 +214,7 @@ def test_a_node_ip_no_ray_node_has_is_refused_before_anything_starts(deployments
     nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
     wrong = f"10.231.{rig4.subnet}.99"
     nodes[3]["ip"] = wrong  # e.g. Ray on that host picked another NIC
+    figures.fault_injected()
     topo = deployments.topology("ray-wrong-ip", nodes=nodes)
     run = cli("launch", str(topo))
     assert run.returncode == 3, run.stderr
@@ -231,6 +233,7 @@ def test_a_node_ip_no_ray_node_has_is_refused_before_anything_starts(deployments
 @pytest.mark.timeout(60)
 def test_an_unreachable_cluster_is_one_clear_message(deployments: RayDeployments, rig4: HostRig) -> None:
     address = f"{rig4.hosts[0].priv_ip}:6390"  # the head host, a port nothing listens on
+    figures.fault_injected()
     topo = deployments.topology("ray-unreachable")
     t0 = time.monotonic()
     run = cli("launch", str(topo), "--ray-address", address)

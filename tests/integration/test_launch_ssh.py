@@ -18,6 +18,7 @@ import pytest
 from k3deploy.errors import ExecError
 from k3deploy.executors import ExecTarget, open_executor
 from k3deploy.launch.state import StateStore
+from tests import figures
 from tests.integration.sim_deployments import ROOT, SimDeployments, cli, write_tiny_checkpoint
 from tests.polling import wait_for
 from tests.rig import HostRig
@@ -37,16 +38,14 @@ class Deployments(SimDeployments):
             "user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
             "connect_timeout_s": 2}})
 
-    def cleanup(self) -> list[str]:
-        """Stop whatever a failed test left; return what had to be cleaned."""
-        problems = self.stop_leftovers()
-        hosts_empty(self.rig, 5.0)  # closed SSH sessions take a moment to exit
-        leftover = {h.name: self.rig.pids(h) for h in self.rig.hosts}
-        if any(leftover.values()):
-            problems.append(f"processes left on hosts: {leftover}")
-            for h in self.rig.hosts:
-                self.rig.kill_host_processes(h)
-        return problems
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """Every process on a host but its sshd master (closed SSH sessions get a moment to exit)."""
+        hosts_empty(self.rig, 5.0)
+        return {h.name: [str(p) for p in self.rig.pids(h)] for h in self.rig.hosts}
+
+    def remove(self, left: dict[str, list[str]]) -> None:
+        for h in self.rig.hosts:
+            self.rig.kill_host_processes(h)
 
 
 @pytest.fixture
@@ -178,6 +177,7 @@ def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deploy
         assert store.require("it-kill-start").status == "starting"  # still loading: not ready yet
         t0 = time.monotonic()
         rig4.kill_host_processes(victim)
+        figures.fault_injected()
         _, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
     finally:
@@ -205,6 +205,7 @@ def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments
     victim = rig4.hosts[2]
     t0 = time.monotonic()
     rig4.kill_host_processes(victim)
+    figures.fault_injected()
     others = [h for h in rig4.hosts if h is not victim]
     assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
     took = time.monotonic() - t0
@@ -225,6 +226,7 @@ def test_control_network_outage_is_not_a_node_failure(deployments: Deployments, 
     log = deployments.state_dir / "it-outage.supervisor.log"
     for host in rig4.hosts:
         rig4.set_link(host, host.mgmt_iface, up=False)
+    figures.fault_injected()
     try:
         assert wait_for(lambda: "group: unreachable no node answers" in log.read_text(), 60, 0.5), log.read_text()
     finally:
@@ -249,6 +251,7 @@ def test_unreachable_host_fails_within_the_connect_deadline(deployments: Deploym
     nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
     dead_ip = f"10.232.{rig4.subnet}.99"  # on the rig network, nobody there
     nodes[3]["host"] = dead_ip
+    figures.fault_injected()
     topo = deployments.topology("it-unreachable", nodes=nodes)
     t0 = time.monotonic()
     run = cli("launch", str(topo))
@@ -276,6 +279,7 @@ def test_wrong_interface_or_ip_on_one_node_fails_before_anything_starts(deployme
         says = (f"{typo} is not an address of ens-priv on this node (ens-priv has: "
                 f"{rig4.hosts[3].priv_ip}); fix nodes[].ip or nodes[].iface")
     topo = deployments.topology(f"it-wrong-{mistake}", nodes=nodes)
+    figures.fault_injected()
     t0 = time.monotonic()
     run = cli("launch", str(topo))
     took = time.monotonic() - t0
@@ -290,6 +294,7 @@ def test_wrong_interface_or_ip_on_one_node_fails_before_anything_starts(deployme
 def test_unknown_host_key_is_refused_with_how_to_trust_it(deployments: Deployments, rig4: HostRig) -> None:
     empty = deployments.tmp / "known_hosts"
     empty.write_text("")
+    figures.fault_injected()
     topo = deployments.topology("it-hostkey")
     run = cli("launch", str(topo), "--known-hosts", str(empty))
     assert run.returncode == 3, run.stderr
@@ -309,6 +314,7 @@ def test_unknown_host_key_is_refused_with_how_to_trust_it(deployments: Deploymen
     strict.close()
     other_key = rig4.known_hosts_path.read_text().splitlines()[1].split()[1:3]  # h02's key
     empty.write_text(f"{host.mgmt_ip} {' '.join(other_key)}\n")
+    figures.fault_injected()
     changed = open_executor(target.model_copy(update={"accept_new_host_keys": True}))
     with pytest.raises(ExecError, match="HOST KEY CHANGED") as err:
         changed.connect()

@@ -18,12 +18,15 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
 from k3deploy.sim.model_info import config_for
+from tests import figures
 
 pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
 
 IFNAME_TIMEOUT_S = 30
 UNREACHABLE_TIMEOUT_S = 3
 HANG_TIMEOUT_S = 4
+# The nodes started with a fault (a wrong interface, an unreachable head, K3SIM_FAULT): the figures count them.
+FAULTY = ("ifname-worker", "unreachable", "hang1", "crash", "oom", "wrong-kernel", "slow")
 K3_FLAGS = [
     "--tp-size",
     "32",
@@ -176,6 +179,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimNod
             ],
             hopper,
         )
+        figures.add(figures.FAULTS_INJECTED, sum(n.name in FAULTY for n in ns.nodes))
         yield {n.name: n for n in ns.nodes}
 
 

@@ -163,7 +163,7 @@ def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, nam
     victim = _engine_pid(name, rank=rank)
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    figures.add(figures.FAULTS_INJECTED)
+    figures.fault_injected()
     assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
     took = time.monotonic() - t0
     rec = store.require(name)

@@ -112,6 +112,9 @@ def test_fatal_lines_are_recognised(line: str) -> None:
     "INFO Capturing cudagraphs. If out-of-memory error occurs during cudagraph capture, consider decreasing",
     "WARNING To avoid running out of memory, reduce --mem-fraction-static",
     "[W socket.cpp:464] The server socket has failed to listen on [::]:29500 (errno: 98 - Address in use).",
+    # the stack torch prints with a store connection it retries (a worker up before the head's store)
+    ("frame #2: c10::DistNetworkError::DistNetworkError(c10::SourceLocation, std::__cxx11::basic_string<char, "
+     "std::char_traits<char>, std::allocator<char> >) + 0x72 (0x7fad08b7b022 in /usr/lib/torch/lib/libc10.so)"),
 ])
 def test_advice_about_memory_is_not_a_crash(line: str) -> None:
     assert fatal_line(f"INFO starting\n{line}\n") is None

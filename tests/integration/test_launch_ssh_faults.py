@@ -1,0 +1,290 @@
+"""The rest of the SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch`
+(or deployment): one node's sshd killed while it starts, one host's private link cut while it starts and
+after ready, Ctrl-C while an SSH connection hangs and while waiting for ready. Each ends with the failing node
+(or the interrupt) and cause named, the documented exit code, and no process of the deployment left on any
+host."""
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from k3deploy.launch.state import StateStore
+from tests import figures
+from tests.integration.sim_deployments import ROOT, cli
+from tests.integration.test_launch_ssh import (
+    Deployments,
+    checkpoint,
+    deployments,
+    engine_running,
+    hosts_empty,
+)
+from tests.polling import wait_for
+from tests.rig import HostRig, RigHost
+from tests.rig.sshd import SSHD, public_key
+
+pytestmark = pytest.mark.integration
+__all__ = ["checkpoint", "deployments"]  # fixtures
+
+PORT = 2222
+# A head that takes this long to load cannot be ready before a fault injected into a starting worker is seen.
+SLOW_HEAD = {"K3SIM_FAULT": "slow_load:60", "K3SIM_FAULT_RANK": "0"}
+# Accepts SSH connections and never answers: a node whose sshd hangs. Prints `accepted` and `closed`.
+HUNG_SSHD = r"""
+import socket, sys, time
+srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+deadline = time.monotonic() + 120
+srv.settimeout(120)
+conn, _ = srv.accept()
+print("accepted", flush=True)
+conn.settimeout(1)
+while time.monotonic() < deadline:
+    try:
+        if not conn.recv(4096):
+            break
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+print("closed", flush=True)
+"""
+
+
+class SecondSshd:
+    """A second sshd on a rig host (port PORT, management address), a daemon like a real host's: unlike the
+    rig's own (PID 1 of the host) it can be killed, sessions and all, while the host's other processes run on."""
+
+    def __init__(self, rig: HostRig, host: RigHost, tmp: Path) -> None:
+        self.rig, self.host = rig, host
+        key = rig.workdir / host.name / "ssh_host_ed25519_key"
+        own = (rig.workdir / host.name / "sshd_config").read_text().splitlines()
+        self.conf, self.pidfile, self.log = tmp / "sshd2_config", tmp / "sshd2.pid", tmp / "sshd2.log"
+        self.conf.write_text("\n".join([f"ListenAddress {host.mgmt_ip}:{PORT}",
+                                        *(ln for ln in own if not ln.startswith(("ListenAddress", "PidFile")))]))
+        self.known_hosts = tmp / "known_hosts"
+        self.known_hosts.write_text(rig.known_hosts_path.read_text() + f"[{host.mgmt_ip}]:{PORT} {public_key(key)}\n")
+
+    def start(self) -> None:
+        """Start it (it daemonizes) and wait until it accepts."""
+        run = self.rig.exec(self.host, [SSHD, "-f", str(self.conf), "-E", str(self.log), "-o",
+                                        f"PidFile={self.pidfile}"])
+        assert run.returncode == 0, run.stderr
+        assert wait_for(lambda: self.pids() and _accepts(self.host.mgmt_ip), 10), self.log.read_text()
+
+    def pids(self) -> list[int]:
+        """Its master and every sshd process under it (one pair per open connection), as the host sees them."""
+        try:
+            master = int(self.pidfile.read_text())
+        except (OSError, ValueError):
+            return []
+        rows = [line.split(None, 2) for line in self.rig.exec(self.host, ["ps", "-eo", "pid=,ppid=,args="]).stdout
+                .splitlines()]
+        found, todo = [], [master]
+        while todo:
+            pid = todo.pop()
+            if any(int(r[0]) == pid and r[2].startswith(("sshd", SSHD)) for r in rows):
+                found.append(pid)
+                todo += [int(r[0]) for r in rows if int(r[1]) == pid]
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL the daemon and its sessions: open connections drop, new ones are refused."""
+        pids = self.pids()
+        if pids:
+            self.rig.exec(self.host, ["kill", "-KILL", *map(str, pids)])
+        assert wait_for(lambda: not self.pids() and not _accepts(self.host.mgmt_ip), 10), self.pids()
+        self.pidfile.unlink(missing_ok=True)
+
+
+def _accepts(ip: str) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((ip, PORT), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def sshd2(rig4: HostRig, tmp_path: Path) -> Iterator[SecondSshd]:
+    """A second, killable sshd on h03 (rank 2 of the deployments here); gone after the test."""
+    d = SecondSshd(rig4, rig4.hosts[2], tmp_path)
+    d.start()
+    yield d
+    d.kill()
+
+
+@contextmanager
+def launching(topo: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`k3deploy launch TOPO ARGS` in the background (stderr carries its progress lines); killed if it is
+    still running when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--skip-preflight", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+def after(fault: Callable[[], object], proc: subprocess.Popen[str], timeout_s: float) -> tuple[int, str, float]:
+    """Inject `fault` (counted in the figures) into a running launch, which must then end within timeout_s:
+    its exit code, its stderr and the seconds it took to end."""
+    fault()
+    figures.fault_injected()
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, err, time.monotonic() - t0
+
+
+def nodes_via(rig: HostRig, rank: int, port: int) -> list[dict[str, object]]:
+    """The default nodes, one of them reached on another SSH port."""
+    nodes: list[dict[str, object]] = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig.hosts]
+    nodes[rank]["ssh"] = {"port": port}
+    return nodes
+
+
+@pytest.mark.timeout(150)
+def test_sshd_killed_on_a_starting_worker_stops_the_rest_and_says_what_is_left(
+        deployments: Deployments, rig4: HostRig, sshd2: SecondSshd, capsys: pytest.CaptureFixture[str]) -> None:
+    """sshd dies (its sessions too) on rank 2 while the group starts: launch loses that node, stops the three
+    it still reaches, names rank 2 and says it could not be stopped; once sshd is back, `stop` finishes it."""
+    victim = rig4.hosts[2]
+    topo = deployments.topology("it-sshd-kill", nodes=nodes_via(rig4, 2, PORT), env=SLOW_HEAD,
+                                launch={"dist_timeout_s": 60, "ready_timeout_s": 90})
+    with launching(topo, "--known-hosts", str(sshd2.known_hosts)) as proc:
+        assert wait_for(lambda: engine_running(rig4, victim.name), 60), proc.poll()
+        assert StateStore(deployments.state_dir).require("it-sshd-kill").status == "starting"
+        code, err, took = after(sshd2.kill, proc, 60)
+    assert code == 4, err
+    who = f"rank 2 ({victim.mgmt_ip})"
+    assert f"error: {who}: unreachable: " in err and f"cannot connect to root@{victim.mgmt_ip}:{PORT}" in err, err
+    assert "connection refused" in err and "Traceback" not in err
+    assert f"every node was stopped except {who}, which could not be reached" in err, err
+    assert f"hint: {who} may still run; once reachable again: k3deploy stop it-sshd-kill" in err, err
+    others = [h for h in rig4.hosts if h is not victim]
+    assert wait_for(lambda: not any(rig4.pids(h) for h in others), 10), {h.name: rig4.pids(h) for h in others}
+    assert engine_running(rig4, victim.name)  # out of reach: it runs on, as the message says
+    deployments.failed_status(topo, "it-sshd-kill", 2, victim.mgmt_ip)
+    rec = StateStore(deployments.state_dir).require("it-sshd-kill")
+    assert [n.phase for n in rec.nodes] == ["stopped", "stopped", "unknown", "stopped"], rec.nodes
+
+    with capsys.disabled():
+        print(f"\nsshd killed on a starting worker: launch exited 4 {took:.1f} s later, 3 of 4 nodes stopped")
+    sshd2.start()  # the host's admin brings sshd back
+    stop = cli("stop", str(topo))
+    assert stop.returncode == 0, stop.stderr
+    sshd2.kill()
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+
+
+@pytest.mark.timeout(120)
+def test_private_link_cut_on_a_starting_worker_names_that_node(deployments: Deployments, rig4: HostRig,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """rank 2's private link goes down while the group forms: whichever node's rendezvous times out first,
+    the failure names rank 2 and its interface, and every node is stopped (SSH uses the management link)."""
+    victim = rig4.hosts[2]
+    topo = deployments.topology("it-link-start")
+    try:
+        with launching(topo) as proc:
+            assert wait_for(lambda: engine_running(rig4, victim.name), 60), proc.poll()
+            code, err, took = after(lambda: rig4.set_link(victim, victim.priv_iface, up=False), proc, 90)
+    finally:
+        rig4.set_link(victim, victim.priv_iface, up=True)
+    assert code == 4, err
+    assert f"error: rank 2 ({victim.mgmt_ip}): its private interface {victim.priv_iface} is down" in err, err
+    assert "every node was stopped" in err and "Traceback" not in err
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require("it-link-start")
+    assert rec.status == "failed" and rec.failure is not None and rec.failure.rank == 2
+    assert rec.owner is None
+    with capsys.disabled():
+        print(f"\nprivate link cut on a starting worker: launch exited 4 {took:.1f} s later: "
+              f"{rec.failure.cause[:160]}")
+
+
+@pytest.mark.timeout(150)
+def test_private_link_cut_after_ready_supervisor_names_that_node(deployments: Deployments, rig4: HostRig,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """rank 2's private link goes down under a ready deployment: the group's heartbeats break, the supervisor
+    stops every node and `status` names rank 2 and its interface."""
+    victim = rig4.hosts[2]
+    topo = deployments.topology("it-link-ready")
+    run = cli("launch", str(topo), "--skip-preflight")
+    assert run.returncode == 0, run.stderr
+    supervisor = StateStore(deployments.state_dir).require("it-link-ready").owner
+    assert supervisor is not None and supervisor.alive()
+    rig4.set_link(victim, victim.priv_iface, up=False)
+    figures.fault_injected()
+    t0 = time.monotonic()
+    try:
+        status = deployments.failed_status(topo, "it-link-ready", 2, victim.mgmt_ip) if wait_for(
+            lambda: StateStore(deployments.state_dir).require("it-link-ready").status == "failed", 60, 0.5) else {}
+    finally:
+        rig4.set_link(victim, victim.priv_iface, up=True)
+    assert status, (deployments.state_dir / "it-link-ready.supervisor.log").read_text()
+    assert status["failure"]["cause"].startswith(f"its private interface {victim.priv_iface} is down"), status
+    assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
+    with capsys.disabled():
+        print(f"\nprivate link cut after ready: every node stopped within {time.monotonic() - t0:.1f} s: "
+              f"{status['failure']['cause'][:160]}")
+
+
+def _line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The next stdout line of `proc`, or '' after timeout_s."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_an_ssh_connection_hangs_exits_130_at_once(deployments: Deployments, rig4: HostRig) -> None:
+    """rank 3's sshd accepts the connection and never answers (a 30 s connect timeout): Ctrl-C while launch
+    waits on it ends the launch at once with 130, the hanging connection closed and nothing started."""
+    host = rig4.hosts[3]
+    hung = subprocess.Popen(["nsenter", "--target", str(rig4.sshd_pid(host)), "--net", "--", sys.executable, "-c",
+                             HUNG_SSHD, host.mgmt_ip, str(PORT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert _line(hung, 10) == "listening"
+        topo = deployments.topology("it-ctrl-c-connect", nodes=nodes_via(rig4, 3, PORT))
+        with launching(topo, "--connect-timeout", "30") as proc:
+            assert _line(hung, 30) == "accepted"  # launch is in its SSH handshake with rank 3
+            code, err, took = after(lambda: proc.send_signal(signal.SIGINT), proc, 20)
+        assert code == 130, err
+        assert "interrupted" in err and "Traceback" not in err
+        assert took < 10, took  # not the 3 x 30 s of connect attempts
+        assert _line(hung, 10) == "closed"  # the hanging connection was given up, not left open
+    finally:
+        hung.kill()
+        hung.wait(timeout=10)
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require("it-ctrl-c-connect")
+    assert rec.status == "stopped" and rec.owner is None and all(n.handle is None for n in rec.nodes)
+    assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
+    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_waiting_for_ready_stops_every_node_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
+    """Every engine runs, rank 0 still loading: Ctrl-C stops all four over SSH and exits 130."""
+    topo = deployments.topology("it-ctrl-c-ready", env=SLOW_HEAD, launch={"dist_timeout_s": 60, "ready_timeout_s": 90})
+    with launching(topo) as proc:
+        assert wait_for(lambda: all(engine_running(rig4, h.name) for h in rig4.hosts), 60), proc.poll()
+        code, err, _ = after(lambda: proc.send_signal(signal.SIGINT), proc, 30)
+    assert code == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require("it-ctrl-c-ready")
+    assert rec.status == "stopped" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
+    assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
