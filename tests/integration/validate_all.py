@@ -103,7 +103,7 @@ def launch_validate_stop(run: Callable[..., subprocess.CompletedProcess[str]], t
     assert launched.returncode == 0, launched.stdout + launched.stderr
     try:
         if fault:
-            figures.add(figures.FAULTS_INJECTED)
+            figures.fault_injected()
         stages = check_report(run("validate", str(topo), "--json", timeout_s=190), fault, mimic)
     finally:
         stopped = run("stop", str(topo))
