@@ -1,11 +1,13 @@
 """The rest of the SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch`
 (or deployment): one node's sshd killed while it starts, one host's private link cut while it starts and
-after ready, Ctrl-C while an SSH connection hangs and while waiting for ready. Each ends with the failing node
+after ready, Ctrl-C while an SSH connection hangs and while waiting for ready, the head killed after ready,
+the readiness deadline passing, the supervisor killed. Each ends with the failing node
 (or the interrupt) and cause named, the documented exit code, and no process of the deployment left on any
 host."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -288,3 +290,60 @@ def test_ctrl_c_while_waiting_for_ready_stops_every_node_over_ssh(deployments: D
     rec = StateStore(deployments.state_dir).require("it-ctrl-c-ready")
     assert rec.status == "stopped" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
     assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
+
+
+@pytest.mark.timeout(120)
+def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Deployments, rig4: HostRig) -> None:
+    """Rank 0 (the head, the rendezvous store's host) dies after ready: the workers must not hang waiting in a
+    collective; the supervisor stops all of them and the record names rank 0."""
+    topo = deployments.topology("it-kill-head")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    supervisor = StateStore(deployments.state_dir).require("it-kill-head").owner
+    assert supervisor is not None and supervisor.alive()
+    head = rig4.hosts[0]
+    rig4.kill_host_processes(head)
+    figures.fault_injected()
+    workers = rig4.hosts[1:]
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in workers), 30), \
+        {h.name: rig4.pids(h) for h in workers}
+    deployments.failed_status(topo, "it-kill-head", 0, head.mgmt_ip)
+    assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
+
+
+@pytest.mark.timeout(120)
+def test_readiness_deadline_passing_stops_every_node(deployments: Deployments, rig4: HostRig) -> None:
+    """Every engine starts, rank 0 loads for a minute: at launch.ready_timeout_s launch gives up, says so with the
+    setting's name, stops all four nodes over SSH and exits 4."""
+    topo = deployments.topology("it-deadline", env=SLOW_HEAD, launch={"dist_timeout_s": 60, "ready_timeout_s": 8})
+    figures.fault_injected()
+    run = cli("launch", str(topo))
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "not ready after 8 s (launch.ready_timeout_s)" in run.stderr, run.stderr
+    assert "every node was stopped" in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require("it-deadline")
+    assert rec.status == "failed" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
+
+
+@pytest.mark.timeout(120)
+def test_supervisor_killed_status_says_so_and_stop_still_stops_everything(deployments: Deployments,
+                                                                          rig4: HostRig) -> None:
+    """The supervisor dies (the OOM killer on the launch machine): the engines run on unwatched, `status` says
+    nothing would stop them, and `stop` still stops all four over SSH."""
+    topo = deployments.topology("it-kill-supervisor")
+    run = cli("launch", str(topo))
+    assert run.returncode == 0, run.stderr
+    supervisor = StateStore(deployments.state_dir).require("it-kill-supervisor").owner
+    assert supervisor is not None and supervisor.role == "supervisor"
+    os.kill(supervisor.pid, signal.SIGKILL)
+    figures.fault_injected()
+    assert wait_for(lambda: not supervisor.alive(), 10)
+    status = json.loads(cli("status", str(topo), "--json").stdout)
+    assert status["supervised"] is False and [n["alive"] for n in status["nodes"]] == [True] * 4, status
+    human = cli("status", str(topo), env={**os.environ, "COLUMNS": "200"})
+    assert "none running: nothing stops the other nodes if one dies" in human.stdout, human.stdout
+    stop = cli("stop", str(topo))
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
