@@ -37,6 +37,9 @@ from k3deploy.executors.tunnel import Tunnel
 # process group: the wrapper prints that group's id as the first stderr line (`k3pgid N`) (read from /proc, shell
 # builtins only), so that a command that times out is killed as a whole, as on the other executors
 # (closing the channel alone leaves it running: no pty, no SIGHUP).
+# Prints the command's process group to stderr before anything runs. That first write is also what keeps a
+# session that stalled before its command (a hung home directory, a slow PAM module) from running it after we
+# gave up and closed the channel: the write fails (SIGPIPE) and the command never starts. Keep it first.
 _GROUP_WRAPPER = (
     "sh -c 'c=$1; read -r st < /proc/$$/stat && st=${st##*\")\"} && set -- $st && echo \"k3pgid $3\" >&2; "
     "exec sh -c \"$c\"' k3deploy "

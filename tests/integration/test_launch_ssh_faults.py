@@ -1,7 +1,8 @@
 """The rest of the SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch`
 (or deployment): one node's sshd killed while it starts, one host's private link cut while it starts and
-after ready, Ctrl-C while an SSH connection hangs and while waiting for ready, the head killed after ready,
-the readiness deadline passing, the supervisor killed. Each ends with the failing node
+after ready, Ctrl-C while an SSH connection hangs, while a start hangs in its session (head starting, workers
+starting) and while waiting for ready, the head killed after ready, the readiness deadline passing, the
+supervisor killed. Each ends with the failing node
 (or the interrupt) and cause named, the documented exit code, and no process of the deployment left on any
 host."""
 from __future__ import annotations
@@ -347,3 +348,75 @@ def test_supervisor_killed_status_says_so_and_stop_still_stops_everything(deploy
     assert stop.returncode == 0, stop.stderr
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
+
+
+class StalledSessions:
+    """Every new SSH session on one host waits in root's ~/.ssh/rc (sshd runs it before the session's command)
+    while a gate file exists, as sessions do behind a hung NFS home or a slow PAM module (bounded: 60 s). The
+    rc is bind-mounted in that host's own mount namespace only."""
+
+    def __init__(self, rig: HostRig, host: RigHost, tmp: Path) -> None:
+        self.rig, self.host = rig, host
+        self.dot_ssh = Path(os.path.expanduser("~root")) / ".ssh"
+        self.folder, self.gate, self.waiting = tmp / f"dot-ssh-{host.name}", tmp / "gate", tmp / "waiting"
+        self.folder.mkdir()
+        (self.folder / "rc").write_text(f"echo $$ > {self.waiting}\ni=0\n"
+                                        f"while [ -e {self.gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n")
+        self.made_dot_ssh = False
+
+    def arm(self) -> None:
+        """Close the gate and put the rc in place on the host."""
+        self.gate.touch()
+        if not self.dot_ssh.exists():  # a fresh machine: the mount point must exist
+            self.dot_ssh.mkdir(mode=0o700)
+            self.made_dot_ssh = True
+        done = self.rig.exec(self.host, ["mount", "--bind", str(self.folder), str(self.dot_ssh)])
+        assert done.returncode == 0, done.stderr
+
+    def release(self) -> None:
+        """Open the gate: every waiting session goes on to run its command."""
+        self.gate.unlink(missing_ok=True)
+
+    def disarm(self) -> None:
+        """Open the gate and take the rc away."""
+        self.release()
+        self.rig.exec(self.host, ["umount", str(self.dot_ssh)])
+        if self.made_dot_ssh:
+            self.dot_ssh.rmdir()
+
+
+@contextmanager
+def stalled_sessions(rig: HostRig, host: RigHost, tmp: Path) -> Iterator[StalledSessions]:
+    """New SSH sessions on `host` stall until released (or the block ends)."""
+    stall = StalledSessions(rig, host, tmp)
+    stall.arm()
+    try:
+        yield stall
+    finally:
+        stall.disarm()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rank", [0, 2], ids=["head-starting", "workers-starting"])
+def test_ctrl_c_while_a_start_hangs_in_its_session_starts_nothing_later(deployments: Deployments, rig4: HostRig,
+                                                                        tmp_path: Path, rank: int) -> None:
+    """A node's start command hangs before it runs (its SSH session stalls in ~/.ssh/rc): rank 0's (head
+    starting), or rank 2's while the other workers start. Ctrl-C exits 130 and stops what started; when the
+    stalled session later goes on to run the start launch gave up on, that must start nothing."""
+    host = rig4.hosts[rank]
+    name = f"it-ctrl-c-start{rank}"
+    topo = deployments.topology(name)
+    with stalled_sessions(rig4, host, tmp_path) as stall:
+        with launching(topo) as proc:
+            assert wait_for(stall.waiting.exists, 60), proc.poll()  # the start is stuck in its session
+            others = [h for h in rig4.hosts if h is not host] if rank else []  # the head starts before any worker
+            assert wait_for(lambda: all(engine_running(rig4, h.name) for h in others), 30), proc.poll()
+            code, err, took = after(lambda: proc.send_signal(signal.SIGINT), proc, 30)
+        assert code == 130, err
+        assert "interrupted" in err and "Traceback" not in err, err
+        assert took < 10, took
+        stall.release()  # the session goes on: sshd now runs the start command
+        # Every host empties, the stalled session included; an engine it started would stay and fail this.
+        assert hosts_empty(rig4, 15), {h.name: rig4.pids(h) for h in rig4.hosts}
+    rec = StateStore(deployments.state_dir).require(name)
+    assert rec.status == "stopped" and rec.owner is None, rec
