@@ -2,6 +2,7 @@
 how to ask without the prefix cache, the flag that turns cached-token reporting on)."""
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,8 @@ if TYPE_CHECKING:
     from k3deploy.executors.http import NodeHttp
     from k3deploy.validate.stage import ValidateContext
 
+FLUSH_ATTEMPTS = 3
+FLUSH_RETRY_S = 0.5
 CACHE_REPORT_FLAG = {"sglang": "--enable-cache-report", "vllm": "--enable-prompt-tokens-details"}
 PREFIX_CACHE_FLAG = {"sglang": "SGLang caches unless --disable-radix-cache", "vllm": "vLLM needs --enable-prefix-caching"}
 
@@ -91,11 +94,15 @@ class Chat:
         if self.dialect == "vllm":
             how = "cache-salted"
             return self.ask(messages, max_tokens, cache_salt=f"k3deploy-validate-{uuid.uuid4().hex}", **extra), how
-        how = "after POST /flush_cache"
-        try:
-            reply = self.http.post("/flush_cache", None, 30.0)
-        except ExecError as exc:
-            return None, f"POST /flush_cache: {exc}"
-        if not reply.ok:
-            return None, f"POST /flush_cache: HTTP {reply.status}"
-        return self.ask(messages, max_tokens, **extra), how
+        for attempt in range(FLUSH_ATTEMPTS):  # SGLang refuses while any request runs (other users' too)
+            if attempt:
+                time.sleep(FLUSH_RETRY_S)
+            try:
+                reply = self.http.post("/flush_cache", None, 30.0)
+            except ExecError as exc:
+                return None, f"POST /flush_cache: {exc}"
+            if reply.ok:
+                return self.ask(messages, max_tokens, **extra), "after POST /flush_cache"
+        busy = " (SGLang flushes only while no request runs: validate when the server is idle)" \
+            if reply.status == 400 else ""
+        return None, f"POST /flush_cache: HTTP {reply.status} after {FLUSH_ATTEMPTS} tries{busy}"
