@@ -42,6 +42,7 @@ class NodeStatus(BaseModel):
     log_path: str
     alive: bool | None  # None: not started, or the host could not be asked
     error: str = ""
+    phase: str = "pending"  # as recorded: `unknown` when a teardown could not reach it (it may still run)
 
 
 class StatusReport(BaseModel):
@@ -74,7 +75,9 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     ready, why = None, ""
     ask_http = bool(dep.url) and dep.status in ("ready", "restarting", "starting")
     probe_from = dep.probe_from
-    if started and dep.status in ACTIVE:
+    # A node the teardown could not reach may still run: it is asked again even after the deployment ended.
+    unsure = any(n.phase == "unknown" for n in started.values())
+    if started and (dep.status in ACTIVE or unsure):
         if ask_http and probe_from == "here":
             # Launched where rank 0's ip is reachable; this machine may not be (asking via rank 0 always works).
             probe_from = choose_probe_from("auto", dep.url)
@@ -93,10 +96,10 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     jobs = {j.rank: j for j in dep.jobs}
     nodes = []
     for n in dep.nodes:
-        # An inactive deployment was stopped by k3deploy: its nodes are not asked again.
+        # An inactive deployment was stopped by k3deploy: its nodes are not asked again (but for `unsure`).
         alive, error = live.get(n.rank, (None if dep.status in ACTIVE else False, ""))
         nodes.append(NodeStatus(rank=n.rank, host=n.host, pid=n.handle.pid if n.handle else None,
-                                log_path=jobs[n.rank].log_path, alive=alive, error=error))
+                                log_path=jobs[n.rank].log_path, alive=alive, error=error, phase=n.phase))
     owner = dep.owner
     supervised = owner is not None and owner.role in ("supervisor", "attach") and owner.alive()
     uptime = time.time() - dep.attempts[-1].ready_at if dep.attempts and dep.attempts[-1].ready_at \

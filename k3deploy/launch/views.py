@@ -112,6 +112,11 @@ def status_view(rep: StatusReport) -> RenderableType:
                      style="green" if n.alive else "")
         nodes.add_row(str(n.rank), Text(n.host), str(n.pid or "-"), alive)
     parts: list[RenderableType] = [head, nodes]
+    left = [n for n in rep.nodes if n.phase == "unknown" and n.alive is not False]
+    if left and rep.status not in ("starting", "ready", "restarting"):
+        where = ", ".join(f"rank {n.rank} ({n.host})" for n in left)
+        state = "still runs" if all(n.alive for n in left) else "could not be stopped and may still run"
+        parts.append(Text(f"{where} {state}: k3deploy stop {rep.name}", style="bold yellow"))
     if rep.failure is not None:
         f = rep.failure
         who = f"rank {f.rank} ({f.host})" if f.rank is not None else "deployment"

@@ -179,13 +179,22 @@ def test_sshd_killed_on_a_starting_worker_stops_the_rest_and_says_what_is_left(
     others = [h for h in rig4.hosts if h is not victim]
     assert wait_for(lambda: not any(rig4.pids(h) for h in others), 10), {h.name: rig4.pids(h) for h in others}
     assert engine_running(rig4, victim.name)  # out of reach: it runs on, as the message says
-    deployments.failed_status(topo, "it-sshd-kill", 2, victim.mgmt_ip)
+    status = deployments.failed_status(topo, "it-sshd-kill", 2, victim.mgmt_ip)
     rec = StateStore(deployments.state_dir).require("it-sshd-kill")
     assert [n.phase for n in rec.nodes] == ["stopped", "stopped", "unknown", "stopped"], rec.nodes
+    # `status` asks the node it could not stop again: still out of reach, it may still run.
+    assert [(n["phase"], n["alive"]) for n in status["nodes"]] == [
+        ("stopped", False), ("stopped", False), ("unknown", None), ("stopped", False)], status["nodes"]
+    wide = {**os.environ, "COLUMNS": "200"}
+    assert f"{who} could not be stopped and may still run: k3deploy stop it-sshd-kill" in \
+        cli("status", str(topo), env=wide).stdout
 
     with capsys.disabled():
         print(f"\nsshd killed on a starting worker: launch exited 4 {took:.1f} s later, 3 of 4 nodes stopped")
     sshd2.start()  # the host's admin brings sshd back
+    back = json.loads(cli("status", str(topo), "--json").stdout)
+    assert back["nodes"][2]["alive"] is True, back["nodes"]  # reachable again: it does still run
+    assert f"{who} still runs: k3deploy stop it-sshd-kill" in cli("status", str(topo), env=wide).stdout
     stop = cli("stop", str(topo))
     assert stop.returncode == 0, stop.stderr
     sshd2.kill()
