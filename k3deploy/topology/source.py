@@ -74,6 +74,10 @@ def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: li
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
+            if isinstance(key, (list, dict)):  # `? [a]: b` or a stray comma in flow style: YAML allows it, we cannot
+                kind = "list" if isinstance(key, list) else "mapping"
+                raise YamlSyntaxError(f"a key here is a {kind}, not a name (a misplaced ':' or ','?)",
+                                      _pos(key_node.start_mark))
             child = path + (key if isinstance(key, (str, int)) else str(key),)
             if key in out:
                 dups.append((child, _pos(key_node.start_mark)))

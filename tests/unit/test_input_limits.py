@@ -34,6 +34,16 @@ def test_an_alias_bomb_stops_at_the_value_limit() -> None:
     assert "more than 50,000 values" in only_issue(billion_laughs())
 
 
+@pytest.mark.parametrize(("text", "kind", "column"), [
+    ('{"name": "x", "nodes":, [{"host": "h"}]}', "list", 25),  # what the fuzzer wrote: a stray comma
+    ("? [a, b]\n: 1\n", "list", 3),
+    ("? {a: 1}\n: 1\n", "mapping", 3),
+])
+def test_a_list_or_mapping_as_a_key_is_a_located_error(text: str, kind: str, column: int) -> None:
+    # YAML allows complex keys; hashing one raised TypeError (a traceback) before.
+    assert only_issue(text).startswith(f"t.yaml:1:{column}: invalid YAML: a key here is a {kind}, not a name")
+
+
 def test_a_file_over_a_mebibyte_is_refused_unread() -> None:
     assert "a topology or catalog file is at most" in only_issue("name: " + "x" * 2**21)
 
