@@ -161,7 +161,11 @@ class StateStore:
                 raise StateError(f"cannot lock deployment {name}: {path}: {exc}") from exc
             try:
                 _flock(fd, name, deadline)
-                if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                try:  # one stat: the path may be removed (by a later holder of a newer file) at any moment
+                    current = os.stat(path)
+                except FileNotFoundError:
+                    current = None
+                if current is not None and os.path.samestat(os.fstat(fd), current):
                     return fd
             except BaseException:
                 os.close(fd)
