@@ -22,11 +22,8 @@ def open_executor(target: ExecTarget) -> Executor:
     from k3deploy.errors import InputError
 
     if target.kind == "ray":
-        try:
-            from k3deploy.executors.ray_exec import RayExecutor
-        except ImportError as exc:
-            raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
-                             hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
+        from k3deploy.executors.ray_exec import RayExecutor  # without Ray: the CLI names the install
+
         return RayExecutor(target)
 
     raise InputError(f"executor '{target.kind}' is not available yet", hint="use --executor ssh or local")

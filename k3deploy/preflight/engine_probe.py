@@ -23,7 +23,9 @@ def supported_archs(kind, mimic):
     if kind in ("vllm", "vllm-ascend"):
         from vllm import ModelRegistry
         return list(ModelRegistry.get_supported_archs())
+    from k3deploy.extras import require
     from k3deploy.sim.model_info import SUPPORTED_ARCHITECTURES
+    require("sim", what="the stand-in engine")  # its packages, which the engine check would not import
     return list(SUPPORTED_ARCHITECTURES)
 
 
@@ -45,7 +47,8 @@ def main():
         known = set(supported_archs(kind, mimic))
         out["known_archs"] = [a for a in archs if a in known]
     except Exception as exc:  # noqa: BLE001 - any import failure is the finding
-        out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        hint = getattr(exc, "hint", None)
+        out["error"] = (f"{type(exc).__name__}: {exc}" + (f"; {hint}" if hint else ""))[:500]
     print(json.dumps(out))
 
 

@@ -8,7 +8,6 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.errors import InputError
 from k3deploy.preflight.report import Report
 
 MARK = {"pass": ("ok", "green"), "fail": ("FAIL", "bold red"), "skip": ("skip", "dim"), "error": ("ERROR", "bold magenta")}
@@ -51,11 +50,7 @@ def table(report: Report) -> RenderableType:
 
 def write_junit(report: Report, path: Path) -> None:
     """JUnit XML: a suite per check, a case per node (failure, error or skipped with the detail and fix)."""
-    try:
-        from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
-    except ImportError:
-        raise InputError("--junit needs the junitparser package",
-                         hint="pip install junitparser (or k3deploy[all])") from None
+    from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
     xml = JUnitXml(name=f"k3deploy preflight {report.name}")
     for c in report.checks:

@@ -38,10 +38,7 @@ def report_table(report: Report) -> RenderableType:
 
 def write_junit(report: Report, path: Path | str) -> None:
     """JUnit XML for CI: one testcase per node of each per-node stage, one per stage otherwise."""
-    try:
-        from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
-    except ImportError as exc:
-        raise InputError("--junit needs junitparser", hint="pip install 'k3deploy[validate]'") from exc
+    from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
     suite = TestSuite(f"k3deploy validate {report.deployment}")
     for stage in report.stages:
         rows = [(f"{stage.name} node {n.rank} ({n.host})", n.status, n.detail, "\n".join(n.problems))
