@@ -16,7 +16,7 @@ import pytest
 from k3deploy.demo import DEMO_NAME
 from k3deploy.validate.stages import IMPLEMENTED
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.torch]  # four stand-in nodes rendezvous over Gloo
 ROOT = Path(__file__).resolve().parents[2]
 
 
