@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +18,9 @@ from k3deploy.preflight.checks_host import HOST_CHECKS
 from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
 from k3deploy.preflight.nodes import engine_python, node_inputs
-from k3deploy.sim.checkpoint import write_checkpoint
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.unit.test_launch_support import fake_topology, kill_tagged
 
-ROOT = Path(__file__).resolve().parents[2]
 CHECKS = {c.name: c for c in (*HOST_CHECKS, *STACK_CHECKS)}
 ENGINE_OK = {"python": "3.11.2", "executable": "/usr/bin/python3", "torch": "2.13.0", "ray": "2.60.0",
              "version": "0.5.23", "known_archs": ["KimiK3ForConditionalGeneration"], "error": ""}
@@ -118,16 +114,9 @@ def test_engine_interpreter_from_the_argv() -> None:
     assert engine_python(["docker", "run", "img"]) is None
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=120, cwd=ROOT, env=dict(os.environ))
-
-
 @pytest.mark.timeout(180)
-def test_preflight_and_launch_on_local_nodes(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    write_checkpoint(ckpt)
-    topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(ckpt)})
+def test_preflight_and_launch_on_local_nodes(tmp_path: Path, checkpoint: Path) -> None:
+    topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(checkpoint)})
     run = cli("preflight", str(topo), "--json", "--junit", str(tmp_path / "pf.xml"))
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
