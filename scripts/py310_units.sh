@@ -7,13 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-py310="$(command -v python3.10 || true)"
-if [ -z "$py310" ] && command -v pyenv >/dev/null 2>&1; then
-  for cand in "$(pyenv root)"/versions/3.10.*/bin/python3.10; do
-    [ -x "$cand" ] && py310="$cand"
-  done
-fi
-if [ -z "$py310" ] || ! "$py310" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+py310=""
+pyenv_root="${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}"
+for cand in "$(command -v python3.10 || true)" "$pyenv_root"/versions/3.10.*/bin/python3.10; do
+  # a pyenv shim on PATH runs only where pyenv's version selection includes 3.10: try each candidate
+  if [ -x "$cand" ] && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
+    py310="$cand"
+    break
+  fi
+done
+if [ -z "$py310" ]; then
   echo "unit tier under Python 3.10: SKIPPED: no python3.10 on PATH or under pyenv (pyenv install 3.10)"
   exit 0
 fi
