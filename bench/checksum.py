@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from k3deploy.validate.probes import shards
+from k3deploy.probes import shards
 
 BUFFER = 8 << 20
 

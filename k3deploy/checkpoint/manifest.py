@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.errors import InputError
-from k3deploy.validate.probes import shards as probe
+from k3deploy.probes import shards as probe
 
 INDEX_FILE = probe.INDEX_FILE
 CONFIG_FILE = probe.CONFIG_FILE

@@ -9,10 +9,11 @@ from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.kinds import engine_family, engine_flavour
-from k3deploy.planning import engine_rules, rules
+from k3deploy.engines import rules as engine_rules
+from k3deploy.planning import rules
 from k3deploy.planning.arith import fmt_gib
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
-from k3deploy.planning.shape import Shape, make_shape
+from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.schema import Topology
 

@@ -10,7 +10,7 @@ from k3deploy.planning import rules
 from k3deploy.planning.arith import divisors, fmt_gib
 from k3deploy.planning.memory import MemoryInputs, memory_budget
 from k3deploy.planning.plan import memory_issues
-from k3deploy.planning.shape import make_shape
+from k3deploy.engines.shape import make_shape
 from k3deploy.topology.schema import Serving
 
 

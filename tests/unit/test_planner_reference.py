@@ -13,7 +13,7 @@ from k3deploy.planning.memory import (
     vllm_block_tokens,
     weights_bytes_per_gpu,
 )
-from k3deploy.planning.shape import make_shape
+from k3deploy.engines.shape import make_shape
 from tests.unit.plan_helpers import codes, plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(60)

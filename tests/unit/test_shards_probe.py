@@ -15,7 +15,7 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.sim.checkpoint import Manifest, write_checkpoint
 from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
-from k3deploy.validate.probes import shards
+from k3deploy.probes import shards
 
 pytestmark = pytest.mark.timeout(120)
 SOURCE = Path(shards.__file__).read_text()

@@ -19,7 +19,7 @@ from k3deploy.engines.redact import secret_arg, secret_env
 from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
 from k3deploy.planning.arith import fmt_gib
 from k3deploy.planning.memory import weights_bytes_per_gpu
-from k3deploy.planning.shape import Shape
+from k3deploy.engines.shape import Shape
 from k3deploy.topology.schema import Topology
 
 # Set by k3deploy from `parallel` and `nodes`, per node: an engine.args override would desync them.
