@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from k3deploy.probes import shards
+from k3deploy.probes import shard_inventory, shards
+from k3deploy.probes.bundle import program
 
 BUFFER = 8 << 20
 
@@ -69,7 +70,7 @@ def one_thread(paths: list[str]) -> dict[str, str]:
 
 def probe(paths: list[str]) -> dict[str, str]:
     """k3deploy: the node probe's threaded hashing."""
-    return {p: sha for p, (_, sha) in shards.sha256_files(paths).items()}
+    return {p: sha for p, (_, sha) in shard_inventory.sha256_files(paths).items()}
 
 
 def sha256sum(paths: list[str]) -> dict[str, str]:
@@ -132,7 +133,7 @@ def sparse(tmp: Path, runs: int) -> dict[str, float]:
     spec = json.dumps({"path": str(path), "expect": config_expectations(model), "hash": False})
     best_wall, best_cpu, floor_wall, floor_cpu = float("inf"), float("inf"), float("inf"), float("inf")
     for _ in range(runs):  # interleaved: the check, then the parse-only floor
-        wall, cpu, out = _child([sys.executable, "-c", Path(shards.__file__).read_text(), spec])
+        wall, cpu, out = _child([sys.executable, "-c", program(shards), spec])
         result = json.loads(out.splitlines()[-1])
         assert result["problems"] == [], result["problems"][:3]
         best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.probes import shard_inventory, shard_names, shards
+from k3deploy.probes.bundle import program
 from k3deploy.sim.checkpoint import Manifest, write_checkpoint
 from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
-from k3deploy.probes import shards
 
 pytestmark = pytest.mark.timeout(120)
-SOURCE = Path(shards.__file__).read_text()
+SOURCE = program(shards)
 SHARD1 = "model-00001-of-00004.safetensors"
 
 
@@ -98,10 +99,10 @@ def test_holes_overlaps_spans_caps_and_missing_shards(tmp_path: Path, tiny: tupl
     for f in tiny[0].iterdir():
         shutil.copy(f, tmp_path / f.name)
     a = "model-00001-of-00004.safetensors"
-    index = json.loads((tmp_path / shards.INDEX_FILE).read_text())
+    index = json.loads((tmp_path / shard_names.INDEX_FILE).read_text())
     names = [t for t, s in index["weight_map"].items() if s == a]
     index["weight_map"] = {n: a for n in names[:3]} | {"x.weight": "model-00009-of-00009.safetensors"}
-    (tmp_path / shards.INDEX_FILE).write_text(json.dumps(index))
+    (tmp_path / shard_names.INDEX_FILE).write_text(json.dumps(index))
     bf16 = {"dtype": "BF16", "shape": [4]}
     _shard(tmp_path / a, {names[0]: {**bf16, "data_offsets": [0, 8]}, names[1]: {**bf16, "data_offsets": [16, 24]},
                           names[2]: {**bf16, "data_offsets": [20, 30]}}, 30)
@@ -134,12 +135,12 @@ def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: P
     meta.mkdir(parents=True)
     for name in ("config.json", "model-00001-of-00004.safetensors"):  # what `hf download --local-dir` leaves
         (meta / f"{name}.metadata").write_text(f"{sha}\n\"etag\"\n1764000000.0\n")
-    assert shards.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
-    assert ".cache/huggingface/download/config.json.metadata" not in shards.local_files(str(local))
+    assert shard_inventory.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
+    assert ".cache/huggingface/download/config.json.metadata" not in shard_inventory.local_files(str(local))
     snapshot = tmp_path / "models--moonshotai--Kimi-K3" / "snapshots" / sha
     snapshot.mkdir(parents=True)
     for f in local.iterdir():  # the hub cache: a snapshot directory of symlinks into blobs/
         (snapshot / f.name).symlink_to(f)
     shutil.rmtree(meta.parent.parent)
-    assert shards.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
-    assert shards.revision_hint(str(local)) == (None, "")
+    assert shard_inventory.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
+    assert shard_inventory.revision_hint(str(local)) == (None, "")
