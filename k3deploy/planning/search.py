@@ -12,7 +12,7 @@ from k3deploy.planning import rules
 from k3deploy.planning.arith import divisors
 from k3deploy.planning.memory import MemoryInputs, memory_budget
 from k3deploy.planning.plan import memory_issues
-from k3deploy.topology.schema import Serving
+from k3deploy.topology.settings import Serving
 
 
 class ShapeRow(NamedTuple):
