@@ -3,12 +3,14 @@ dtypes, shapes and byte spans, the index against the shards (shipped with the sh
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import struct
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from k3deploy.probes.fast_json import Loads
 from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, label, listed
 
 HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
@@ -34,7 +36,7 @@ def read_header(path: str, cap: int = HEADER_CAP) -> tuple[int, dict[str, Any], 
             raise ValueError(f"header of {n:,} bytes runs past the end of the {size:,}-byte file")
         raw = f.read(n)
     try:
-        header = json.loads(raw)
+        header = _LOADS(raw)
     except ValueError as exc:
         raise ValueError(f"header is not JSON ({exc})") from None
     if not raw.startswith(b"{") or not isinstance(header, dict):
@@ -71,6 +73,11 @@ class Layout:
             self.expert_shapes[f"{w}.weight_scale"] = [rows, cols // group]
         self.exact = {n: [vocab, hidden] for n in ("language_model.model.embed_tokens.weight",
                                                     "language_model.lm_head.weight")}
+        # What a sound routed-expert tensor looks like, for one set lookup each (~500k tensors in a full K3).
+        self.expert_ids = frozenset(str(e) for e in range(self.experts))
+        self.moe_layers = frozenset(str(layer) for layer in range(self.first_moe, self.layers))
+        self.sound = {k: (("U8",) if k.endswith("packed") else SCALE_DTYPES, want)
+                      for k, want in self.expert_shapes.items()}
 
     @property
     def expert_count(self) -> int:
@@ -87,6 +94,10 @@ class Layout:
             return f"shape {shape}, expected {want}" if want is not None and shape != want else None
         expert, _, kind = tail.partition(".")
         layer = head.rpartition(".")[2]
+        sound = self.sound.get(kind)
+        if sound is not None and expert in self.expert_ids and layer in self.moe_layers and dtype in sound[0] \
+                and shape == sound[1]:
+            return None
         if not (expert.isdigit() and int(expert) < self.experts and layer.isdigit()
                 and self.first_moe <= int(layer) < self.layers and kind in self.expert_shapes):
             return "not a routed-expert tensor of this config"
@@ -113,10 +124,7 @@ def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, in
     for tensor, info in header.items():
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            elems = 1
-            for d in shape:
-                elems *= d
-            nbytes = elems * DTYPE_BITS[dtype] // 8
+            nbytes = math.prod(shape) * DTYPE_BITS[dtype] // 8
         except (KeyError, TypeError, ValueError):
             out.append(f"tensor {tensor}: malformed entry {json.dumps(info)[:120]}")
             continue
@@ -163,7 +171,9 @@ def name_problems(shard: str, path: str, indexed: list[str]) -> list[str]:
     return out
 
 
-_LAYOUT: Layout | None = None  # set before the worker processes fork, so they inherit it
+# Both set before the worker processes fork, so they inherit them.
+_LAYOUT: Layout | None = None
+_LOADS: Loads = json.loads
 
 
 def _shard_job(path: str) -> tuple[list[str], int, int | None]:
@@ -190,18 +200,18 @@ class _Done:
         return self.value
 
 
-def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Problem]:
-    """Index, config and every shard's header: what is wrong, each with the file it is in."""
-    global _LAYOUT
+def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads) -> list[Problem]:
+    """Index, config and every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
+    global _LAYOUT, _LOADS
     problems: list[Problem] = []
 
     def add(file: str, message: str) -> None:
         problems.append({"file": file, "message": f"{label(file)}: {message}"})
 
-    _LAYOUT = None
+    _LAYOUT, _LOADS = None, loads
     try:
         with open(os.path.join(root, CONFIG_FILE), "rb") as f:
-            config = json.load(f)
+            config = loads(f.read())
         for message in config_problems(config, expect):
             add(CONFIG_FILE, message)
         _LAYOUT = Layout(config)
@@ -213,7 +223,7 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Probl
     try:
         try:
             with open(os.path.join(root, INDEX_FILE), "rb") as f:
-                weight_map = json.load(f)["weight_map"]
+                weight_map = loads(f.read())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             add(INDEX_FILE, f"cannot read the weight map: {exc}")
             return problems
