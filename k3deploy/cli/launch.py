@@ -85,8 +85,8 @@ def prepare(file: Path, catalog: list[Path] | None, options: dict[str, Any]) -> 
     render the jobs: (plan, jobs, catalog). Shared by launch and preflight."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.errors import InputError
-    from k3deploy.launch.jobs import jobs_for
-    from k3deploy.launch.targets import ExecOverrides
+    from k3deploy.nodeplan.jobs import jobs_for
+    from k3deploy.nodeplan.targets import ExecOverrides
     from k3deploy.planning.files import catalog_for, require_feasible
     from k3deploy.topology.schema import check_jump
 

@@ -15,7 +15,7 @@ from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure

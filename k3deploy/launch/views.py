@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from k3deploy.launch.events import GROUP, NodeEvent
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.render import render_nodes
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 
 

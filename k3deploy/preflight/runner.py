@@ -11,7 +11,7 @@ from typing import Any
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.base import Executor
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 from k3deploy.preflight import rendezvous
 from k3deploy.preflight.accelerators import TOOL_OF_VENDOR, TOOL_QUERIES

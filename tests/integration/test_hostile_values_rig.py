@@ -18,8 +18,8 @@ import pytest
 from k3deploy.engines.render import render_nodes
 from k3deploy.executors import ExecTarget, open_executor
 from k3deploy.executors.base import Executor
-from k3deploy.launch.jobs import jobs_for
-from k3deploy.launch.targets import ExecOverrides
+from k3deploy.nodeplan.jobs import jobs_for
+from k3deploy.nodeplan.targets import ExecOverrides
 from tests.integration.test_launch_ray import nothing_left, tagged
 from tests.polling import wait_for
 from tests.rig import HostRig

@@ -17,7 +17,7 @@ from k3deploy.executors.fleet import require_all
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.ssh import SshExecutor
 from k3deploy.executors.ssh_config import resolve, split_hop
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import tagged_pids
 

@@ -19,7 +19,7 @@ from k3deploy.executors import ExecTarget, open_executor, ray_agent
 from k3deploy.executors.base import exit_record
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.launch.procs import start_ticks
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
 from k3deploy.executors.ray_exec import RayExecutor, watchdog

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from k3deploy.launch.jobs import jobs_for
+from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from k3deploy.preflight.checks_host import HOST_CHECKS
 from k3deploy.preflight.checks_stack import STACK_CHECKS

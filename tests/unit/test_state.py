@@ -14,7 +14,7 @@ import pytest
 
 from k3deploy.errors import StateError
 from k3deploy.executors.target import ExecTarget
-from k3deploy.launch.jobs import NodeJob, ReadyCheck
+from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
 from k3deploy.launch.procs import Identity
 from k3deploy.launch.state import Attempt, Deployment, NodeState, StateStore, default_state_dir
 

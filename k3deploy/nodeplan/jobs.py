@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.target import ExecTarget
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
 
 
