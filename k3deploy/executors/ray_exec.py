@@ -16,7 +16,7 @@ Per node: `connect` maps the topology node to the alive Ray node whose node IP e
 (refused, listing every IP Ray sees, when none or several match). `start` creates a detached, named
 actor (`k3-<tag>`, namespace `k3deploy`) pinned with NodeAffinitySchedulingStrategy(soft=False), waits a
 bounded time for it to be placed, and has it run the same detached-start script as the SSH executor; the
-handle's `container` is the actor name and `pid` the engine's. The command is prefixed with a watchdog in
+actor's name follows from the handle's tag and `pid` is the engine's. The command is prefixed with a watchdog in
 the engine's process group that stops the group when the actor dies (an actor killed by Ray cannot run
 cleanup code of its own). Control calls (alive, signal, tail, follow) go to that actor by name, so the
 supervisor and `status`/`logs`/`stop` find it again from the state file; when the actor is gone they run as
@@ -54,7 +54,7 @@ from k3deploy.executors.posix import (
     with_env,
 )
 from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import RayTarget
 
 PLACEMENT_TIMEOUT_S = 60.0
 READ_WAIT_S = 0.5
@@ -81,7 +81,9 @@ class _AgentGone(Exception):
 class RayExecutor:
     """One topology node reached through Ray; thread-safe (every call is a Ray call)."""
 
-    def __init__(self, target: ExecTarget) -> None:
+    capabilities = RayTarget.capabilities
+
+    def __init__(self, target: RayTarget) -> None:
         self.target = target
         self.host = target.host
         self.address = target.ray_address or "auto"
@@ -120,7 +122,7 @@ class RayExecutor:
         """Place a detached agent on the node, then start `command` detached through it."""
         self.connect()
         tag = check_tag(tag or "k3deploy")
-        name = f"k3-{tag}"
+        name = agent_name(tag)
         self._release_retired()  # a new start (a restart): the agents of the stopped run are done
         try:
             agent: Any = _Agent.options(name=name, scheduling_strategy=self._pin(), **_AGENT_OPTIONS).remote()
@@ -142,7 +144,7 @@ class RayExecutor:
             raise CommandTimeout(f"the detached start timed out after {self.control_timeout_s:g} s", host=self.host)
         try:
             handle = started_handle(self.host, CommandResult(exit_code=code, stdout=out, stderr=err), log_path,
-                                    workdir, tag, container=name)
+                                    workdir, tag)
         except ExecError:
             _kill_actor(agent)
             raise
@@ -161,8 +163,8 @@ class RayExecutor:
         if handle.pid is None:
             return False
         hit = self._shell(handle, signal_script(handle.pid, check_tag(handle.tag), sig))[0] == 0
-        if not hit and handle.container and self._agents.get(handle.container) is not None:
-            self._retired[handle.container] = self._agents[handle.container]
+        if not hit:
+            self._retire(handle)
         return hit
 
     def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
@@ -172,8 +174,8 @@ class RayExecutor:
             return True
         script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
         gone = self._shell(handle, script, grace_s + self.control_timeout_s)[0] == 0
-        if gone and handle.container and self._agents.get(handle.container) is not None:
-            self._retired[handle.container] = self._agents[handle.container]
+        if gone:
+            self._retire(handle)
         return gone
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
@@ -185,7 +187,7 @@ class RayExecutor:
     ) -> Iterator[str]:
         """Stream the log (in chunks through the agent) until the process ends or `stop` is set."""
         self.connect()
-        agent = self._agent(handle.container)
+        agent = self._agent(agent_name(handle.tag))
         script = follow_script(handle.log_path, tail_lines, handle.pid)
         if agent is None:  # the process went with its agent: what it wrote is all there is
             yield from self.read_log(handle, tail_lines).splitlines()
@@ -265,6 +267,12 @@ class RayExecutor:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _retire(self, handle: ProcessHandle) -> None:
+        """Nothing of the handle's group is left: its agent is killed when this executor closes."""
+        name = agent_name(handle.tag)
+        if self._agents.get(name) is not None:
+            self._retired[name] = self._agents[name]
+
     def _release_retired(self) -> None:
         for name, agent in list(self._retired.items()):
             _kill_actor(agent)
@@ -311,14 +319,15 @@ class RayExecutor:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
         timeout_s = timeout_s or self.control_timeout_s
         self.connect()
-        agent = self._agent(handle.container)
+        name = agent_name(handle.tag)
+        agent = self._agent(name)
         result: tuple[int | None, str, str] | None = None
         if agent is not None:
             try:
                 result = self._get(agent.run.remote(sh(script), timeout_s),
                                    timeout_s + self.control_timeout_s, "run a control command")
             except _AgentGone:
-                self._agents[handle.container or ""] = None
+                self._agents[name] = None
         if result is None:
             ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), timeout_s)
             result = self._get(ref, timeout_s + self.control_timeout_s, "run a control command")
@@ -341,6 +350,11 @@ class RayExecutor:
         except RayError as exc:
             raise ExecError(f"cannot {what} on node {self.target.node_ip} through Ray at {self.address}: "
                             f"{first_line(exc)}", host=self.host) from None
+
+
+def agent_name(tag: str) -> str:
+    """The agent actor of the process started with `tag` (one per start: the tag names the run)."""
+    return f"k3-{check_tag(tag or 'k3deploy')}"
 
 
 def watchdog(pid: int, start_ticks: int | None, name: str) -> str:

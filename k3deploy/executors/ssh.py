@@ -29,7 +29,7 @@ from k3deploy.executors.hostkeys import (
 from k3deploy.executors.jumps import JumpPool
 from k3deploy.executors.posix import LineSplitter, ShellExecutor, split_lines
 from k3deploy.executors.ssh_config import SshEndpoint, resolve, split_hop
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import SshTarget
 from k3deploy.executors.tcp import open_socket
 from k3deploy.executors.tunnel import Tunnel
 
@@ -63,7 +63,9 @@ if not os.environ.get("K3DEPLOY_DEBUG"):
 class SshExecutor(ShellExecutor):
     """One paramiko connection to one host; thread-safe for concurrent commands (one channel each)."""
 
-    def __init__(self, target: ExecTarget) -> None:
+    capabilities = SshTarget.capabilities
+
+    def __init__(self, target: SshTarget) -> None:
         self.target = target
         self.host = target.host
         # A host that stops answering mid-deployment is noticed on the scale of the connect timeout.
@@ -135,7 +137,7 @@ class SshExecutor(ShellExecutor):
         """A jump host's endpoint: its own ~/.ssh/config entry; without an IdentityFile there, the node's key."""
         user, host, port = split_hop(spec)
         t = self.target
-        hop = resolve(ExecTarget(kind="ssh", host=host, user=user, port=port, known_hosts=t.known_hosts,
+        hop = resolve(SshTarget(host=host, user=user, port=port, known_hosts=t.known_hosts,
                                  ssh_config=t.ssh_config, accept_new_host_keys=t.accept_new_host_keys,
                                  connect_timeout_s=t.connect_timeout_s, jump="none"))
         if not hop.key_files and self.endpoint.key_files:

@@ -15,11 +15,11 @@ from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
-from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
+from k3deploy.nodeplan.jobs import NodeJob
 
 # Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
 READY_POLL_S = 0.1
@@ -81,9 +81,9 @@ class Gang:
         return self.fleet.executor(rank)
 
     def watch(self, poll_s: float, tail_lines: int = FIRST_TAIL_LINES) -> NodeWatch:
-        """One stream per started node, following its log (closed with the gang at the latest); nodes without
-        channels (Ray) are polled every `poll_s` instead."""
-        streams = all(j.target.kind != "ray" for j in self.jobs)
+        """One stream per started node, following its log (closed with the gang at the latest); nodes whose
+        executor does not stream logs (Ray) are polled every `poll_s` instead."""
+        streams = all(self.executor(j.rank).capabilities.streams_logs for j in self.jobs)
         self._watches.append(NodeWatch(self.fleet, lambda: self.handles, None if streams else poll_s))
         return self._watches[-1].start(tail_lines=tail_lines)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from k3deploy.executors.target import ExecTarget, ExecutorKind
+from k3deploy.executors.target import ExecTarget, ExecutorKind, LocalTarget, RayTarget, SshTarget
 from k3deploy.topology.schema import Topology
 
 
@@ -32,17 +32,19 @@ def targets_for(topology: Topology, overrides: ExecOverrides | None = None) -> d
     out: dict[int, ExecTarget] = {}
     for rank, node in topology.ordered_nodes():
         ssh = node.ssh
-        out[rank] = ExecTarget(
-            kind=kind, host=node.host,
-            user=(ssh.user if ssh else None) or o.ssh_user or launch.ssh.user,
-            port=ssh.port if ssh else None,
-            key=(ssh.key if ssh else None) or o.ssh_key or launch.ssh.key,
-            known_hosts=o.known_hosts or launch.ssh.known_hosts,
-            ssh_config=o.ssh_config, accept_new_host_keys=o.accept_new_host_keys,
-            connect_timeout_s=o.connect_timeout_s or launch.ssh.connect_timeout_s,
-            jump=(ssh.jump if ssh else None) or o.ssh_jump or launch.ssh.jump,
-            ray_address=o.ray_address or launch.ray_address, node_ip=node.ip,
-        )  # fmt: skip
+        if kind == "local":
+            out[rank] = LocalTarget(host=node.host)
+        elif kind == "ray":
+            out[rank] = RayTarget(host=node.host, ray_address=o.ray_address or launch.ray_address, node_ip=node.ip)
+        else:
+            out[rank] = SshTarget(
+                host=node.host,
+                user=(ssh.user if ssh else None) or o.ssh_user or launch.ssh.user,
+                port=ssh.port if ssh else None,
+                key=(ssh.key if ssh else None) or o.ssh_key or launch.ssh.key,
+                known_hosts=o.known_hosts or launch.ssh.known_hosts,
+                ssh_config=o.ssh_config, accept_new_host_keys=o.accept_new_host_keys,
+                connect_timeout_s=o.connect_timeout_s or launch.ssh.connect_timeout_s,
+                jump=(ssh.jump if ssh else None) or o.ssh_jump or launch.ssh.jump,
+            )  # fmt: skip
     return out
-
-
