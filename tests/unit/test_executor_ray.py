@@ -22,7 +22,8 @@ from k3deploy.launch.procs import start_ticks
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
-from k3deploy.executors.ray_exec import RayExecutor, watchdog
+from k3deploy.executors.ray_actors import watchdog
+from k3deploy.executors.ray_exec import RayExecutor
 from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
@@ -226,7 +227,7 @@ def test_a_watchdog_with_a_stale_start_time_fires_at_once(tmp_path: Path) -> Non
 def test_the_agent_of_a_handle_follows_from_its_tag_as_old_records_named_it() -> None:
     """Handles no longer carry the agent's name; the name derived from the tag is the one records of 0.2
     kept in `container`, so `status`, `logs` and `stop` still find the agents those launches started."""
-    from k3deploy.executors.ray_exec import agent_name
+    from k3deploy.executors.ray_actors import agent_name
     from k3deploy.launch.state import StateStore
 
     old = StateStore(Path(__file__).resolve().parents[1] / "assets" / "state").require("old-ray")
