@@ -32,7 +32,8 @@ class _Target(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_other_kinds(cls, data: Any) -> Any:
-        # Records before 0.3 held one flat target with every kind's fields: keep the ones of this kind.
+        # Records before 0.3 held one flat target with every kind's fields, as the launch settings hold every
+        # kind's options (nodeplan.targets): each kind keeps its own; a field no kind has is still refused.
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if k in cls.model_fields or k not in _FLAT_FIELDS}
         return data
