@@ -14,7 +14,8 @@ class Spec(BaseModel):
     """Strict, immutable base for catalog entries."""
 
     # Built on first validation: a run that takes the validated catalog from the cache never validates.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    # No number is infinite or NaN: 1e999 reads as inf, and inf passes every `ge`/`gt` bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)
 
 
 class Sourced(Spec):

@@ -349,6 +349,7 @@ def test_unavailable_executor_is_input_error_and_leaves_no_record(tmp_path: Path
     no_ray.mkdir(parents=True)
     (no_ray / "__init__.py").write_text("raise ImportError('No module named ray')\n")
     run = run_k3deploy("launch", topo, "--executor", "ray", timeout_s=60, env={"PYTHONPATH": str(no_ray.parent)})
-    assert run.returncode == 2 and "executor 'ray' needs Ray installed here" in run.stderr, run.stderr
+    assert run.returncode == 6 and "this needs ray, which is not installed" in run.stderr, run.stderr
+    assert "install -e '" in run.stderr and "[ray]'" in run.stderr, run.stderr
     assert not StateStore(tmp_path / "state").path(name).exists()
     assert cli("launch", str(topo), "--executor", "bogus").returncode == 2
