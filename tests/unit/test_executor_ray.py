@@ -23,7 +23,14 @@ from k3deploy.launch.targets import ExecOverrides, targets_for
 
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
 from k3deploy.executors.ray_exec import RayExecutor, watchdog
-from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
+from k3deploy.executors.ray_session import (
+    CLIENT_INIT_TRIES,
+    describe_nodes,
+    init_error,
+    init_retrying,
+    match_node,
+    probe,
+)
 from k3deploy.topology.loader import parse_topology
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
 
@@ -101,6 +108,43 @@ def test_version_mismatch_says_which_versions() -> None:
 def test_each_way_ray_init_fails_is_one_message(raised: Exception, expected: str) -> None:
     err = init_error(raised, "ray://h:10001", "h1")
     assert isinstance(err, ExecError) and expected in str(err) and "\n" not in str(err)
+
+
+SERVER_INIT_FAILED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n  ...\nRuntimeError: Starting Ray "
+    "client server failed. See ray_client_server_23000.err for detailed logs.")  # Ray's client, worker.py
+
+
+def _failing_init(failures: list[Exception]) -> tuple[Callable[[], None], list[int]]:
+    """An init that raises the given exceptions in turn, then succeeds; and the list of its calls."""
+    calls: list[int] = []
+
+    def init() -> None:
+        calls.append(1)
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
+
+    return init, calls
+
+
+def test_a_client_server_that_fails_to_set_up_this_client_is_asked_again() -> None:
+    init, calls = _failing_init([SERVER_INIT_FAILED] * (CLIENT_INIT_TRIES - 1))
+    init_retrying(init, "ray://h:10001", "h1", backoff_s=0)
+    assert len(calls) == CLIENT_INIT_TRIES
+
+
+def test_the_client_server_retry_is_bounded_and_other_failures_are_not_retried() -> None:
+    init, calls = _failing_init([SERVER_INIT_FAILED] * (CLIENT_INIT_TRIES + 1))
+    with pytest.raises(ExecError) as err:
+        init_retrying(init, "ray://h:10001", "h1", backoff_s=0)
+    assert len(calls) == CLIENT_INIT_TRIES
+    assert str(err.value) == ("h1: cannot connect to the Ray cluster at ray://h:10001: ConnectionAbortedError: "
+                              f"Initialization failure from server: ({CLIENT_INIT_TRIES} tries)")
+    assert "ray_client_server" in (err.value.hint or "")
+    init, calls = _failing_init([ConnectionError("Could not find any running Ray instance.")])
+    with pytest.raises(ExecError, match="no Ray cluster found"):
+        init_retrying(init, "auto", "h1", backoff_s=0)
+    assert len(calls) == 1
 
 
 def test_an_unreachable_gcs_fails_at_once_naming_the_address() -> None:
