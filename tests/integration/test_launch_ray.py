@@ -239,7 +239,7 @@ def test_an_unreachable_cluster_is_one_clear_message(deployments: RayDeployments
     t0 = time.monotonic()
     run = cli("launch", str(topo), "--ray-address", address)
     assert run.returncode == 3, run.stderr
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 60  # the 5 s probe, not ray.init's minutes
     lines = [line for line in run.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert lines[0].startswith(f"error: {rig4.hosts[0].mgmt_ip}: cannot reach the Ray cluster at {address}: "
                                "connection refused"), run.stderr
