@@ -154,7 +154,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments
         print(f"stop through Ray: {stop_s:.1f} s")
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
         deployments: RayDeployments, rig4: HostRig, ray4: RayRig, capsys: pytest.CaptureFixture[str]) -> None:
     # Through the Ray client server this time (launch, supervisor and status), not the GCS address.
@@ -171,7 +171,8 @@ def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
     rig4.exec(victim, ["kill", "-KILL", str(engines[0])])
     figures.fault_injected()
     others = [h for h in rig4.hosts if h is not victim]
-    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
+    # Seen in 27 s at load 18 (each Ray poll round is tasks on every node): a bound for a busy machine.
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 120)
     took = time.monotonic() - t0
     status = deployments.failed_status(topo, "ray-kill", 2, victim.mgmt_ip)
     assert status["failure"]["cause"].startswith("exited with status 137")
@@ -180,7 +181,7 @@ def test_worker_engine_killed_after_ready_stops_all_and_status_names_it(
         print(f"\nworker engine killed after ready (Ray): every node stopped {took:.1f} s after the kill")
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_an_agent_actor_dying_stops_its_engine_and_the_group(
         deployments: RayDeployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
     topo = deployments.topology("ray-agent")
@@ -191,7 +192,7 @@ def test_an_agent_actor_dying_stops_its_engine_and_the_group(
     t0 = time.monotonic()
     rig4.exec(victim, ["kill", "-KILL", agent.split()[0]])  # the actor dies; nothing of it can clean up
     figures.fault_injected()
-    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in rig4.hosts), 30)
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in rig4.hosts), 120)
     took = time.monotonic() - t0
     store = StateStore(deployments.state_dir)
     assert wait_for(lambda: store.require("ray-agent").status == "failed", 10)
