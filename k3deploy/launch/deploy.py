@@ -183,6 +183,7 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     head = min(jobs, key=lambda j: j.rank)
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
     gang = Gang(name, jobs, fleet, on_event, probe_from=probe_from)
+    ready = False
     try:
         with store.lock(name):
             old = store.load(name)
@@ -193,29 +194,50 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
         gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
         bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate)
+        ready = True
     finally:
-        gang.close()
+        try:
+            gang.close()
+        except BaseException:
+            # Ctrl-C while the connections close after ready: nobody would watch the nodes.
+            if ready:
+                _unwatched(store, name, factory, on_event, "interrupted; every started node was stopped")
+            raise
     if not background:
         return store.update(name, lambda d: d.model_copy(update={"owner": Identity.me("attach")}))
-    with store.lock(name):
-        try:
-            proc = spawn_supervisor(store, name)
-        except OSError as exc:
-            proc = None
-            error = exc
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with store.lock(name):
+            try:
+                proc = spawn_supervisor(store, name)
+            except OSError as exc:
+                error = exc
+            if proc is not None:
+                dep = store.require(name).model_copy(update={"owner": Identity(
+                    pid=proc.pid, start_ticks=start_ticks(proc.pid), role="supervisor")})
+                store.save(dep)
+                return dep
+    except BaseException:
+        # Ctrl-C between ready and the supervisor owning the record: the supervisor (which waits to be
+        # recorded as owner) is ended, and the nodes are stopped, as for a Ctrl-C at any earlier moment.
         if proc is not None:
-            dep = store.require(name).model_copy(update={"owner": Identity(
-                pid=proc.pid, start_ticks=start_ticks(proc.pid), role="supervisor")})
-            store.save(dep)
-            return dep
+            proc.kill()
+            proc.wait()
+        _unwatched(store, name, factory, on_event, "interrupted; every started node was stopped")
+        raise
     # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
+    _unwatched(store, name, factory, on_event, f"cannot start the supervisor: {error}", status="failed")
+    raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
+
+
+def _unwatched(store: StateStore, name: str, factory: ExecutorFactory, on_event: EventSink, cause: str,
+               status: Status = "stopped") -> None:
+    """Stop a ready gang that no supervisor will watch, recording why."""
     gang = open_gang(store.require(name), factory, on_event)
     try:
-        teardown(gang, store, Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}"),
-                 status="failed", release_owner=True)
+        teardown(gang, store, Failure(rank=None, host=None, cause=cause), status=status, release_owner=True)
     finally:
         gang.close()
-    raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
 
 
 class PreflightFailed(GroupFailed):
