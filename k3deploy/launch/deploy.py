@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import Catalog
@@ -18,14 +17,12 @@ from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
+from k3deploy.launch.preflight_gate import preflight_gate
 from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
-
-if TYPE_CHECKING:
-    from k3deploy.preflight.report import Report
 
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
@@ -238,32 +235,6 @@ def _unwatched(store: StateStore, name: str, factory: ExecutorFactory, on_event:
         teardown(gang, store, Failure(rank=None, host=None, cause=cause), status=status, release_owner=True)
     finally:
         gang.close()
-
-
-class PreflightFailed(GroupFailed):
-    """Launch refused to start: a preflight check failed (exit 4, nothing was started)."""
-
-    def __init__(self, report: Report) -> None:
-        found = report.first_failure()
-        assert found is not None
-        check, v = found
-        super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
-        self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
-        self.hint = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
-
-
-def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
-    """The preflight launch runs on the connected gang's fleet before anything starts; records the verdict."""
-    def gate(gang: Gang) -> None:
-        from k3deploy.preflight.runner import run_preflight
-
-        report = run_preflight(plan, catalog, jobs, gang.fleet)
-        verdict: Literal["passed", "failed"] = "failed" if report.exit_code else "passed"
-        store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
-        if report.exit_code:
-            raise PreflightFailed(report)
-
-    return gate
 
 
 def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:
