@@ -20,6 +20,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, Step, Term, decode_step, p2p_s, prefill
 from k3deploy.planning.plan import Plan, memory_inputs
 from k3deploy.planning.workload import Workload
+from k3deploy.topology.schema import Topology
 
 
 class Prediction(NamedTuple):
@@ -152,3 +153,33 @@ def predict_plan(plan: Plan, catalog: Catalog, w: Workload) -> Prediction:
     cap = plan.capacity
     return predict(perf_inputs(plan, catalog), w, max_running=cap.max_running_requests if cap else None,
                    kv_tokens=cap.kv_tokens if cap else None)
+
+
+def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
+    """`predict` for a loaded topology without its file positions (validate's effort stage): the shape and
+    the caches' capacity as `plan` sizes them; PerfUnknown when the shape is not legal or cannot be timed."""
+    from k3deploy.engines.kinds import engine_family
+    from k3deploy.planning import rules
+    from k3deploy.planning.memory import memory_budget
+    from k3deploy.planning.plan import memory_issues
+    from k3deploy.planning.shape import make_shape
+
+    model, hw = catalog.models.get(t.model.id), catalog.hardware.get(t.hardware.gpu)
+    if model is None or hw is None:
+        raise PerfUnknown(f"the catalog knows no model '{t.model.id}' or accelerator '{t.hardware.gpu}'")
+    family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
+    p = t.parallel
+    shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
+                       nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
+                       num_experts=model.architecture.num_experts)
+    if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
+        raise PerfUnknown("the topology's parallel shape is not legal (`k3deploy plan` says why)")
+    inp = memory_inputs(t, catalog, model, hw, family)
+    budget = memory_budget(model, hw.usable_bytes, shape, inp)
+    _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    pin = PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
+                     ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env))
+    return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
