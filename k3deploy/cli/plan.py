@@ -65,7 +65,7 @@ def plan(
     elif check:
         _check_lines(results)
     else:
-        _show(results, predictions)
+        _show(results, predictions, load is not None)
     codes = {r.exit_code for r in results}
     raise typer.Exit(2 if 2 in codes else 1 if 1 in codes else 0)
 
@@ -111,7 +111,7 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
     return out
 
 
-def _show(results: "list[FileResult]", predictions: "list[Prediction | None]") -> None:
+def _show(results: "list[FileResult]", predictions: "list[Prediction | None]", asked: bool) -> None:
     from rich.text import Text
 
     from k3deploy.planning.report import issue_lines, plan_renderable
@@ -127,6 +127,8 @@ def _show(results: "list[FileResult]", predictions: "list[Prediction | None]") -
                 from k3deploy.planning.perf_report import prediction_renderable
 
                 console.print(prediction_renderable(p))
+            elif asked:
+                console.print(Text("no prediction for --workload: the plan is not feasible", style="yellow"))
         console.print()
 
 

@@ -152,3 +152,10 @@ def test_workload_imports_no_heavy_modules(argv: list[str]) -> None:
 def test_json_workload_draws_no_tables() -> None:
     assert imported_by(["plan", "--json", "topologies/b300-1x8-sglang.yaml", "--workload", LOAD],
                        ["rich.console", "rich.table"]) == []
+
+
+def test_text_says_an_infeasible_plan_gets_no_prediction(tmp_path: Path) -> None:
+    topo = tmp_path / "small.yaml"
+    topo.write_text(yaml.safe_dump(topology_dict(nodes=1, tp=8, ep=8)))  # K3 on one H100 node does not fit
+    r = k3("plan", topo, "--workload", LOAD)
+    assert r.returncode == 1 and "no prediction for --workload: the plan is not feasible" in r.stdout
