@@ -122,6 +122,9 @@ class ModelSpec(Sourced):
     weights: Weights
     cache: CacheDtypes
     quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+    draft_acceptance_length: dict[int, float] = Field(
+        default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
+        "by draft tokens proposed per step")
 
 
 class HardwareSpec(Sourced):

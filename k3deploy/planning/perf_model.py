@@ -71,6 +71,8 @@ class PerfInputs(NamedTuple):
     kv_dtype: str
     ssm_dtype: str
     speed: float = 1.0
+    drafts: int = 0  # speculative draft tokens per step: a step verifies drafts + 1 tokens per request
+    accepted: float = 1.0  # tokens a (verify) step keeps per request
 
     @property
     def attn_groups(self) -> int:
@@ -174,7 +176,8 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     frac, layers, mla, kda = _stage(inp)
     b = max(batch, 1)
     b_attn = math.ceil(b / inp.attn_groups)
-    m_moe = b if inp.experts_span_groups else b_attn
+    q = inp.drafts + 1  # tokens per request in one step (the verify window when speculating)
+    m_moe = (b if inp.experts_span_groups else b_attn) * q
     arch = m.architecture
     touched = 1 - (1 - arch.num_experts_per_token / arch.num_experts) ** m_moe
     fixed = m.weights.non_expert_bytes / s.attn_tp * frac
@@ -186,9 +189,9 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     reads = (fixed + experts + kv + state) / bw
     dense, routed = _params(inp)
     r_dense, r_expert = _rates(inp)
-    flops_dense = b_attn * (2 * dense + _attention_flops(inp, context_tokens, decode=True))
+    flops_dense = b_attn * q * (2 * dense + _attention_flops(inp, context_tokens, decode=True))
     compute = (flops_dense / r_dense + m_moe * 2 * routed / r_expert) / inp.speed
-    coll, coll_how = collectives(inp, b_attn, m_moe)
+    coll, coll_how = collectives(inp, b_attn * q, m_moe)
     overhead = layers * perf.layer_overhead_us * 1e-6 / inp.speed
     gb = 1e9
     terms = (

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, Step, Term, decode_step, p2p_s, prefill
 from k3deploy.planning.plan import Plan, memory_inputs
+from k3deploy.planning.speculation import acceptance, draft_tokens
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.schema import Topology
 
@@ -82,8 +83,10 @@ def perf_inputs(plan: Plan, catalog: Catalog) -> PerfInputs:
     if perf is None:
         raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
     inp = memory_inputs(t, catalog, model, hw, plan.family)
+    drafts = draft_tokens(t.engine.args)
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=plan.family, kv_dtype=inp.kv_dtype,
-                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env))
+                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                      accepted=acceptance(model, drafts))
 
 
 def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
@@ -120,7 +123,7 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     micro = min(running, s.pp)
     step = decode_step(inp, math.ceil(running / micro), w.input_tokens + w.output_tokens / 2)
     hop = p2p_s(inp, math.ceil(running / micro))
-    step_s = s.pp * step.seconds + (s.pp - 1) * hop
+    step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
     stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
     wave = prefill_latency + (queue - 1) * prefill_gap + (w.output_tokens - 1) * step_s
     waiting = max(w.concurrency - running, 0) / w.concurrency * wave
@@ -132,10 +135,11 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
              f"({queue} per attention group)"),
         Term("waiting for a slot", waiting, f"requests beyond {running} wait a wave ({wave:,.1f} s)"),
     )
+    spec = (f", verifying {inp.drafts + 1} tokens per request and keeping {inp.accepted:g}" if inp.drafts else "")
     tpot_terms = (
-        Term("decode step", s.pp * step.seconds, f"batch {running}"
-             + (f" in {micro} micro-batches through {s.pp} stages" if s.pp > 1 else "")),
-        Term("pipeline hand-offs", (s.pp - 1) * hop, f"{s.pp - 1} stage boundaries"),
+        Term("decode step", s.pp * step.seconds / inp.accepted, f"batch {running}"
+             + (f" in {micro} micro-batches through {s.pp} stages" if s.pp > 1 else "") + spec),
+        Term("pipeline hand-offs", (s.pp - 1) * hop / inp.accepted, f"{s.pp - 1} stage boundaries"),
         Term("prefill stalls", stall, f"{(queue - 1) / 2:g} prefills of {prefill_gap * 1000:,.0f} ms over "
              f"{w.output_tokens - 1:,} tokens" if inp.perf.prefill_stalls_decode else
              "this engine decodes beside a prefill"),
@@ -180,6 +184,8 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     perf = catalog.performance.get(t.engine.kind)
     if perf is None:
         raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    drafts = draft_tokens(t.engine.args)
     pin = PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
-                     ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env))
+                     ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                     accepted=acceptance(model, drafts))
     return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
