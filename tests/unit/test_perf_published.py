@@ -87,3 +87,22 @@ def test_recorded_predictions_are_the_models() -> None:
 
 def _flow(d: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in d.items()) + "}"
+
+
+def test_configurations_published_for_one_workload_rank_as_measured() -> None:
+    """Where two cases share hardware and workload (here: B300 with and without DSPARK), the predictions order
+    them as the measurements do, on TPOT and on output tok/s per GPU (differences under 5% are ties)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in CASES:
+        w = c["workload"]
+        groups.setdefault((c["hardware"], w["in"], w["out"], w["concurrency"]), []).append(c)
+    pairs = 0
+    for cases in groups.values():
+        for a in cases:
+            for b in cases:
+                for key in ("tpot_ms", "output_tok_s_per_gpu"):
+                    pa, pb = a["published"][key], b["published"][key]
+                    if pa > 1.05 * pb:
+                        pairs += 1
+                        assert predicted(a)[key] > predicted(b)[key], (a["case"], b["case"], key)
+    assert pairs >= 6
