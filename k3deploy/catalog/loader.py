@@ -52,7 +52,8 @@ def _read(path: Path) -> dict[str, Any]:
         if not isinstance(data.get(section) or [], list):
             raise InputError(f"{path}: `{section}` must be a list of entries with an `id`")
     for section in _MAP_SECTIONS:
-        if not isinstance(data.get(section) or {}, dict):
+        # Only an absent or null section is empty: `planner: []` is a mistake, not nothing.
+        if data.get(section) is not None and not isinstance(data[section], dict):
             raise InputError(f"{path}: `{section}` must be a mapping")
     return data
 
