@@ -162,16 +162,18 @@ def test_a_mapping_section_given_an_empty_non_mapping_is_an_input_error(tmp_path
         load_catalog((tmp_path,))
 
 
+def perf_yaml(hbm_efficiency: float) -> str:
+    """A user catalog overriding SGLang's performance factors."""
+    return ("performance:\n  sglang: {hbm_efficiency: %s, compute_efficiency: 0.3, layer_overhead_us: 20,\n"
+            "    collectives: true, prefill_stalls_decode: true, kda_state_passes: 2,\n"
+            "    sources: {hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d}}\n"
+            % hbm_efficiency)
+
+
 def test_a_user_catalog_can_set_the_performance_factors_of_an_engine(tmp_path: Path) -> None:
-    (tmp_path / "perf.yaml").write_text(
-        "performance:\n  sglang: {hbm_efficiency: 0.7, compute_efficiency: 0.3, layer_overhead_us: 20,\n"
-        "    collectives: true, prefill_stalls_decode: true, kda_state_passes: 2,\n"
-        "    sources: {hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d}}\n")
+    (tmp_path / "perf.yaml").write_text(perf_yaml(0.7))
     assert load_catalog((tmp_path,)).performance["sglang"].hbm_efficiency == 0.7
     (tmp_path / "bad").mkdir()  # another folder: load_catalog caches by folder
-    (tmp_path / "bad" / "perf.yaml").write_text(
-        "performance:\n  sglang: {hbm_efficiency: 1.5, compute_efficiency: 0.3, layer_overhead_us: 20,\n"
-        "    collectives: true, prefill_stalls_decode: true, kda_state_passes: 2,\n"
-        "    sources: {hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d}}\n")
+    (tmp_path / "bad" / "perf.yaml").write_text(perf_yaml(1.5))
     with pytest.raises(InputError, match=r"performance\.sglang\.hbm_efficiency"):
         load_catalog((tmp_path / "bad",))
