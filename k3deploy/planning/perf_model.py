@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 from k3deploy.catalog.specs import EnginePerformance, HardwareSpec, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.shape import Shape
 from k3deploy.planning.memory import heaviest_stage, kda_state_bytes_per_slot, mla_kv_bytes_per_token
-from k3deploy.planning.shape import Shape
 
 BF16 = 2
 

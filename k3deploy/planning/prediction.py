@@ -163,10 +163,10 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     """`predict` for a loaded topology without its file positions (validate's effort stage): the shape and
     the caches' capacity as `plan` sizes them; PerfUnknown when the shape is not legal or cannot be timed."""
     from k3deploy.engines.kinds import engine_family
+    from k3deploy.engines.shape import make_shape
     from k3deploy.planning import rules
     from k3deploy.planning.memory import memory_budget
     from k3deploy.planning.plan import memory_issues
-    from k3deploy.planning.shape import make_shape
 
     model, hw = catalog.models.get(t.model.id), catalog.hardware.get(t.hardware.gpu)
     if model is None or hw is None:

@@ -11,7 +11,7 @@ from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
 from k3deploy.planning.prediction import Prediction, predict
 from k3deploy.planning.search import Candidate, candidates
 from k3deploy.planning.workload import Workload
-from k3deploy.topology.schema import Serving
+from k3deploy.topology.settings import Serving
 
 Objective = Literal["throughput", "latency"]
 OBJECTIVES: tuple[Objective, ...] = ("throughput", "latency")

@@ -164,10 +164,10 @@ def test_a_mapping_section_given_an_empty_non_mapping_is_an_input_error(tmp_path
 
 def perf_yaml(hbm_efficiency: float) -> str:
     """A user catalog overriding SGLang's performance factors."""
-    return ("performance:\n  sglang: {hbm_efficiency: %s, compute_efficiency: 0.3, layer_overhead_us: 20,\n"
-            "    collectives: true, prefill_stalls_decode: true, kda_state_passes: 2,\n"
-            "    sources: {hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d}}\n"
-            % hbm_efficiency)
+    factors = (f"hbm_efficiency: {hbm_efficiency}, compute_efficiency: 0.3, layer_overhead_us: 20, "
+               "collectives: true, prefill_stalls_decode: true, kda_state_passes: 2")
+    sources = "hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d"
+    return f"performance:\n  sglang: {{{factors},\n    sources: {{{sources}}}}}\n"
 
 
 def test_a_user_catalog_can_set_the_performance_factors_of_an_engine(tmp_path: Path) -> None:

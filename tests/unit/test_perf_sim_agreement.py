@@ -40,7 +40,7 @@ def stand_in(speed: str | None) -> tuple[PerfModel, object]:
     if speed is not None:
         engine = plan.topology.engine.model_copy(update={"env": {"K3SIM_SPEED": speed}})
         plan = plan._replace(topology=plan.topology.model_copy(update={"engine": engine}))
-    spec = render_nodes(plan)[0]
+    spec = render_nodes(plan.render_inputs())[0]
     argv = list(spec.argv[spec.argv.index("serve") + 1:])
     env = {**spec.env, **plan.topology.engine.env}
     cfg = resolve_config("sglang", parse_engine_args("sglang", argv), env)
