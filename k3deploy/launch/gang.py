@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
-from k3deploy.executors.http import NodeHttp, serving
+from k3deploy.executors.http import NodeHttp, completes, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.links import blame_link
-from k3deploy.launch.readiness import ProbeFrom, fatal_line
+from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 
@@ -30,6 +30,10 @@ READY_POLL_MAX_S = 0.5
 END_CHECKS = 20
 END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
+# Readiness ends with a one-token completion (a real engine answers /health on deployments that serve nothing);
+# this many server errors in a row from it, while every process runs, fail the start.
+COMPLETION_TIMEOUT_S = 60.0
+SERVER_ERRORS_FAIL = 3
 
 
 class GroupFailed(LaunchError):
@@ -74,6 +78,7 @@ class Gang:
         self.handles: dict[int, ProcessHandle] = {}
         self.final_logs: dict[int, str] = {}  # each node's log end, read by `stop` right after stopping it
         self._head_http: NodeHttp | None = None
+        self._server_errors = 0  # consecutive 5xx answers to the readiness completion
         self._watches: list[NodeWatch] = []
 
     def executor(self, rank: int) -> Executor:
@@ -168,6 +173,11 @@ class Gang:
             rec = exit_record(p.log)
             cause = (f"exited with status {rec[0]}" + _signal_note(rec[0]) if rec is not None
                      else "its process is gone (killed; no exit status was recorded)")
+            if rec is not None and rec[0] == 0:  # vLLM's headless node exits 0 after its worker died
+                cause += " (a serving engine never ends on its own: it failed)"
+            why = cause_line(p.log)
+            if why:
+                cause += f"; its log says: {why}"
             return Failure(rank=p.job.rank, host=p.job.host, cause=cause, log_tail=p.log)
         for p in probes:
             line = fatal_line(p.log) if p.alive else None
@@ -196,6 +206,8 @@ class Gang:
                 asked = time.monotonic()
                 if asked >= next_ask:
                     ok, why = self.head_serving()
+                    if ok:
+                        ok, why = self._head_completes(head)
                     if ok:
                         for job in self.jobs:
                             self._event(job, "ready")
@@ -327,6 +339,22 @@ class Gang:
             via = self.executor(head.rank) if self.probe_from == "head" else None
             self._head_http = NodeHttp(head.ready.url or "", via=via)
         return self._head_http
+
+    def _head_completes(self, head: NodeJob) -> tuple[bool, str]:
+        """Rank 0 answers a one-token completion (an engine that answers /health may serve nothing); the group
+        fails when it keeps answering with a server error while every process still runs."""
+        if head.ready.kind != "http" or not head.ready.url:
+            return True, ""
+        try:
+            ok, status, why = completes(self._readiness_client(), COMPLETION_TIMEOUT_S)
+        except ExecError as exc:
+            return False, str(exc)
+        self._server_errors = self._server_errors + 1 if status >= 500 and status != 503 else 0
+        if self._server_errors >= SERVER_ERRORS_FAIL:
+            self._fail(Failure(rank=head.rank, host=head.host, log_tail=self._tail(head),
+                               cause=f"answers /health but cannot serve: {SERVER_ERRORS_FAIL} completions in a row "
+                                     f"failed ({why})"))
+        return ok, f"health answers, but not a completion yet: {why}" if not ok else ""
 
     def head_serving(self) -> tuple[bool, str]:
         """Rank 0 answers every readiness path, asked from here or as rank 0 itself sees it (`probe_from`:
