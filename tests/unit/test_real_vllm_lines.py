@@ -158,3 +158,10 @@ def test_validate_says_the_deployment_failed_and_runs_nothing_after(tmp_path: Pa
         assert short.status == "pass"
         assert long.status == "fail" and long.detail == f"the deployment failed before this stage: {gone}"
     assert report.exit_code == 1
+
+
+def test_the_line_that_turned_prefix_caching_off_is_recognised() -> None:
+    line = ("(EngineCore pid=230) WARNING 12-01 09:40:41 [cpu.py:170] MLA is enabled on a non-GPU platform; forcing "
+            "chunked prefill and prefix caching to be disabled.")
+    assert any(p.search(line) for p in VLLM.prefix_cache_off)
+    assert not any(p.search("Using CPU_MLA backend.\nprefix caching enabled") for p in VLLM.prefix_cache_off)

@@ -27,6 +27,21 @@ def first_difference(hit: list[str], cold: list[str]) -> str:
     return f"the hit gave {len(hit)} tokens, the cold request {len(cold)}"
 
 
+def cache_off_line(ctx: ValidateContext) -> str | None:
+    """The engine's own line saying it runs without a prefix cache (vLLM on CPU for MLA models), from any node."""
+    from k3deploy.engines.log_lines import log_lines
+    from k3deploy.validate.logscan import last_match
+    from k3deploy.validate.reach import node_logs
+    from k3deploy.validate.stages.kernels import family_of
+
+    patterns = log_lines(family_of(ctx)).prefix_cache_off
+    for _, text in sorted(node_logs(ctx).items()):
+        found = last_match(text.splitlines(), patterns)
+        if found is not None:
+            return found.evidence
+    return None
+
+
 class PrefixCacheStage:
     """Hit size, retrieval on the hit, and hit-versus-cold token equality."""
 
@@ -71,8 +86,11 @@ class PrefixCacheStage:
             problems.append(f"turn 2 cached_tokens not reported (unknown, not zero): start the engine with "
                             f"{CACHE_REPORT_FLAG[dialect]}")
         elif cached is not None and cached < predicted:
+            off = cache_off_line(ctx)
+            why = (f"the engine turned prefix caching off itself: {off}" if off
+                   else f"prefix caching is off or not hitting ({PREFIX_CACHE_FLAG[dialect]})")
             problems.append(f"turn 2 cached_tokens {cached:,} < {predicted:,} predicted (of {prompt:,} prompt "
-                            f"tokens): prefix caching is off or not hitting ({PREFIX_CACHE_FLAG[dialect]})")
+                            f"tokens): {why}")
         elif cached is not None and cached > prompt + SGLANG_CACHED_OVER_PROMPT:
             problems.append(f"turn 2 cached_tokens {cached:,} > prompt_tokens {prompt:,}")
         elif cached is not None and prompt and cached / prompt < settings.min_cache_hit_ratio:
