@@ -76,8 +76,10 @@ def _weight_map(text: bytes, where: str) -> dict[str, str]:
 def create_manifest(directory: Path | str, revision: str | None = None, threads: int = 0) -> Manifest:
     """Hash every file under a checkpoint directory (dot-directories and k3-manifest.json aside)."""
     root = Path(directory)
-    if not (root / INDEX_FILE).is_file():
-        raise InputError(f"{root}: no {INDEX_FILE}; is this a safetensors checkpoint directory?")
+    single = probe.is_single_file(str(root))
+    if not (root / INDEX_FILE).is_file() and not single:
+        raise InputError(f"{root}: no {INDEX_FILE} and no single {probe.SINGLE_FILE}; is this a safetensors "
+                         "checkpoint directory?")
     names = probe.local_files(str(root))
     digests = probe.sha256_files([str(root / n) for n in names], threads)
     missing = [n for n in names if str(root / n) not in digests]
@@ -88,7 +90,15 @@ def create_manifest(directory: Path | str, revision: str | None = None, threads:
         revision = probe.revision_hint(str(root))[0]
     return Manifest(revision=revision, source=f"dir:{root.resolve()}", files=files,
                     config_sha256=files[CONFIG_FILE].sha256 if CONFIG_FILE in files else None,
-                    weight_map=_weight_map((root / INDEX_FILE).read_bytes(), str(root / INDEX_FILE)))
+                    weight_map=_single_map(root) if single else
+                    _weight_map((root / INDEX_FILE).read_bytes(), str(root / INDEX_FILE)))
+
+
+def _single_map(root: Path) -> dict[str, str]:
+    try:
+        return probe.read_weight_map(str(root))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{root / probe.SINGLE_FILE}: unreadable safetensors header ({exc})") from exc
 
 
 def verify_directory(directory: Path | str, manifest: Manifest) -> list[str]:

@@ -114,7 +114,7 @@ def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
                          f"{fmt_gib(need - m.usable_bytes)}",
                          hint="shard wider (more GPUs, higher tp/ep) or use a larger accelerator; "
                          "`k3deploy plan --search` lists shapes that fit"))
-    elif m.kv_pool_bytes <= 0 or m.state_pool_bytes <= 0:
+    elif m.kv_pool_bytes <= 0 or (m.state_pool_bytes <= 0 and m.kda_state_bytes_per_slot > 0):
         out.append(Issue(code="MEM_NO_CACHE", severity="error", path="serving.mem_fraction",
                          message=f"mem_fraction {m.mem_fraction} x usable {fmt_gib(m.usable_bytes)} leaves no cache "
                          f"memory after weights {fmt_gib(m.weights_bytes)}"
