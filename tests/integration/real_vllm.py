@@ -67,7 +67,7 @@ class RealVllm(SimDeployments):
         super().__init__(rig, checkpoints["llama"], tmp, launch, env)
         self.vllm, self.checkpoints = vllm, checkpoints
 
-    def real_topology(self, name: str, model: str = "llama", *, tp: int = 2, dp: int = 1,
+    def real_topology(self, name: str, model: str = "llama", *, tp: int = 2, dp: int = 1, hosts: int = 2,
                       args: dict[str, Any] | None = None, validate: dict[str, Any] | None = None,
                       launch: dict[str, Any] | None = None) -> Path:
         """One engine per host: TP across the hosts (`--nnodes`) or DP ranks per host."""
@@ -75,9 +75,10 @@ class RealVllm(SimDeployments):
             "name": name,
             "model": {"id": MODELS[model], "path": str(self.checkpoints[model])},
             "hardware": {"gpu": "cpu-host", "gpus_per_node": 1},
-            "nodes": [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts],
+            "nodes": [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts[:hosts]],
             "engine": {"kind": "vllm", "port": 18000, "launcher": [str(self.vllm), "serve"],
-                       "args": {"--enforce-eager": True, **(args or {})},
+                       # eager: 20-40 s less start-up; the tokenizer is the checkpoint's own, not K3's
+                       "args": {"--enforce-eager": True, "--tokenizer-mode": "auto", **(args or {})},
                        # KV cache by size, not a share of host RAM; no CPU pinning (2 shared cores); compile
                        # cache in the test's scratch (real-engines.md)
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -87,8 +88,10 @@ class RealVllm(SimDeployments):
             "launch": {"port": 29500, "ready_timeout_s": READY_TIMEOUT_S, "stop_grace_s": 5,
                        "log_dir": str(self.tmp / "logs"), "state_dir": str(self.state_dir),
                        **self.launch_defaults, **(launch or {})},
+            # A random-weights model never stops on its own and decodes at 1-5 tokens/s here: small budgets.
             "validate": {"concurrency": 2, "effort_requests": 2, "effort_prompt_tokens": 64, "effort_max_tokens": 8,
-                         "answer_max_tokens": 16, "request_timeout_s": 300, **(validate or {})},
+                         "answer_max_tokens": 16, "short_max_tokens": 16, "request_timeout_s": 300,
+                         "cache_block_tokens": 128, "prefix_cache_tokens": 1600, **(validate or {})},
         }
         self.names.append(name)
         path = self.tmp / f"{name}.yaml"

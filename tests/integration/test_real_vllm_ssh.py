@@ -78,7 +78,7 @@ def failed_cleanly(real: RealVllm, topo: Path, name: str, rank: int, cause: str)
 
 def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails_the_group(
         real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
-    topo = real.real_topology("rv-dense", validate={"cache_block_tokens": 128, "prefix_cache_tokens": 1600})
+    topo = real.real_topology("rv-dense")
     launched(real, topo, capsys, "dense TP 2 (--nnodes)")
     t0 = time.monotonic()
     stages = real.validate(topo)
@@ -90,7 +90,7 @@ def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails
     assert all(n["detail"].startswith("no MoE kernel (a dense model), attention ") for n in kernels["nodes"]), kernels
     assert topology["status"] == "pass", topology
     assert [n["detail"] for n in topology["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP0 PP0 TP1 EPN/A"]
-    assert "world_size=2" in topology["evidence"] and "TP rank 1, ETP rank 1, EP rank N/A" in topology["evidence"]
+    assert "world_size=2" in topology["evidence"]
     cached = prefix["results"]["cached_tokens"]
     assert cached and cached % 128 == 0 and cached >= prefix["results"]["predicted_cached_tokens"], prefix
     assert "hit and cold" in prefix["detail"] or prefix["status"] == "fail", prefix
@@ -108,7 +108,7 @@ def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails
 
 def test_mla_moe_tp2_names_its_cpu_kernels_and_fails_prefix_cache_then_rank0_killed(
         real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
-    topo = real.real_topology("rv-mla", "deepseek", validate={"cache_block_tokens": 128, "prefix_cache_tokens": 1600})
+    topo = real.real_topology("rv-mla", "deepseek")
     launched(real, topo, capsys, "MLA+MoE TP 2")
     stages = real.validate(topo, "--only", "kernels,topology,prefix-cache")
     kernels, topology, prefix = stages["kernels"], stages["topology"], stages["prefix-cache"]
@@ -128,12 +128,12 @@ def test_mla_moe_tp2_names_its_cpu_kernels_and_fails_prefix_cache_then_rank0_kil
 
 def test_data_parallel_2_across_hosts_starts_and_serves_from_both_engines(
         real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
-    topo = real.real_topology("rv-dp", tp=1, dp=2, validate={"cache_block_tokens": 128, "prefix_cache_tokens": 1600})
+    topo = real.real_topology("rv-dp", tp=1, dp=2)
     rec = launched(real, topo, capsys, "dense DP 2 (per-node DP form)")
     head_cmd, worker_cmd = rec["jobs"][0]["command"], rec["jobs"][1]["command"]
     assert "--data-parallel-start-rank" not in head_cmd and "--data-parallel-start-rank 1" in worker_cmd
-    stages = real.validate(topo, "--only", "kernels,topology,short,effort")
-    assert stages["topology"]["status"] == "pass", stages["topology"]
+    stages = real.validate(topo, "--only", "kernels,topology,effort")
+    assert {n: s["status"] for n, s in stages.items()} == {"kernels": "pass", "topology": "pass", "effort": "pass"}, stages
     assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP1 PP0 TP0 EPN/A"]
     metrics = real.rig.exec(real.rig.hosts[0].name, ["python3", "-c", (
         "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:18000/metrics').read().decode())")])
@@ -164,8 +164,9 @@ def test_a_killed_headless_main_process_fails_the_group(real: RealVllm, capsys: 
 
 def test_a_model_that_answers_health_and_dies_on_its_first_request_is_a_failed_launch(
         real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
-    # head_dim 16: vLLM's CPU attention has no kernel for it; /health answers 200 until the first request.
-    topo = real.real_topology("rv-hd16", "llama16")
+    # head_dim 16: vLLM's CPU attention has no kernel for it; /health answers 200 until the first request. One
+    # host is enough. Preflight is skipped: this checkpoint differs from tiny-llama's catalog entry on purpose.
+    topo = real.real_topology("rv-hd16", "llama16", tp=1, hosts=1)
     t0 = time.monotonic()
     run = real.run("launch", str(topo), "--json", "--skip-preflight")
     with capsys.disabled():

@@ -24,7 +24,7 @@ VLLM = log_lines("vllm")
 # Recorded (process prefix and time as vLLM's logger writes them).
 MOE_TP1 = ("(Worker_TP1 pid=412) INFO 12-01 09:41:07 [parallel_state.py:1414] rank 1 in world size 2 is assigned as "
            "DP rank 0, PP rank 0, PCP rank 0, TP rank 1, ETP rank 1, EP rank 1, EPLB rank N/A")
-DENSE_TP1 = ("(Worker_TP1 pid=388) INFO 12-01 09:38:52 [parallel_state.py:1414] rank 1 in world size 2 is assigned as "
+DENSE_TP1 = ("(Worker pid=45) INFO 12-01 09:57:54 [parallel_state.py:2350] rank 1 in world size 2 is assigned as "
              "DP rank 0, PP rank 0, PCP rank 0, TP rank 1, ETP rank 1, EP rank N/A, EPLB rank N/A")
 MLA_MOE_KERNELS = [
     "(Worker_TP0 pid=301) INFO 12-01 09:40:58 [cpu.py:191] Using CPU_MLA backend.",
