@@ -30,6 +30,8 @@ READY_POLL_MAX_S = 0.5
 END_CHECKS = 20
 END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
+# Where an ended engine's cause is looked for: vLLM's shutdown prints dozens of lines after it (leak reports).
+CAUSE_TAIL_LINES = 400
 # Readiness ends with a one-token completion (a real engine answers /health on deployments that serve nothing);
 # this many server errors in a row from it, while every process runs, fail the start.
 COMPLETION_TIMEOUT_S = 60.0
@@ -175,7 +177,7 @@ class Gang:
                      else "its process is gone (killed; no exit status was recorded)")
             if rec is not None and rec[0] == 0:  # vLLM's headless node exits 0 after its worker died
                 cause += " (a serving engine never ends on its own: it failed)"
-            why = cause_line(p.log)
+            why = cause_line(p.log) or cause_line(self._tail(p.job, CAUSE_TAIL_LINES))
             if why:
                 cause += f"; its log says: {why}"
             return Failure(rank=p.job.rank, host=p.job.host, cause=cause, log_tail=p.log)
@@ -277,12 +279,12 @@ class Gang:
             time.sleep(END_CHECK_WAIT_S)
         watch.refollow(rank, delay_s=REFOLLOW_DELAY_S)
 
-    def _tail(self, job: NodeJob) -> str:
+    def _tail(self, job: NodeJob, lines: int = LOG_TAIL_LINES) -> str:
         handle = self.handles.get(job.rank)
         if handle is None:
             return ""
         try:
-            return self.executor(job.rank).read_log(handle, LOG_TAIL_LINES)
+            return self.executor(job.rank).read_log(handle, lines)
         except ExecError:
             return ""
 

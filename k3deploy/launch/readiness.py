@@ -35,13 +35,13 @@ _EXCEPTION_RE = re.compile(r"(?:^|[\s\]|)])(?:[A-Za-z_][\w.]*)?(?:Error|Exceptio
 
 
 def cause_line(log_text: str) -> str | None:
-    """The line of a node's log that says why its engine ended (a worker's death first, else the last exception)."""
+    """The line of a node's log end that says why its engine ended: a worker's death, else the first exception
+    line (the root: vLLM's worker raises, then its engine core and API server re-raise around it)."""
     lines = [line.strip() for line in log_text.splitlines()]
     died = next((line for line in lines if _DIED_RE.search(line)), None)
     if died is not None:
         return died
-    return next((line for line in reversed(lines) if _EXCEPTION_RE.search(line) and not _STACK_FRAME_RE.match(line)),
-                None)
+    return next((line for line in lines if _EXCEPTION_RE.search(line) and not _STACK_FRAME_RE.match(line)), None)
 
 
 def fatal_line(log_text: str) -> str | None:

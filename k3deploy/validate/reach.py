@@ -61,7 +61,7 @@ def deployment_failure(ctx: ValidateContext) -> str | None:
             ex = ctx.fleet.executor(node.rank)
             if ex.alive(node.handle):
                 continue
-            tail = ex.read_log(node.handle, 40)
+            tail = ex.read_log(node.handle, 400)  # vLLM's shutdown prints dozens of lines after the cause
         except ExecError:
             continue  # a node that cannot be asked is not called dead
         rec = exit_record(tail)
