@@ -15,6 +15,7 @@ from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, completes, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
+from k3deploy.launch.ipc import remove_ipc_dir, with_ipc_dir
 from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
@@ -124,8 +125,9 @@ class Gang:
         def one(rank: int, ex: Executor) -> ProcessHandle:
             job = jobs[rank]
             self._event(job, "starting")
-            handle = ex.start(job.command, job.log_path, workdir=posixpath.dirname(job.log_path) or "/",
-                              tag=job.tag(self.name, run_id))
+            tag = job.tag(self.name, run_id)
+            handle = ex.start(with_ipc_dir(job.command, tag), job.log_path,
+                              workdir=posixpath.dirname(job.log_path) or "/", tag=tag)
             self.handles[rank] = handle
             if on_started is not None:
                 on_started(job, handle)
@@ -304,6 +306,11 @@ class Gang:
                 what = f"unreachable: {exc}"
                 self._event(job, "failed", what)
                 return what
+            if gone:  # the sockets of processes that survived stay with them
+                try:
+                    ex.run(remove_ipc_dir(handle.tag), timeout_s=60)
+                except ExecError:
+                    pass  # stopped all the same; a later launch uses a new directory
             what = "stopped" if gone else "processes survived SIGKILL"
             self._event(job, "stopped") if gone else self._event(job, "failed", what)
             if log_lines:

@@ -27,9 +27,11 @@ READS = {
     "pairing": ("engine.kind", "model.revision"),
     "engine": ("engine", "parallel", "serving", "launch", "model.path"),
     "memory": ("parallel", "serving", "hardware", "engine.kind", "engine.mimic"),
+    "budgets": ("validate", "serving.context_length"),
 }
 CHECKS = {"node": "node checks (ranks, addresses)", "legality": "parallel legality",
-          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget"}
+          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget",
+          "budgets": "validate request budgets"}
 
 
 class Capacity(NamedTuple):
@@ -184,6 +186,8 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     shape = memory = capacity = None
     if "node" not in blocked:
         issues += list(rules.node_rules(t))
+    if "budgets" not in blocked:
+        issues += list(rules.budget_rules(t))
     if model is None:
         issues.append(_not_checked([g for g in ("legality", "pairing", "engine", "memory") if g not in blocked],
                                    "until model.id names a known model", "model.id"))

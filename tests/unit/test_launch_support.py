@@ -23,6 +23,11 @@ def opt(name, default=None):
 rank = int(opt("--node-rank", "0")); port = int(opt("--port"))
 host = os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
 print(f"fake engine rank {rank} up", flush=True)
+import socket, tempfile, uuid
+ipc = []  # as vLLM binds its ZMQ IPC sockets: $VLLM_RPC_BASE_PATH/<uuid4>, never unlinked when killed
+for _ in range(int(os.environ.get("FAKE_IPC_SOCKETS", "0"))):
+    ipc.append(socket.socket(socket.AF_UNIX))
+    ipc[-1].bind(os.path.join(os.environ.get("VLLM_RPC_BASE_PATH", tempfile.gettempdir()), str(uuid.uuid4())))
 if os.environ.get("FAKE_EXIT_RANK") == str(rank):
     time.sleep(float(os.environ.get("FAKE_EXIT_AFTER_S", "0.3")))
     print(os.environ.get("FAKE_EXIT_LINE", "fake engine: worker crashed"), flush=True)

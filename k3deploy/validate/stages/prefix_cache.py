@@ -13,7 +13,7 @@ from k3deploy.validate import haystack
 from k3deploy.validate.chat import CACHE_REPORT_FLAG, PREFIX_CACHE_FLAG, Chat, effort_fields, effort_via
 from k3deploy.validate.reach import rank0_http
 from k3deploy.validate.stage import StageResult, ValidateContext
-from k3deploy.validate.stages.long import RETRIEVAL_EFFORT, retrieval_line, sized
+from k3deploy.validate.stages.long import RETRIEVAL_EFFORT, retrieval_line, sized, sizing_failed
 from k3deploy.validate.streamed import StreamRecord
 
 SGLANG_CACHED_OVER_PROMPT = 2  # SGLang may report cached_tokens up to 2 above prompt_tokens (a think stub)
@@ -58,9 +58,8 @@ class PrefixCacheStage:
         with rank0_http(ctx, settings.request_timeout_s) as http:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts)
-            if sizing is None:
-                return StageResult(name=self.name, status="fail", seconds=round(time.monotonic() - start, 3),
-                                   detail="short calibration requests failed: no usage.prompt_tokens")
+            if isinstance(sizing, str):
+                return sizing_failed(self.name, sizing, time.monotonic() - start)
             notes = haystack.haystack(sizing.sentences_for(min(settings.prefix_cache_tokens, limit)), facts,
                                       uuid.uuid4().hex[:12])
             turn1 = [{"role": "user", "content": notes + "\n\nSummarise the notes in one sentence."}]
