@@ -99,17 +99,16 @@ def test_the_line_that_says_why_an_engine_ended() -> None:
     assert cause_line("INFO all good\n[k3deploy] exited with status 143 at 2.0") is None
     # The head_dim 16 model's first request (recorded): the worker raises, the engine core and the API server
     # re-raise around it; the root is the first.
-    hd16 = [
-        "(Worker pid=46) ERROR 12-01 10:12:48 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention "
-        "configuration: head_dim=16 isa=2 kv_cache_idx=0",
-        "(EngineCore pid=35) ERROR 12-01 10:12:48 [core.py:1512]     raise RuntimeError(",
-        "(EngineCore pid=35) ERROR 12-01 10:12:48 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported "
-        "CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for "
-        "the root cause",
-        "(APIServer pid=12) ERROR 12-01 10:12:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
-        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-        'INFO:     10.231.217.1:47938 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error',
-        "nanobind: leaked 4 instances!", "[k3deploy] exited with status 0 at 1796119971.302101912"]
+    root = ("(Worker pid=46) ERROR 12-01 10:12:48 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU "
+            "attention configuration: head_dim=16 isa=2 kv_cache_idx=0")
+    again = ("(EngineCore pid=35) ERROR 12-01 10:12:48 [core.py:1512] RuntimeError: Worker failed with error "
+             "'Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack "
+             "trace above for the root cause")
+    dead = ("(APIServer pid=12) ERROR 12-01 10:12:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    hd16 = [root, "(EngineCore pid=35) ERROR 12-01 10:12:48 [core.py:1512]     raise RuntimeError(", again, dead,
+            'INFO:     10.231.217.1:47938 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error',
+            "nanobind: leaked 4 instances!", "[k3deploy] exited with status 0 at 1796119971.302101912"]
     assert cause_line("\n".join(hd16)) == hd16[0]
 
 
