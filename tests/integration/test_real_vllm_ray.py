@@ -17,7 +17,7 @@ from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

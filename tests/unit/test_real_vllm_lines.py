@@ -75,6 +75,8 @@ def test_cpu_mla_and_moe_backend_lines_are_read_and_named() -> None:
     assert any(p.startswith("MoE kernel CPUUnquantizedExperts (unquantized experts), needs Marlin W4A16")
                for p in hopper.problems), hopper.problems
     assert any("attention backend CPU_MLA, needs flashmla" in p for p in hopper.problems), hopper.problems
+    amx = read_kernels("Using AMX_MLA backend.\nUsing X86CPUUnquantizedExperts MoE backend", VLLM, no_rule)
+    assert amx.summary == "MoE X86CPUUnquantizedExperts (unquantized experts), attention AMX_MLA"  # seen on the rig
     oracle = read_kernels(MLA_MOE_KERNELS[2], VLLM, no_rule)
     assert oracle.summary.startswith("MoE CPU (unquantized experts)")
 
