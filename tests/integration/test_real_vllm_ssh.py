@@ -121,9 +121,17 @@ def test_mla_moe_tp2_names_its_cpu_kernels_and_fails_prefix_cache_then_rank0_kil
     assert re.search(r"Using \w*CPUUnquantizedExperts MoE backend", kernels["evidence"]), kernels
     assert [n["detail"] for n in topology["nodes"]] == ["DP0 PP0 TP0 EP0", "DP0 PP0 TP1 EP1"], topology
     assert topology["status"] == "pass", topology
-    assert prefix["status"] == "fail", prefix
-    assert ("the engine turned prefix caching off itself: " in prefix["detail"]
-            and "forcing chunked prefill and prefix caching to be disabled" in prefix["detail"]), prefix
+    # vLLM turns prefix caching off for MLA on some CPUs (`MLA is enabled on a non-GPU platform; forcing chunked
+    # prefill and prefix caching to be disabled.`, real-engines.md), not on AMX hosts (AMX_MLA: seen caching
+    # here). The stage must follow what this engine did.
+    logs = real.run("logs", str(topo), "--lines", "5000").stdout
+    if "prefix caching to be disabled" in logs:
+        assert prefix["status"] == "fail", prefix
+        assert ("the engine turned prefix caching off itself: " in prefix["detail"]
+                and "forcing chunked prefill and prefix caching to be disabled" in prefix["detail"]), prefix
+    else:
+        cached = prefix["results"]["cached_tokens"]
+        assert cached and cached % 128 == 0 and "cached_tokens" not in prefix["detail"], prefix
 
     kill(real.rig, real.rig.hosts[0].name, engine_main(real.rig, real.rig.hosts[0].name).pid)
     failed_cleanly(real, topo, "rv-mla", 0, r"exited with status|its process is gone")
@@ -137,7 +145,8 @@ def test_data_parallel_2_across_hosts_starts_and_serves_from_both_engines(
     assert "--data-parallel-start-rank" not in head_cmd and "--data-parallel-start-rank 1" in worker_cmd
     stages = real.validate(topo, "--only", "kernels,topology,effort")
     assert {n: s["status"] for n, s in stages.items()} == {"kernels": "pass", "topology": "pass", "effort": "pass"}, stages
-    assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP1 PP0 TP0 EPN/A"]
+    # Each DP replica of a dense model is an engine (and a world) of its own: DP rank 0 on both nodes.
+    assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP0 PP0 TP0 EPN/A"]
     metrics = real.rig.exec(real.rig.hosts[0].name, ["python3", "-c", (
         "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:18000/metrics').read().decode())")])
     served = {m.group(1): float(m.group(2)) for m in re.finditer(

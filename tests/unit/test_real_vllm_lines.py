@@ -55,6 +55,16 @@ def test_a_dense_model_has_no_ep_group_and_passes_as_ep_n_a() -> None:
     assert wrong.status == "fail" and "logs as DP0 PP0 TP1 EPN/A, the plan puts DP0 PP0 TP0 EPN/A here" in wrong.detail
 
 
+def test_each_dp_replica_of_a_dense_model_is_a_world_of_its_own() -> None:
+    # Recorded on the headless node of `-dp 2 -dpl 1 -dpr 1` (the rendered DP form, TP 1).
+    dp1 = ("(Worker pid=40) INFO 12-01 10:28:05 [parallel_state.py:2350] rank 0 in world size 1 is assigned as DP rank "
+           "0, PP rank 0, PCP rank 0, TP rank 0, ETP rank 0, EP rank N/A, EPLB rank N/A")
+    dp_shape = make_shape("vllm", tp=1, ep=1, dp=2, pp=1, dcp=1, attention_dp=False, nnodes=2, gpus_per_node=1,
+                          num_experts=0)
+    got = node_row(1, "h02", 1, dp1, dp_shape, "vllm", VLLM, moe=False)
+    assert (got.status, got.detail) == ("pass", "DP0 PP0 TP0 EPN/A"), got
+
+
 def test_a_rank_line_in_another_format_is_quoted_not_called_missing() -> None:
     odd = DENSE_TP1.replace("DP rank 0, PP rank 0", "DP rank 0, VPP rank 0, PP rank 0")
     got = node_row(1, "h02", 1, odd, shape(2), "vllm", VLLM, moe=True)  # type: ignore[arg-type]

