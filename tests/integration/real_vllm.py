@@ -32,7 +32,7 @@ class Proc:
 
 def host_procs(rig: HostRig, host: str) -> list[Proc]:
     """Every process of a host but its sshd."""
-    out = rig.exec(host, ["ps", "-eo", "pid=,ppid=,args="]).stdout
+    out = rig.exec(host, ["ps", "-ww", "-eo", "pid=,ppid=,args="]).stdout  # -ww: whole command lines
     procs = []
     for line in out.splitlines():
         pid, ppid, args = line.split(None, 2)
