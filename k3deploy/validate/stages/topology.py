@@ -89,9 +89,12 @@ def reported_vllm(logs: Mapping[int, str], patterns: LogLines, num_experts: int)
             args = ast.literal_eval(args_line.group("args"))
         except (ValueError, SyntaxError):
             args = {}
-        shown = ", ".join(f"{k}: {args[k]!r}" for k in (*VLLM_KEYS, "enable_expert_parallel") if k in args)
+        keys = (*VLLM_KEYS, "data_parallel_size_local", "enable_expert_parallel")
+        shown = ", ".join(f"{k}: {args[k]!r}" for k in keys if k in args)
         evidence.append(f"rank 0's non-default args: {{{shown}}}")
     got = {field: int(args.get(key) or 1) for key, field in VLLM_KEYS.items()}
+    if args.get("data_parallel_size_local") and "nnodes" not in args:  # the per-node DP form: no --nnodes
+        got["nnodes"] = -(-got["dp"] // int(args["data_parallel_size_local"]))
     world = last_match(lines, [patterns.world]) if patterns.world is not None else None
     if world is not None:
         got["world_size"] = int(world.group("world"))
