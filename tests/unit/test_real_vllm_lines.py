@@ -65,6 +65,19 @@ def test_each_dp_replica_of_a_dense_model_is_a_world_of_its_own() -> None:
     assert (got.status, got.detail) == ("pass", "DP0 PP0 TP0 EPN/A"), got
 
 
+def test_the_per_node_dp_form_counts_its_nodes_without_nnodes() -> None:
+    from k3deploy.validate.stages.topology import reported_vllm
+
+    head = ("(MainProcess pid=12) INFO 12-01 10:23:59 [api_utils.py:286] non-default args: {'model_tag': "
+            "'/ckpt/tiny-llama', 'api_server_count': 2, 'data_parallel_size': 2, 'data_parallel_size_local': 1, "
+            "'data_parallel_address': '10.231.225.11', 'data_parallel_rpc_port': 29500, 'max_num_seqs': 4}\n"
+            "(Worker pid=64) INFO 12-01 10:32:47 [parallel_state.py:1906] world_size=1 rank=0 local_rank=0 "
+            "distributed_init_method=file:///tmp/vllm_dist_7155 backend=gloo")
+    got, evidence = reported_vllm({0: head}, VLLM, 0)
+    assert (got["dp"], got["nnodes"], got["world_size"], got["tp"]) == (2, 2, 1, 1), got
+    assert "data_parallel_size_local: 1" in evidence
+
+
 def test_a_rank_line_in_another_format_is_quoted_not_called_missing() -> None:
     odd = DENSE_TP1.replace("DP rank 0, PP rank 0", "DP rank 0, VPP rank 0, PP rank 0")
     got = node_row(1, "h02", 1, odd, shape(2), "vllm", VLLM, moe=True)  # type: ignore[arg-type]
