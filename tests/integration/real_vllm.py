@@ -43,7 +43,7 @@ def host_procs(rig: HostRig, host: str) -> list[Proc]:
 
 def engine_main(rig: HostRig, host: str) -> Proc:
     """The `vllm serve` process of a host (the one the launch wrapper runs)."""
-    found = [p for p in host_procs(rig, host) if " serve " in f" {p.args} " and "bin/vllm" in p.args]
+    found = [p for p in host_procs(rig, host) if "bin/vllm serve " in p.args and not p.args.startswith("sh ")]
     assert len(found) == 1, host_procs(rig, host)
     return found[0]
 
