@@ -36,7 +36,7 @@ def test_the_engines_error_is_the_reason_when_nothing_fits() -> None:
     chat = FakeChat(per_sentence=60, context=300)
     why = sized(chat, haystack.facts_at([0.5]))  # type: ignore[arg-type]
     assert why == HTTP_400
-    result = sizing_failed("long", why, 1.0)
+    result = sizing_failed("long", why)
     assert result.status == "fail" and "HTTP 400" in result.detail and "maximum context length" in result.detail
     assert "usage.prompt_tokens" not in result.detail
 

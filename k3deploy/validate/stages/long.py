@@ -2,7 +2,6 @@
 facts planted at several depths of it come back (a lost linear-attention state still answers fluently)."""
 from __future__ import annotations
 
-import time
 import uuid
 
 from k3deploy.validate import haystack
@@ -28,9 +27,9 @@ def sized(chat: Chat, facts: list[haystack.Fact], extra: str = "",
     return haystack.calibrate(count)
 
 
-def sizing_failed(name: str, why: str, seconds: float) -> StageResult:
+def sizing_failed(name: str, why: str) -> StageResult:
     """The stage's result when its prompt could not be sized: the engine's own answer, not a missing field."""
-    return StageResult(name=name, status="fail", seconds=round(seconds, 3),
+    return StageResult(name=name, status="fail",
                        detail=f"sizing the prompt with the engine's tokenizer failed: {why[:300]}", evidence=why)
 
 
@@ -61,7 +60,6 @@ class LongStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Size the prompt with the engine's tokenizer, send it, check tokens and facts."""
-        start = time.monotonic()
         settings, context = ctx.topology.validate_, ctx.topology.serving.context_length
         wanted = settings.long_request_tokens or int(context * settings.long_request_fraction)
         target = min(wanted, context - settings.answer_max_tokens)
@@ -71,20 +69,20 @@ class LongStage:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts, closing)
             if isinstance(sizing, str):
-                return sizing_failed(self.name, sizing, time.monotonic() - start)
+                return sizing_failed(self.name, sizing)
             sentences = sizing.sentences_for(target)
             expected = sizing.tokens_for(sentences)
             text = haystack.haystack(sentences, facts, uuid.uuid4().hex[:12]) + closing
             rec = chat.ask([{"role": "user", "content": text}], settings.answer_max_tokens,
                            **effort_fields(RETRIEVAL_EFFORT, effort_via(ctx)))
             note = context_note(chat, context) if rec.error else ""
-        return self._result(rec, facts, expected, target, wanted, note, time.monotonic() - start)
+        return self._result(rec, facts, expected, target, wanted, note)
 
     def _result(self, rec: StreamRecord, facts: list[haystack.Fact], expected: int, target: int, wanted: int,
-                note: str, seconds: float) -> StageResult:
+                note: str) -> StageResult:
         clamp = f" (asked {wanted:,}, less answer room)" if target < wanted else ""
         if rec.error is not None:
-            return StageResult(name=self.name, status="fail", seconds=round(seconds, 3),
+            return StageResult(name=self.name, status="fail",
                                detail=f"a {expected:,}-token request{clamp} failed: {rec.error[:200]}{note}",
                                evidence=rec.error)
         got, tol = rec.prompt_tokens or 0, prompt_tolerance(expected)
@@ -101,7 +99,7 @@ class LongStage:
         detail += retrieval_line(found) if not problems else f"{ttft}"
         evidence = f"answer: {rec.content[:400]!r}" + (f"; reasoning: {rec.reasoning[:120]!r}" if problems else "")
         return StageResult(name=self.name, status="fail" if problems else "pass", detail=detail,
-                           seconds=round(seconds, 3), evidence=evidence,
+                           evidence=evidence,
                            results={"prompt_tokens": got, "expected_prompt_tokens": expected,
                                     "ttft_ms": round((rec.ttft_s or 0) * 1000, 1),
                                     "retrieved": {f"{d:.0%}": ok for d, ok in found.items()}})
