@@ -8,11 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.errors import InputError
-from k3deploy.validate.probes import shards as probe
+from k3deploy.probes import shard_inventory as probe
+from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE, SINGLE_FILE
+from k3deploy.probes.shard_structure import is_single_file, read_weight_map
 
-INDEX_FILE = probe.INDEX_FILE
-CONFIG_FILE = probe.CONFIG_FILE
-MANIFEST_FILE = probe.MANIFEST_FILE
 FORMAT: Literal["k3deploy-manifest/1"] = "k3deploy-manifest/1"
 
 
@@ -76,9 +75,9 @@ def _weight_map(text: bytes, where: str) -> dict[str, str]:
 def create_manifest(directory: Path | str, revision: str | None = None, threads: int = 0) -> Manifest:
     """Hash every file under a checkpoint directory (dot-directories and k3-manifest.json aside)."""
     root = Path(directory)
-    single = probe.is_single_file(str(root))
+    single = is_single_file(str(root))
     if not (root / INDEX_FILE).is_file() and not single:
-        raise InputError(f"{root}: no {INDEX_FILE} and no single {probe.SINGLE_FILE}; is this a safetensors "
+        raise InputError(f"{root}: no {INDEX_FILE} and no single {SINGLE_FILE}; is this a safetensors "
                          "checkpoint directory?")
     names = probe.local_files(str(root))
     digests = probe.sha256_files([str(root / n) for n in names], threads)
@@ -96,9 +95,9 @@ def create_manifest(directory: Path | str, revision: str | None = None, threads:
 
 def _single_map(root: Path) -> dict[str, str]:
     try:
-        return probe.read_weight_map(str(root))
+        return read_weight_map(str(root))
     except (OSError, ValueError) as exc:
-        raise InputError(f"{root / probe.SINGLE_FILE}: unreadable safetensors header ({exc})") from exc
+        raise InputError(f"{root / SINGLE_FILE}: unreadable safetensors header ({exc})") from exc
 
 
 def verify_directory(directory: Path | str, manifest: Manifest) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.preflight.context import Context
-from k3deploy.preflight.node_facts import checkpoint_facts
+from k3deploy.probes.node_facts import checkpoint_facts
 from tests.realengine.checkpoints import write_llama
 from tests.unit.test_preflight_checks import ENGINE_OK, ctx, judge
 

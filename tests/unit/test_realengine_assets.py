@@ -10,7 +10,7 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.checkpoint.manifest import Manifest, verify_directory
 from k3deploy.planning.memory import mla_kv_bytes_per_token
-from k3deploy.validate.probes import shards as probe
+from k3deploy.probes import shard_names, shard_structure
 from k3deploy.validate.stages.shards import config_expectations
 from tests.realengine.checkpoints import (
     CATALOG_DIR,
@@ -44,7 +44,7 @@ def test_catalog_entry_matches_the_written_checkpoint(written: dict[str, Path], 
     assert spec.weights.routed_expert_bytes == experts
     root = written[model_id]
     on_disk = json.loads((root / "config.json").read_text())
-    assert probe.config_problems(on_disk, config_expectations(spec)) == []
+    assert shard_structure.config_problems(on_disk, config_expectations(spec)) == []
     assert len(config_expectations(spec)) >= 8  # the entry is checked against config.json, not skipped
 
 
@@ -52,28 +52,28 @@ def test_catalog_entry_matches_the_written_checkpoint(written: dict[str, Path], 
 def test_single_file_checkpoint_passes_the_structure_check_and_has_a_manifest(written: dict[str, Path],
                                                                              model_id: str) -> None:
     root = written[model_id]
-    assert not (root / probe.INDEX_FILE).exists() and (root / probe.SINGLE_FILE).is_file()
+    assert not (root / shard_names.INDEX_FILE).exists() and (root / shard_names.SINGLE_FILE).is_file()
     spec = load_catalog((CATALOG_DIR,)).model(model_id)
-    assert probe.structure(str(root), config_expectations(spec), workers=1) == []
+    assert shard_structure.structure(str(root), config_expectations(spec), workers=1) == []
     manifest = Manifest.load(root)
-    assert probe.SINGLE_FILE in manifest.files and len(manifest.weight_map) == len(CASES[model_id][1](
+    assert shard_names.SINGLE_FILE in manifest.files and len(manifest.weight_map) == len(CASES[model_id][1](
         CASES[model_id][2]()))
     assert verify_directory(root, manifest) == []
 
 
 def test_a_damaged_single_file_is_caught(tmp_path: Path) -> None:
     root = write_llama(tmp_path / "llama")
-    blob = (root / probe.SINGLE_FILE).read_bytes()
-    (root / probe.SINGLE_FILE).write_bytes(blob[: len(blob) // 2])
-    found = probe.structure(str(root), {}, workers=1)
-    assert [p["file"] for p in found] == [probe.SINGLE_FILE] and "bytes short" in found[0]["message"], found
+    blob = (root / shard_names.SINGLE_FILE).read_bytes()
+    (root / shard_names.SINGLE_FILE).write_bytes(blob[: len(blob) // 2])
+    found = shard_structure.structure(str(root), {}, workers=1)
+    assert [p["file"] for p in found] == [shard_names.SINGLE_FILE] and "bytes short" in found[0]["message"], found
 
 
 def test_sharded_form_has_an_index(tmp_path: Path) -> None:
     root = write_deepseek(tmp_path / "ds", shards=3)
-    assert (root / probe.INDEX_FILE).is_file() and not (root / probe.SINGLE_FILE).exists()
+    assert (root / shard_names.INDEX_FILE).is_file() and not (root / shard_names.SINGLE_FILE).exists()
     spec = load_catalog((CATALOG_DIR,)).model(DEEPSEEK_ID)
-    assert probe.structure(str(root), config_expectations(spec), workers=1) == []
+    assert shard_structure.structure(str(root), config_expectations(spec), workers=1) == []
 
 
 def test_the_tokenizer_is_real_and_exactly_the_vocab(written: dict[str, Path]) -> None:
