@@ -150,12 +150,13 @@ def test_data_parallel_2_across_hosts_starts_and_serves_from_both_engines(
     assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP0 PP0 TP0 EPN/A"]
     metrics = real.rig.exec(real.rig.hosts[0].name, ["python3", "-c", (
         "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:18000/metrics').read().decode())")])
-    served = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', metrics.stdout, re.MULTILINE)}
-    by_engine: dict[str, float] = {}
-    for engine, count in served.items():
-        by_engine[engine] = by_engine.get(engine, 0) + count
-    assert set(by_engine) == {"0", "1"} and all(by_engine.values()), metrics.stdout[-2000:]
+    by_engine: dict[str, float] = {}  # vLLM labels its per-engine series engine="N" (any label order)
+    for m in re.finditer(r'^vllm:(?:request_success|generation_tokens)_total\{([^}]*)\} (\S+)$', metrics.stdout, re.M):
+        engine = re.search(r'engine="(\d+)"', m.group(1))
+        if engine:
+            by_engine[engine.group(1)] = by_engine.get(engine.group(1), 0.0) + float(m.group(2))
+    assert set(by_engine) == {"0", "1"} and all(by_engine.values()), [
+        line for line in metrics.stdout.splitlines() if "success" in line or "generation_tokens" in line][:20]
     with capsys.disabled():
         print(f"requests served per DP engine: {by_engine}")
     stop = real.run("stop", str(topo))
