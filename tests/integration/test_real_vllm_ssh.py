@@ -151,7 +151,7 @@ def test_data_parallel_2_across_hosts_starts_and_serves_from_both_engines(
     metrics = real.rig.exec(real.rig.hosts[0].name, ["python3", "-c", (
         "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:18000/metrics').read().decode())")])
     by_engine: dict[str, float] = {}  # vLLM labels its per-engine series engine="N" (any label order)
-    for m in re.finditer(r'^vllm:(?:request_success|generation_tokens)_total\{([^}]*)\} (\S+)$', metrics.stdout, re.M):
+    for m in re.finditer(r'^vllm:(?:request_success|generation_tokens)_total\{([^}]*)\} (\S+)$', metrics.stdout, re.MULTILINE):
         engine = re.search(r'engine="(\d+)"', m.group(1))
         if engine:
             by_engine[engine.group(1)] = by_engine.get(engine.group(1), 0.0) + float(m.group(2))
