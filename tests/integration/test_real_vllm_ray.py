@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.launch.state import StateStore
 from tests.integration.real_vllm import RealVllm, engine_main, host_procs, kill
 from tests.polling import wait_for
 from tests.rig import HostRig
@@ -76,6 +77,11 @@ def test_dense_tp2_through_ray_serves_and_a_killed_headless_main_stops_the_group
 
     worker = real.rig.hosts[1].name
     kill(real.rig, worker, engine_main(real.rig, worker).pid)
+    t0 = time.monotonic()
+    store = StateStore(real.state_dir)  # Ray's supervisor polls (no streams); its calls are slow under load
+    assert wait_for(lambda: store.require("rvr-dense").status == "failed", 180), store.require("rvr-dense")
+    with capsys.disabled():
+        print(f"Ray: headless main killed, group stopped after {time.monotonic() - t0:.0f} s")
     status = real.failed_status(topo, "rvr-dense", 1, real.rig.hosts[1].mgmt_ip)
     assert "exited with status" in status["failure"]["cause"] or "gone" in status["failure"]["cause"], status
     left = real.left_on_hosts()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.launch.state import StateStore
 from tests.integration.real_vllm import RealVllm, children, engine_main, kill
 from tests.polling import wait_for
 from tests.rig import HostRig
@@ -71,6 +72,8 @@ def launched(real: RealVllm, topo: Path, capsys: pytest.CaptureFixture[str], wha
 
 def failed_cleanly(real: RealVllm, topo: Path, name: str, rank: int, cause: str) -> str:
     """The supervisor stopped every node, the record names the node, and no process is left on any host."""
+    store = StateStore(real.state_dir)
+    assert wait_for(lambda: store.require(name).status == "failed", 120), store.require(name)
     status = real.failed_status(topo, name, rank, real.rig.hosts[rank].mgmt_ip)
     assert re.search(cause, status["failure"]["cause"]), status["failure"]
     left = real.left_on_hosts()
