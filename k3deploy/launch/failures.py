@@ -11,7 +11,6 @@ from k3deploy.launch.readiness import cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.nodeplan.jobs import NodeJob
 
-
 ENDED_CAUSE = "; its log says: "  # before the line that says why an engine ended
 
 
