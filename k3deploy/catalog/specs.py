@@ -70,13 +70,29 @@ class Architecture(Sourced):
     moe_intermediate_size: int
     routed_expert_hidden_size: int
     max_position_embeddings: int
+    attention: Literal["mla", "gqa"] = Field(
+        "mla", description="how full-attention layers cache a token: MLA's one latent (kv_lora_rank + "
+        "qk_rope_head_dim), or GQA's K and V per KV head (num_key_value_heads x head_dim)")
+    head_dim: int | None = Field(None, description="GQA: the size of one attention head (needed for gqa)")
+    config_keys: dict[str, str | None] = Field(
+        default_factory=dict, description="field -> its dotted key in config.json where it differs from "
+        "K3's layout (text_config.<field>); null: config.json has no such key (the shards stage skips it)")
 
     @model_validator(mode="after")
     def _layout_consistent(self) -> Architecture:
         layers = sorted(self.kda_layers + self.full_attn_layers)
         if layers != list(range(1, self.num_hidden_layers + 1)):
             raise ValueError("kda_layers and full_attn_layers must partition 1..num_hidden_layers")
+        if self.attention == "gqa" and self.head_dim is None:
+            raise ValueError("attention gqa needs head_dim")
+        unknown = sorted(set(self.config_keys) - set(type(self).model_fields))
+        if unknown:
+            raise ValueError(f"config_keys names no architecture field: {', '.join(unknown)}")
         return self
+
+    def config_fields(self) -> dict[str, Any]:
+        """The fields that describe config.json (not how we read it), as plain values."""
+        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys"})
 
     @property
     def moe_layers(self) -> int:
@@ -133,7 +149,7 @@ class HardwareSpec(Sourced):
 
     id: str
     name: str
-    vendor: Literal["nvidia", "amd", "huawei", "sim"]
+    vendor: Literal["nvidia", "amd", "huawei", "sim", "cpu"]
     arch: str
     memory_gib: float
     usable_gib: float

@@ -91,6 +91,8 @@ class ValidateSettings(Strict):
                                          "serving.context_length when long_request_tokens is not set")
     answer_max_tokens: int = Field(2048, ge=16, description="max_tokens of the long and prefix-cache requests "
                                    "(K3 reasons first; asked at low effort); kept free of the context")
+    short_max_tokens: int = Field(2048, ge=1, description="max_tokens of the short stage's requests (a short "
+                                  "question at low effort thinks for far fewer)")
     retrieval_depths: list[float] = Field([0.1, 0.5, 0.9], min_length=1, description="where facts are planted "
                                           "in the long and prefix-cache prompts (0 = start, 1 = end)")
     prefix_cache_tokens: int = Field(8192, ge=1, description="shared prefix of the prefix-cache stage's "

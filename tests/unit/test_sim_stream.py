@@ -57,7 +57,7 @@ def test_every_cut_streams_what_the_whole_answer_says(mimic: str, argv: str, key
         args = "".join(
             tc["function"].get("arguments", "") for d in deltas for tc in d.get("tool_calls") or []
         )
-        assert args == "".join(tc["function"]["arguments"] for tc in message["tool_calls"] or [])
+        assert args == "".join(tc["function"]["arguments"] for tc in message.get("tool_calls") or [])
         finishes = [c["choices"][0]["finish_reason"] for c in body if c["choices"][0]["finish_reason"]]
         assert finishes == [choice["finish_reason"]]
         assert chunks[-1]["usage"] == whole["usage"]
