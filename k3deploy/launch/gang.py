@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import posixpath
-import shlex
 import threading
 import time
 import uuid
@@ -11,11 +10,12 @@ from collections.abc import Callable, Sequence
 from k3deploy.errors import ExecError
 from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
-from k3deploy.executors.http import NodeHttp, completes, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.failures import ENDED_CAUSE, GroupFailed, Probe, first_failure
-from k3deploy.launch.ipc import remove_ipc_dir, with_ipc_dir
+from k3deploy.launch.head_ready import HeadReadiness
+from k3deploy.launch.ipc import with_ipc_dir
 from k3deploy.launch.links import blame_link
+from k3deploy.launch.node_stop import stop_node
 from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
@@ -32,10 +32,6 @@ END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
 # Where an ended engine's cause is looked for: vLLM's shutdown prints dozens of lines after it (leak reports).
 CAUSE_TAIL_LINES = 400
-# Readiness ends with a one-token completion (a real engine answers /health on deployments that serve nothing);
-# this many server errors in a row from it, while every process runs, fail the start.
-COMPLETION_TIMEOUT_S = 60.0
-SERVER_ERRORS_FAIL = 3
 
 
 def new_run_id() -> str:
@@ -59,8 +55,8 @@ class Gang:
         self._handles_lock = threading.Lock()
         self._stopping = threading.Event()  # set by stop(): starts still under way stop what they started
         self._grace_s = 0.0
-        self._head_http: NodeHttp | None = None
-        self._server_errors = 0  # consecutive 5xx answers to the readiness completion
+        self.readiness = HeadReadiness(self.jobs[0], lambda: self.executor(self.jobs[0].rank)
+                                       if self.probe_from == "head" else None)
         self._watches: list[NodeWatch] = []
 
     def executor(self, rank: int) -> Executor:
@@ -79,9 +75,7 @@ class Gang:
         for w in self._watches:
             w.close()  # before the connections go: a follower must not read from a closed one (Ray client)
         self._watches.clear()
-        if self._head_http is not None:
-            self._head_http.close()
-            self._head_http = None
+        self.readiness.close()
         self.fleet.close()
 
     def _event(self, job: NodeJob, phase: str, detail: str = "") -> None:
@@ -130,7 +124,7 @@ class Gang:
             err = failed[0].error
             raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
         # The readiness client (or tunnel) is made while the workers start, not when rank 0 may already serve.
-        warm = threading.Thread(target=self._warm_readiness, daemon=True, name="k3ready")
+        warm = threading.Thread(target=self.readiness.warm, daemon=True, name="k3ready")
         warm.start()
         failed = [o for _, o in sorted(self.fleet.map(one, workers).items()) if not o.ok]
         warm.join()
@@ -186,7 +180,9 @@ class Gang:
                 if asked >= next_ask:
                     ok, why = self.head_serving()
                     if ok:
-                        ok, why = self._head_completes(head)
+                        ok, why, fatal = self.readiness.completes()
+                        if fatal:
+                            self._fail(Failure(rank=head.rank, host=head.host, cause=fatal, log_tail=self._tail(head)))
                     if ok:
                         for job in self.jobs:
                             self._event(job, "ready")
@@ -276,27 +272,9 @@ class Gang:
         jobs = {j.rank: j for j in self.jobs if j.rank in handles}
 
         def one(rank: int, ex: Executor) -> str:
-            job, handle = jobs[rank], handles[rank]
-            try:
-                gone = ex.terminate(handle, grace_s)
-                if job.container:
-                    self._remove_container(job, ex)
-            except ExecError as exc:
-                what = f"unreachable: {exc}"
-                self._event(job, "failed", what)
-                return what
-            if gone:  # the sockets of processes that survived stay with them
-                try:
-                    ex.run(remove_ipc_dir(handle.tag), timeout_s=60)
-                except ExecError:
-                    pass  # stopped all the same; a later launch uses a new directory
-            what = "stopped" if gone else "processes survived SIGKILL"
-            self._event(job, "stopped") if gone else self._event(job, "failed", what)
-            if log_lines:
-                try:
-                    self.final_logs[rank] = ex.read_log(handle, log_lines)
-                except ExecError:
-                    pass  # the outcome stands; `logs` says the copy is missing
+            what, log = stop_node(jobs[rank], handles[rank], ex, grace_s, log_lines, self._event)
+            if log is not None:
+                self.final_logs[rank] = log
             return what
 
         for job in jobs.values():
@@ -304,53 +282,12 @@ class Gang:
         outs = self.fleet.map(one, jobs)
         return {rank: o.value if o.value is not None else f"unreachable: {o.error}" for rank, o in outs.items()}
 
-    @staticmethod
-    def _remove_container(job: NodeJob, ex: Executor) -> None:
-        assert job.container is not None
-        ex.run(shlex.join(["docker", "rm", "-f", job.container]), timeout_s=60)
-
     def logs(self, lines: int) -> dict[int, str]:
         """The last `lines` lines of every started node's log (unreachable nodes left out)."""
         outs = self.fleet.map(lambda rank, ex: ex.read_log(self.handles[rank], lines), list(self.handles))
         return {rank: o.value for rank, o in outs.items() if o.value is not None}
 
-    def _warm_readiness(self) -> None:
-        if self.jobs[0].ready.url:
-            try:
-                _ = self._readiness_client().route
-            except ExecError:
-                pass  # asked again by head_serving, which reports it
-
-    def _readiness_client(self) -> NodeHttp:
-        head = self.jobs[0]
-        if self._head_http is None:
-            via = self.executor(head.rank) if self.probe_from == "head" else None
-            self._head_http = NodeHttp(head.ready.url or "", via=via)
-        return self._head_http
-
-    def _head_completes(self, head: NodeJob) -> tuple[bool, str]:
-        """Rank 0 answers a one-token completion (an engine that answers /health may serve nothing); the group
-        fails when it keeps answering with a server error while every process still runs."""
-        if head.ready.kind != "http" or not head.ready.url:
-            return True, ""
-        try:
-            ok, status, why = completes(self._readiness_client(), COMPLETION_TIMEOUT_S)
-        except ExecError as exc:
-            return False, str(exc)
-        self._server_errors = self._server_errors + 1 if status >= 500 and status != 503 else 0
-        if self._server_errors >= SERVER_ERRORS_FAIL:
-            self._fail(Failure(rank=head.rank, host=head.host, log_tail=self._tail(head),
-                               cause=f"answers /health but cannot serve: {SERVER_ERRORS_FAIL} completions in a row "
-                                     f"failed ({why})"))
-        return ok, f"health answers, but not a completion yet: {why}" if not ok else ""
-
     def head_serving(self) -> tuple[bool, str]:
         """Rank 0 answers every readiness path, asked from here or as rank 0 itself sees it (`probe_from`:
         through a port its executor forwards, or on the node)."""
-        head = self.jobs[0]
-        if head.ready.kind == "none" or not head.ready.url:
-            return True, ""
-        try:
-            return serving(self._readiness_client(), head.ready.paths)
-        except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
-            return False, str(exc)
+        return self.readiness.serving()
