@@ -3,10 +3,7 @@ or more loopback "nodes"), small enough to validate in seconds, with K3SIM_FAULT
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +11,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.k3deploy_cli import run_k3deploy as cli
+
 # Small on purpose: a long request of ~3k tokens, a 1.5k-token shared prefix, light load.
 VALIDATE = {"long_request_tokens": 3000, "answer_max_tokens": 512, "prefix_cache_tokens": 1536,
             "concurrency": 4, "effort_requests": 8, "effort_prompt_tokens": 256, "effort_max_tokens": 512,
@@ -29,12 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m k3deploy ARGS` from the repository root."""
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT, env=dict(os.environ))
 
 
 def sim_topology(tmp: Path, name: str, checkpoint: Path, *, fault: str = "", nodes: int = 1, mimic: str = "sglang",

@@ -1,24 +1,16 @@
-"""What preflight found: one verdict per check and node, the exit code, and the JSON form."""
+"""What preflight found: one check's rows over every node, the report, its exit code and the JSON form
+(the rows, statuses and exit codes are k3deploy.verdicts', shared with validate)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Status = Literal["pass", "fail", "skip", "error"]
-EXIT_OK, EXIT_FAILED, EXIT_HOST = 0, 1, 3
+from k3deploy.verdicts.model import NodeRow, Status, exit_code, worst
 
-
-class Verdict(BaseModel):
-    """One check on one node: pass, fail (with the fix), skip (with the reason), error (host unreachable)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    rank: int
-    host: str
-    status: Status
-    detail: str = Field("", description="what was found (for fail: what is wrong)")
-    fix: str = Field("", description="how to fix a failure")
+# A check's verdict on one node is a NodeRow; the names stay for the checks that build them.
+Verdict = NodeRow
+__all__ = ["CheckResult", "Report", "Status", "Verdict"]
 
 
 class CheckResult(BaseModel):
@@ -29,20 +21,15 @@ class CheckResult(BaseModel):
     name: str
     title: str
     asks: str = Field(description="what the check asks each node")
-    verdicts: tuple[Verdict, ...]
-    elapsed_s: float = 0.0
+    verdicts: tuple[NodeRow, ...]
+    elapsed_s: float = Field(0.0, description="wall time of the check (the runner measures it)")
 
     @property
     def status(self) -> Status:
         """error beats fail beats pass beats skip."""
-        found = {v.status for v in self.verdicts}
-        order: tuple[Status, ...] = ("error", "fail", "pass")
-        for s in order:
-            if s in found:
-                return s
-        return "skip"
+        return worst(v.status for v in self.verdicts)
 
-    def failures(self) -> list[Verdict]:
+    def failures(self) -> list[NodeRow]:
         """The failed and errored verdicts, rank order."""
         return [v for v in self.verdicts if v.status in ("fail", "error")]
 
@@ -61,10 +48,9 @@ class Report(BaseModel):
     @property
     def exit_code(self) -> int:
         """3 when a host could not be asked, 1 when a check failed, else 0."""
-        statuses = {c.status for c in self.checks}
-        return EXIT_HOST if "error" in statuses else EXIT_FAILED if "fail" in statuses else EXIT_OK
+        return exit_code((c.status for c in self.checks), unreachable_first=True)
 
-    def first_failure(self) -> tuple[CheckResult, Verdict] | None:
+    def first_failure(self) -> tuple[CheckResult, NodeRow] | None:
         """The first failed check (in check order) and its first failed node."""
         for c in self.checks:
             bad = c.failures()

@@ -20,6 +20,7 @@ from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
 from k3deploy.preflight.nodes import NodeInput, node_inputs
 from k3deploy.preflight.report import CheckResult, Report, Verdict
+from k3deploy.verdicts.timing import timed
 
 HERE = Path(__file__).resolve().parent
 FACTS_TIMEOUT_S = 90.0
@@ -73,36 +74,43 @@ def run_preflight(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], fleet: 
     gather(ctx, fleet, [r for r in sorted(nodes) if r not in ctx.errors])
     results: list[CheckResult] = []
 
-    def add(result: CheckResult) -> None:
+    def add(result: CheckResult, seconds: float) -> None:
+        result = result.model_copy(update={"elapsed_s": seconds})
         results.append(result)
         if on_check is not None:
             on_check(result)
 
     for check in (*HOST_CHECKS, *STACK_CHECKS):
-        add(check.run(ctx))
+        add(*timed(check.run, ctx))
     reachable = [r for r in sorted(nodes) if r not in ctx.errors]
     port = plan.topology.launch.port
-    t1 = time.monotonic()
-    if min(nodes) in reachable:
-        port_verdicts = rendezvous.port_check(fleet, nodes, port, reachable)
-    else:
-        port_verdicts = _skipped(nodes, "the head is unreachable")
-    port_verdicts = _fill(nodes, port_verdicts, ctx.errors)
-    add(CheckResult(name="port", title="Rendezvous port", asks=f"listen on the head's ip:{port}; connect from "
-                    "every worker", verdicts=port_verdicts, elapsed_s=round(time.monotonic() - t1, 3)))
+
+    def port_check() -> CheckResult:
+        if min(nodes) in reachable:
+            verdicts = rendezvous.port_check(fleet, nodes, port, reachable)
+        else:
+            verdicts = _skipped(nodes, "the head is unreachable")
+        return CheckResult(name="port", title="Rendezvous port", asks=f"listen on the head's ip:{port}; connect "
+                           "from every worker", verdicts=_fill(nodes, verdicts, ctx.errors))
+
+    add(*timed(port_check))
     measured: dict[int, dict[str, Any]] = {}
     failed = [r.name for r in results if r.status in ("fail", "error")]
-    t1 = time.monotonic()
-    if failed:
-        verdicts = _skipped(nodes, f"skipped until these pass: {', '.join(failed)}")
-    elif any(n.engine_python is None for n in nodes.values()):
-        verdicts = _skipped(nodes, "the engine runs in a container image: its interpreter is not on the host")
-    else:
-        verdicts, measured = rendezvous.collective_check(fleet, nodes, port, nbytes=collective_bytes,
-                                                         timeout_s=collective_timeout_s, backends=_backends(ctx))
-    add(CheckResult(name="rendezvous", title="Rendezvous probe", asks=f"torch.distributed {_backends(ctx)} "
-                    f"all_reduce at the engine's rendezvous address with its env", verdicts=verdicts,
-                    elapsed_s=round(time.monotonic() - t1, 3)))
+
+    def collective_check() -> CheckResult:
+        if failed:
+            verdicts = _skipped(nodes, f"skipped until these pass: {', '.join(failed)}")
+        elif any(n.engine_python is None for n in nodes.values()):
+            verdicts = _skipped(nodes, "the engine runs in a container image: its interpreter is not on the host")
+        else:
+            verdicts, found = rendezvous.collective_check(fleet, nodes, port, nbytes=collective_bytes,
+                                                          timeout_s=collective_timeout_s, backends=_backends(ctx))
+            measured.update(found)
+        return CheckResult(name="rendezvous", title="Rendezvous probe", asks=f"torch.distributed "
+                           f"{_backends(ctx)} all_reduce at the engine's rendezvous address with its env",
+                           verdicts=verdicts)
+
+    add(*timed(collective_check))
     return Report(name=plan.topology.name, checks=tuple(results), elapsed_s=round(time.monotonic() - t0, 3),
                   measurements=measured)
 

@@ -8,8 +8,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.errors import InputError
 from k3deploy.preflight.report import Report
+from k3deploy.verdicts import junit
+from k3deploy.verdicts.junit import Case, Suite
 
 MARK = {"pass": ("ok", "green"), "fail": ("FAIL", "bold red"), "skip": ("skip", "dim"), "error": ("ERROR", "bold magenta")}
 
@@ -51,27 +52,8 @@ def table(report: Report) -> RenderableType:
 
 def write_junit(report: Report, path: Path) -> None:
     """JUnit XML: a suite per check, a case per node (failure, error or skipped with the detail and fix)."""
-    try:
-        from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
-    except ImportError:
-        raise InputError("--junit needs the junitparser package",
-                         hint="pip install junitparser (or k3deploy[all])") from None
-
-    xml = JUnitXml(name=f"k3deploy preflight {report.name}")
-    for c in report.checks:
-        suite = TestSuite(f"preflight.{c.name}")
-        for v in c.verdicts:
-            case = TestCase(f"rank {v.rank} ({v.host})", classname=f"preflight.{c.name}", time=c.elapsed_s)
-            text = v.detail + (f"\nfix: {v.fix}" if v.fix else "")
-            if v.status == "fail":
-                case.result = [Failure(v.detail, type_="failed")]
-                case.system_out = text
-            elif v.status == "error":
-                case.result = [Error(v.detail, type_="host error")]
-            elif v.status == "skip":
-                case.result = [Skipped(v.detail)]
-            else:
-                case.system_out = v.detail
-            suite.add_testcase(case)
-        xml.add_testsuite(suite)
-    xml.write(str(path), pretty=True)
+    suites = [Suite(f"preflight.{c.name}", [
+        Case(f"rank {v.rank} ({v.host})", f"preflight.{c.name}", v.status, v.detail,
+             v.detail + (f"\nfix: {v.fix}" if v.fix else ""), c.elapsed_s) for v in c.verdicts])
+        for c in report.checks]
+    junit.write_junit(f"k3deploy preflight {report.name}", suites, path)

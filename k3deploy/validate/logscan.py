@@ -59,18 +59,18 @@ def row(rank: int, host: str, problems: Sequence[str], detail: str, unreadable: 
     return NodeRow(rank=rank, host=host, status="pass", detail=detail)
 
 
-def node_result(name: str, rows: list[NodeRow], seconds: float, passed: str, evidence: str,
+def node_result(name: str, rows: list[NodeRow], passed: str, evidence: str,
                 cluster_problems: Sequence[str] = ()) -> StageResult:
     """A stage over node rows (plus problems of the whole cluster); on failure every problem is evidence."""
     failed = [r for r in rows if r.status == "fail"]
     broken = [r for r in rows if r.status == "error"]
     status: Status = "fail" if failed or cluster_problems else "error" if broken else "pass"
     if status == "pass":
-        return StageResult(name=name, status=status, detail=passed, seconds=round(seconds, 3), nodes=rows,
+        return StageResult(name=name, status=status, detail=passed, nodes=rows,
                            evidence=evidence)
     bad = failed or broken
     parts = list(cluster_problems[:1]) + [f"node {r.rank} ({r.host}): {r.detail}" for r in bad[:3]]
     detail = "; ".join(parts) + (f"; and {len(bad) - 3} more nodes" if len(bad) > 3 else "")
     lines = list(cluster_problems) + [f"node {r.rank} ({r.host}): {p}" for r in bad for p in r.problems]
-    return StageResult(name=name, status=status, detail=detail, seconds=round(seconds, 3), nodes=rows,
+    return StageResult(name=name, status=status, detail=detail, nodes=rows,
                        evidence="\n".join(lines))

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import difflib
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.errors import ExecError, InputError
 from k3deploy.validate.stage import STAGE_NAMES, Stage, StageResult, ValidateContext
+from k3deploy.verdicts.model import exit_code
+from k3deploy.verdicts.timing import timed
 
 NOT_IMPLEMENTED = "not implemented in this version of k3deploy"
 
@@ -66,25 +67,27 @@ def run_pipeline(ctx: ValidateContext, stages: Sequence[Stage], *, fail_fast: bo
     stopped: str | None = None
     for stage in stages:
         on_stage(stage.name, None)
-        start = time.monotonic()
         if stopped is not None:
-            result = StageResult(name=stage.name, status="skip", detail=f"not run: --fail-fast after {stopped}",
-                                 seconds=0.0)
+            result = StageResult(name=stage.name, status="skip", detail=f"not run: --fail-fast after {stopped}")
         elif stage.needs_deployment and ctx.deployment is None:
-            result = StageResult(name=stage.name, status="skip", seconds=0.0,
+            result = StageResult(name=stage.name, status="skip",
                                  detail="needs a running deployment: none is recorded for "
                                         f"{ctx.name} (start one with `k3deploy launch`)")
         else:
-            try:
-                result = stage.run(ctx)
-            except ExecError as exc:  # a host error ends this stage, not the run
-                result = StageResult(name=stage.name, status="error", detail=str(exc),
-                                     seconds=round(time.monotonic() - start, 3), evidence=exc.hint or "")
+            found, seconds = timed(_run, stage, ctx)
+            result = found.model_copy(update={"seconds": seconds})
         results.append(result)
         on_stage(stage.name, result)
         if fail_fast and stopped is None and result.status in ("fail", "error"):
             stopped = f"{stage.name} {'failed' if result.status == 'fail' else 'errored'}"
-    statuses = {r.status for r in results}
-    code = 1 if "fail" in statuses else 3 if "error" in statuses else 0
+    code = exit_code((r.status for r in results), unreachable_first=False)
     return Report(deployment=ctx.name, passed=code == 0, exit_code=code, stages=results,
                   not_implemented=list(not_implemented))
+
+
+def _run(stage: Stage, ctx: ValidateContext) -> StageResult:
+    """The stage's result; a host error ends this stage, not the run."""
+    try:
+        return stage.run(ctx)
+    except ExecError as exc:
+        return StageResult(name=stage.name, status="error", detail=str(exc), evidence=exc.hint or "")

@@ -4,8 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3deploy.errors import InputError
 from k3deploy.validate.pipeline import NOT_IMPLEMENTED, Report
+from k3deploy.verdicts import junit
+from k3deploy.verdicts.junit import Case, Suite
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -38,28 +39,10 @@ def report_table(report: Report) -> RenderableType:
 
 def write_junit(report: Report, path: Path | str) -> None:
     """JUnit XML for CI: one testcase per node of each per-node stage, one per stage otherwise."""
-    try:
-        from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
-    except ImportError as exc:
-        raise InputError("--junit needs junitparser", hint="pip install 'k3deploy[validate]'") from exc
-    suite = TestSuite(f"k3deploy validate {report.deployment}")
-    for stage in report.stages:
-        rows = [(f"{stage.name} node {n.rank} ({n.host})", n.status, n.detail, "\n".join(n.problems))
-                for n in stage.nodes] or [(stage.name, stage.status, stage.detail, stage.evidence)]
-        for name, status, detail, text in rows:
-            case = TestCase(name, classname=f"k3deploy.validate.{stage.name}", time=stage.seconds)
-            if status == "fail":
-                case.result = [Failure(detail)]
-            elif status == "error":
-                case.result = [Error(detail)]
-            elif status == "skip":
-                case.result = [Skipped(detail)]
-            if text and status != "pass":
-                case.result[0].text = text
-            suite.add_testcase(case)
-    xml = JUnitXml()
-    xml.add_testsuite(suite)
-    try:
-        xml.write(str(path), pretty=True)
-    except OSError as exc:
-        raise InputError(f"--junit {path}: cannot write ({exc.strerror or exc})") from exc
+    cases = [Case(name, f"k3deploy.validate.{stage.name}", status, detail, text if status != "pass" else "",
+                  stage.seconds)
+             for stage in report.stages
+             for name, status, detail, text in [
+                 (f"{stage.name} node {n.rank} ({n.host})", n.status, n.detail, "\n".join(n.problems))
+                 for n in stage.nodes] or [(stage.name, stage.status, stage.detail, stage.evidence)]]
+    junit.write_junit(f"k3deploy validate {report.deployment}", [Suite(f"k3deploy validate {report.deployment}", cases)], path)

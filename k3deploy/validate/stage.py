@@ -4,9 +4,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from k3deploy.verdicts.model import NodeRow, Status
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog, ModelSpec
@@ -17,19 +19,8 @@ if TYPE_CHECKING:
 
 # The deployment guides' checklist, in order; part 1 implements `shards` (see k3deploy.validate.stages).
 STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "long", "prefix-cache", "effort")
-Status = Literal["pass", "fail", "skip", "error"]
-
-
-class NodeRow(BaseModel):
-    """One node's outcome within a stage."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rank: int = Field(description="node rank")
-    host: str = Field(description="host as the topology names it")
-    status: Status = Field(description="pass | fail | skip | error")
-    detail: str = Field(description="one line: what was found on this node")
-    problems: list[str] = Field(default_factory=list, description="every problem found on this node, one per line")
+__all__ = ["STAGE_NAMES", "NodeRef", "NodeRow", "Nodes", "ProbeOutcome", "ProgressEvent", "Stage", "StageResult",
+           "Status", "ValidateContext"]  # NodeRow and Status are k3deploy.verdicts', named here for the stages
 
 
 class StageResult(BaseModel):
@@ -40,7 +31,7 @@ class StageResult(BaseModel):
     name: str = Field(description="stage name (see STAGE_NAMES)")
     status: Status = Field(description="pass | fail | skip | error")
     detail: str = Field(description="one line for humans")
-    seconds: float = Field(description="wall time of the stage")
+    seconds: float = Field(0.0, description="wall time of the stage (the pipeline measures it)")
     nodes: list[NodeRow] = Field(default_factory=list, description="per-node rows (empty for cluster-wide stages)")
     evidence: str = Field("", description="the log line, response or finding that decided the status")
     results: dict[str, Any] = Field(default_factory=dict, description="measurements (effort: per workload, under "

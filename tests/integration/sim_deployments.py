@@ -1,9 +1,8 @@
-"""What the SSH and Ray launch tests share: the CLI runner, a tiny checkpoint, stand-in-engine topologies
-for a rig, and a teardown that stops whatever a failed test left and reports it."""
+"""What the SSH and Ray launch tests share: stand-in-engine topologies for a rig (the checkpoint is
+tests/conftest.py's), and a teardown that stops whatever a failed test left and reports it."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,26 +12,12 @@ import yaml
 
 from k3deploy.launch.state import ACTIVE, StateStore
 from tests import figures
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.rig import HostRig
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
-
-
-def cli(*args: str, timeout_s: float = 120, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m k3deploy ARGS` from the repository root."""
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT, env=dict(env) if env is not None else None)
-
-
-def write_tiny_checkpoint(folder: Path) -> Path:
-    """One kimi-k3-tiny checkpoint; the fake hosts share this machine's filesystem."""
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = folder / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
 
 
 class SimDeployments:

@@ -17,8 +17,9 @@ import pytest
 
 from k3deploy.launch.state import StateStore
 from tests import figures
-from tests.integration.sim_deployments import ROOT, SimDeployments, write_tiny_checkpoint
-from tests.integration.sim_deployments import cli as run_cli
+from tests.integration.sim_deployments import SimDeployments
+from tests.k3deploy_cli import run_k3deploy as run_cli
+from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
@@ -37,11 +38,6 @@ def ray4(rig4: HostRig) -> Iterator[RayRig]:
     """A Ray cluster on the module's four hosts (~20 s to start on 2 cores: paid once)."""
     with RayRig(rig4) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 def engine_running(rig: HostRig, host: str) -> bool:
@@ -137,9 +133,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments
     assert prefixes == {f"[0 {rig4.hosts[0].mgmt_ip}]", f"[2 {rig4.hosts[2].mgmt_ip}]"}
     assert "The server is fired up and ready to roll!" in logs.stdout
 
-    follow = subprocess.Popen([sys.executable, "-m", "k3deploy", "logs", str(topo), "--node", "1", "-f", "-n", "5"],
-                              cwd=ROOT, env={**os.environ, **RAY_ENV}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    follow = start_k3deploy("logs", topo, "--node", "1", "-f", "-n", "5", env=RAY_ENV)
     assert follow.stdout is not None
     first = select.select([follow.stdout], [], [], 30)[0] and follow.stdout.readline()
     assert first and first.startswith(f"[1 {rig4.hosts[1].mgmt_ip}] "), first  # following before the stop

@@ -19,16 +19,13 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import ExecTarget, open_executor
 from k3deploy.launch.state import StateStore
 from tests import figures
-from tests.integration.sim_deployments import ROOT, SimDeployments, cli, write_tiny_checkpoint
+from tests.integration.sim_deployments import SimDeployments
+from tests.k3deploy_cli import run_k3deploy as cli
+from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
-
 
 class Deployments(SimDeployments):
     """SSH topologies for the rig; nothing of them may be left on any host afterwards."""
@@ -124,8 +121,7 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
     ctl = rig4.controller()
 
     def ctl_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-m", "k3deploy", *args],
-                              capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
+        return cli(*args, prefix=("ip", "netns", "exec", ctl))
 
     bastion = rig4.hosts[0]
     nodes = [{"host": h.priv_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
@@ -168,8 +164,7 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
 def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deployments, rig4: HostRig,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     topo = deployments.topology("it-kill-start")
-    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_k3deploy("launch", topo)
     victim = rig4.hosts[2]
     try:
         assert wait_for(lambda: engine_running(rig4, victim.name), 60)
@@ -238,8 +233,7 @@ def test_control_network_outage_is_not_a_node_failure(deployments: Deployments, 
     assert [n["alive"] for n in status["nodes"]] == [True] * 4 and status["failure"] is None
     assert status["probe_from"] == "here"  # launched from where rank 0's private ip is reachable
     # Asked from a login node that cannot reach rank 0's private ip: readiness is checked on rank 0.
-    elsewhere = subprocess.run(["ip", "netns", "exec", rig4.controller(), sys.executable, "-m", "k3deploy", "status",
-                                str(topo), "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    elsewhere = cli("status", topo, "--json", timeout_s=60, prefix=("ip", "netns", "exec", rig4.controller()))
     status = json.loads(elsewhere.stdout)
     assert status["ready"] is True and status["probe_from"] == "head", elsewhere.stdout + elsewhere.stderr
     assert cli("stop", str(topo)).returncode == 0

@@ -22,20 +22,20 @@ import pytest
 
 from k3deploy.launch.state import StateStore
 from tests import figures
-from tests.integration.sim_deployments import ROOT, cli
 from tests.integration.test_launch_ssh import (
     Deployments,
-    checkpoint,
     deployments,
     engine_running,
     hosts_empty,
 )
+from tests.k3deploy_cli import run_k3deploy as cli
+from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig, RigHost
 from tests.rig.sshd import SSHD, public_key
 
 pytestmark = pytest.mark.integration
-__all__ = ["checkpoint", "deployments"]  # fixtures
+__all__ = ["deployments"]  # fixtures
 
 PORT = 2222
 # A head that takes this long to load cannot be ready before a fault injected into a starting worker is seen.
@@ -131,8 +131,7 @@ def sshd2(rig4: HostRig, tmp_path: Path) -> Iterator[SecondSshd]:
 def launching(topo: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     """`k3deploy launch TOPO ARGS` in the background (stderr carries its progress lines); killed if it is
     still running when the block ends."""
-    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--skip-preflight", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_k3deploy("launch", topo, "--skip-preflight", *args)
     try:
         yield proc
     finally:

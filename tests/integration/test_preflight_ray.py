@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from k3deploy.engines.flag_tables import DATA_DIR, TABLE_FILES
-from tests.integration.sim_deployments import cli
-from tests.integration.test_launch_ray import RAY_CLI_ENV, RayDeployments, checkpoint, ray4
+from tests.integration.test_launch_ray import RAY_CLI_ENV, RayDeployments, ray4
 from tests.integration.test_preflight_ssh import failed, mounted, stages
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RayRig
 
 pytestmark = pytest.mark.integration
 
 
-__all__ = ["checkpoint", "ray4"]  # the module-scoped fixtures, shared with the Ray launch tests
+__all__ = ["ray4"]  # the module-scoped fixture, shared with the Ray launch tests
 
 
 def preflight(topo: Path, capsys: pytest.CaptureFixture[str], what: str) -> tuple[int, dict[str, Any]]:

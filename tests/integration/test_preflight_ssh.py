@@ -28,16 +28,12 @@ from k3deploy.launch.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from k3deploy.preflight.nodes import node_inputs
 from k3deploy.preflight.rendezvous import collective_check
-from tests.integration.sim_deployments import SimDeployments, cli, write_tiny_checkpoint
+from tests.integration.sim_deployments import SimDeployments
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
 PORT = 29500
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture

@@ -7,18 +7,17 @@ through rank 0's tunnel)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 
-from tests.integration.sim_deployments import ROOT, cli
-from tests.integration.test_launch_ssh import Deployments, checkpoint, deployments, hosts_empty
+from tests.integration.test_launch_ssh import Deployments, deployments, hosts_empty
 from tests.integration.validate_all import FAULTS, fault_id, launch_validate_stop, topology
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-__all__ = ["checkpoint", "deployments"]  # the fixtures, imported
+__all__ = ["deployments"]  # the fixtures, imported
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 
@@ -27,8 +26,7 @@ def login_cli(rig: HostRig) -> Cli:
     ctl = rig.controller()
 
     def run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-m", "k3deploy", *args],
-                              capture_output=True, text=True, check=False, timeout=timeout_s, cwd=ROOT)
+        return cli(*args, timeout_s=timeout_s, prefix=("ip", "netns", "exec", ctl))
     return run
 
 

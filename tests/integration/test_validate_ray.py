@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sim_deployments import cli as run_cli
 from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round, nodes
+from tests.k3deploy_cli import run_k3deploy as run_cli
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.sim_deployments import cli
 from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round, nodes
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.rig import HostRig
 

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,7 @@ import pytest
 from k3deploy.checkpoint.hub import manifest_from_hub
 from k3deploy.checkpoint.manifest import Manifest, create_manifest, verify_directory
 from k3deploy.errors import ExecError, InputError
-from k3deploy.sim.checkpoint import write_checkpoint
+from tests.k3deploy_cli import run_k3deploy
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,43 +40,36 @@ class RecordedHub:
         return str(local if local.exists() else HUB / filename)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    write_checkpoint(path)
-    return path
-
-
-def test_create_records_every_file_the_weight_map_and_config_hash(tiny: Path) -> None:
-    made = create_manifest(tiny, revision="abc123")
-    names = {p.name for p in tiny.iterdir()} - {"k3-manifest.json"}
+def test_create_records_every_file_the_weight_map_and_config_hash(checkpoint: Path) -> None:
+    made = create_manifest(checkpoint, revision="abc123")
+    names = {p.name for p in checkpoint.iterdir()} - {"k3-manifest.json"}
     assert set(made.files) == names
     for name in names:
-        data = (tiny / name).read_bytes()
+        data = (checkpoint / name).read_bytes()
         assert (made.files[name].size, made.files[name].sha256) == (len(data), hashlib.sha256(data).hexdigest())
     assert made.config_sha256 == made.files["config.json"].sha256
-    assert made.weight_map == json.loads((tiny / "model.safetensors.index.json").read_text())["weight_map"]
+    assert made.weight_map == json.loads((checkpoint / "model.safetensors.index.json").read_text())["weight_map"]
     assert made.revision == "abc123"
-    assert create_manifest(tiny).revision == "tiny-r1"  # default: the k3-manifest.json the writer left
+    assert create_manifest(checkpoint).revision == "tiny-r1"  # default: the k3-manifest.json the writer left
 
 
-def test_manifest_round_trips_and_verifies(tiny: Path, tmp_path: Path) -> None:
-    made = create_manifest(tiny, revision="r")
+def test_manifest_round_trips_and_verifies(checkpoint: Path, tmp_path: Path) -> None:
+    made = create_manifest(checkpoint, revision="r")
     made.save(tmp_path / "m.json")
     assert Manifest.load(tmp_path / "m.json") == made
-    assert verify_directory(tiny, made) == []
+    assert verify_directory(checkpoint, made) == []
     (tmp_path / "bad.json").write_text('{"revision": "r", "files": {"a": {"size": -1, "sha256": "x"}}}')
     with pytest.raises(InputError, match=r"bad.json: not a k3deploy manifest: files.a.size"):
         Manifest.load(tmp_path / "bad.json")
 
 
-def test_from_hub_uses_lfs_sha256_and_hashes_small_files(tiny: Path) -> None:
-    hub = RecordedHub(tiny)
+def test_from_hub_uses_lfs_sha256_and_hashes_small_files(checkpoint: Path) -> None:
+    hub = RecordedHub(checkpoint)
     made = manifest_from_hub("local/kimi-k3-tiny", "main", api=hub)
     info = json.loads((HUB / "model_info.json").read_text())
     assert made.revision == info["sha"]  # the branch resolved to the commit the hub answered with
     assert made.source == "hub:local/kimi-k3-tiny"
-    local = create_manifest(tiny)
+    local = create_manifest(checkpoint)
     shared = set(made.files) - {"README.md"}
     assert shared == set(local.files)
     assert {n: made.files[n] for n in shared} == local.files  # same digests whichever way they were made
@@ -89,15 +80,15 @@ def test_from_hub_uses_lfs_sha256_and_hashes_small_files(tiny: Path) -> None:
                                                         "tokenizer.json", "tokenizer_config.json")}  # LFS shards never
 
 
-def test_from_hub_failures_are_k3_errors(tiny: Path) -> None:
+def test_from_hub_failures_are_k3_errors(checkpoint: Path) -> None:
     from huggingface_hub.errors import RepositoryNotFoundError
 
     fake_response = type("R", (), {"headers": {}, "status_code": 404, "request": None, "url": "u"})()
     missing = RepositoryNotFoundError("404 Client Error: Repository Not Found", response=fake_response)  # type: ignore[arg-type]
     with pytest.raises(InputError, match="hub repo nobody/none: not found"):
-        manifest_from_hub("nobody/none", "main", api=RecordedHub(tiny, fail=missing))
+        manifest_from_hub("nobody/none", "main", api=RecordedHub(checkpoint, fail=missing))
     with pytest.raises(ExecError, match="huggingface.co"):
-        manifest_from_hub("a/b", "main", api=RecordedHub(tiny, fail=_network_error()))
+        manifest_from_hub("a/b", "main", api=RecordedHub(checkpoint, fail=_network_error()))
 
 
 def _network_error() -> Exception:
@@ -106,12 +97,10 @@ def _network_error() -> Exception:
     return httpx.ConnectError("[Errno 101] Network is unreachable")
 
 
-def test_cli_create_writes_file_and_rejects_a_non_checkpoint(tiny: Path, tmp_path: Path) -> None:
-    run = [sys.executable, "-m", "k3deploy", "manifest", "create"]
-    done = subprocess.run([*run, str(tiny), "--revision", "f00", "-o", str(tmp_path / "m.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+def test_cli_create_writes_file_and_rejects_a_non_checkpoint(checkpoint: Path, tmp_path: Path) -> None:
+    done = run_k3deploy("manifest", "create", checkpoint, "--revision", "f00", "-o", tmp_path / "m.json", timeout_s=60)
     assert done.returncode == 0, done.stderr
     assert Manifest.load(tmp_path / "m.json").revision == "f00"
     assert "revision f00" in done.stderr
-    bad = subprocess.run([*run, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    bad = run_k3deploy("manifest", "create", tmp_path, timeout_s=60)
     assert bad.returncode == 2 and "no model.safetensors.index.json" in bad.stderr

@@ -3,7 +3,6 @@ unknown name leaves behind, `status` of a failed deployment, the stand-in's inte
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import k3deploy
 from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.targets import ExecOverrides
 from k3deploy.planning.files import catalog_for, require_feasible
+from tests.k3deploy_cli import run_k3deploy
 from tests.unit.test_launch_local import name  # noqa: F401 - the fixture checks nothing is left running
 from tests.unit.test_launch_support import fake_topology
 
@@ -23,8 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=50, cwd=ROOT, env={**os.environ, "COLUMNS": str(columns)})
+    return run_k3deploy(*args, timeout_s=50, env={"COLUMNS": str(columns)})
 
 
 def test_version() -> None:

@@ -3,11 +3,9 @@ stage that exists, prints the report and stops (nothing left); `--keep` leaves i
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -15,14 +13,13 @@ import pytest
 
 from k3deploy.demo import DEMO_NAME
 from k3deploy.validate.stages import IMPLEMENTED
+from tests.k3deploy_cli import run_k3deploy
 
 pytestmark = pytest.mark.timeout(150)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def k3(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, timeout=140,
-                          check=False, cwd=ROOT, env=os.environ.copy())
+    return run_k3deploy(*args, timeout_s=140)
 
 
 def nodes_alive(state: Path) -> list[bool]:

@@ -19,6 +19,7 @@ from k3deploy.executors.ssh import SshExecutor
 from k3deploy.executors.ssh_config import resolve, split_hop
 from k3deploy.launch.targets import ExecOverrides, targets_for
 from k3deploy.topology.loader import parse_topology
+from tests.ports import closed_port
 from tests.unit.test_launch_support import tagged_pids
 
 
@@ -166,7 +167,7 @@ def test_a_jump_that_is_not_user_at_host_port_is_refused_at_load(bad: str) -> No
 
 
 def test_unreachable_ssh_host_is_one_exec_error_naming_it() -> None:
-    port = _closed_port()
+    port = closed_port()
     ex = SshExecutor(ExecTarget(kind="ssh", host="127.0.0.1", port=port, user="nobody", ssh_config=None,
                                 connect_timeout_s=1))
     t0 = time.monotonic()
@@ -182,14 +183,6 @@ def test_cli_help_and_plan_paths_do_not_import_paramiko() -> None:
             "k3deploy.executors; print(sorted(m for m in ('paramiko', 'torch', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(pred: object, timeout_s: float = 5.0) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (
 from k3deploy.executors.ray_exec import RayExecutor, watchdog
 from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
 from k3deploy.topology.loader import parse_topology
+from tests.ports import closed_port
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
 
 
@@ -41,12 +41,6 @@ def _wait(pred: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             break
         time.sleep(0.05)
     return pred()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_node_maps_to_the_one_alive_ray_node_with_its_ip() -> None:
@@ -104,7 +98,7 @@ def test_each_way_ray_init_fails_is_one_message(raised: Exception, expected: str
 
 
 def test_an_unreachable_gcs_fails_at_once_naming_the_address() -> None:
-    port = _closed_port()
+    port = closed_port()
     ex = RayExecutor(ExecTarget(kind="ray", host="h1", node_ip="10.0.0.1", ray_address=f"127.0.0.1:{port}"))
     t0 = time.monotonic()
     with pytest.raises(ExecError) as err:

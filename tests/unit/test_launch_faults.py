@@ -18,6 +18,7 @@ import yaml
 
 from k3deploy.launch.state import StateStore
 from tests import figures
+from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
 
@@ -30,9 +31,7 @@ needs_mounts = pytest.mark.skipif(os.geteuid() != 0 or UNSHARE is None,
 
 
 def k3(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "k3deploy", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return start_k3deploy(*args, env={"COLUMNS": "200", **(env or {})})
 
 
 def done(proc: subprocess.Popen[str], timeout_s: float = 60) -> tuple[int, str, str]:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,10 +26,9 @@ from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.planning.files import catalog_for, require_feasible
 from tests import figures
+from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
 from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
@@ -39,8 +37,7 @@ def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
     and test_preflight run it)."""
     if args[:1] == ("launch",) and not preflight:
         args = (*args, "--skip-preflight")
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout_s, cwd=ROOT, env={**os.environ, **(env or {})})
+    return run_k3deploy(*args, timeout_s=timeout_s, env=env)
 
 
 @pytest.fixture
@@ -196,8 +193,7 @@ def test_restart_policy_relaunches_the_group_then_gives_up(tmp_path: Path, name:
 
 def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": "60"}, launch={"ready_timeout_s": 120})
-    launcher = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--skip-preflight"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = start_k3deploy("launch", topo, "--skip-preflight")
     store = StateStore(tmp_path / "state")
     try:
         assert wait_for(lambda: store.path(name).exists()
@@ -214,9 +210,7 @@ def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> No
 
 def test_attach_streams_node_prefixed_logs_and_ctrl_c_stops(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name)
-    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "launch", str(topo), "--attach", "--skip-preflight"],
-                            cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_k3deploy("launch", topo, "--attach", "--skip-preflight")
     seen: set[str] = set()
     try:
         assert proc.stdout is not None
@@ -255,8 +249,7 @@ def _engine_pid(name: str, rank: int) -> int:
 def test_logs_follow_streams_until_the_deployment_stops(tmp_path: Path, name: str) -> None:
     topo = fake_topology(tmp_path, name)
     store, _ = launch_lib(topo)
-    proc = subprocess.Popen([sys.executable, "-m", "k3deploy", "logs", str(topo), "--follow", "--node", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_k3deploy("logs", topo, "--follow", "--node", "1")
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "[1 localhost] fake engine rank 1 up\n"
@@ -355,9 +348,7 @@ def test_unavailable_executor_is_input_error_and_leaves_no_record(tmp_path: Path
     no_ray = tmp_path / "no_ray" / "ray"  # a machine without Ray: `import ray` fails
     no_ray.mkdir(parents=True)
     (no_ray / "__init__.py").write_text("raise ImportError('No module named ray')\n")
-    run = subprocess.run([sys.executable, "-m", "k3deploy", "launch", str(topo), "--executor", "ray"],
-                         capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(no_ray.parent)})
+    run = run_k3deploy("launch", topo, "--executor", "ray", timeout_s=60, env={"PYTHONPATH": str(no_ray.parent)})
     assert run.returncode == 2 and "executor 'ray' needs Ray installed here" in run.stderr, run.stderr
     assert not StateStore(tmp_path / "state").path(name).exists()
     assert cli("launch", str(topo), "--executor", "bogus").returncode == 2

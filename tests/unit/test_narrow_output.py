@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning.files import plan_path
 from k3deploy.planning.report import plan_renderable, search_table
 from k3deploy.planning.search import search_shapes
+from tests.k3deploy_cli import run_k3deploy
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +55,8 @@ def test_search_reasons_are_whole_at_80_columns() -> None:
 def test_error_locations_are_never_split(tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text((ROOT / "tests" / "assets" / "invalid" / "five-mistakes.yaml").read_text())
-    r = subprocess.run([sys.executable, "-m", "k3deploy", "plan", str(f)], capture_output=True, text=True,
-                       cwd=ROOT, timeout=50, env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
-                       check=False)  # piped: rich falls back to 80 columns
+    r = run_k3deploy("plan", f, timeout_s=50,  # piped: rich falls back to 80 columns
+                     environ={k: v for k, v in os.environ.items() if k != "COLUMNS"})
     assert r.returncode == 2
     result = plan_path(f, load_catalog())
     for issue in result.issues:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from tests.cli_imports import imported_by
+from tests.k3deploy_cli import run_k3deploy
 from tests.unit.plan_helpers import codes, plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,9 +21,7 @@ INVALID = ROOT / "tests" / "assets" / "invalid"
 
 
 def k3(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "k3deploy", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, env=env, check=False)
+    return run_k3deploy(*args, timeout_s=60, env={"COLUMNS": "250"})
 
 
 def test_every_shipped_topology_is_feasible() -> None:

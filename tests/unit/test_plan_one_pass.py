@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning.files import plan_path
 from k3deploy.planning.search import search_shapes
 from k3deploy.topology.loader import TopologyError, parse_topology
+from tests.k3deploy_cli import run_k3deploy
 from tests.unit.plan_helpers import plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,8 +37,7 @@ parallel: {tp: 48, ep: 48}
 
 
 def k3(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, env={**os.environ, "COLUMNS": "200"}, check=False)
+    return run_k3deploy(*args, timeout_s=60, env={"COLUMNS": "200"})
 
 
 def write(tmp: Path, text: str, name: str = "t.yaml") -> Path:

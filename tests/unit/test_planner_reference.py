@@ -103,17 +103,32 @@ def test_sglang_pool_ratio_formula() -> None:
     assert m.state_pool_bytes / m.kv_pool_bytes == pytest.approx(r, rel=1e-6)
 
 
-def test_budget_lines_sum_to_usable() -> None:
-    for kind, gpu, per_node, nodes, tp, ep, dp, model in [
-        ("sglang", "h100-80gb", 8, 4, 32, 32, 1, "kimi-k3"),
-        ("vllm", "b200", 8, 2, 8, 16, 2, "kimi-k3"),
-        ("vllm-ascend", "ascend-a3", 16, 4, 16, 64, 4, "kimi-k3-w4a8"),
-    ]:
-        m = plan_of(topology_dict(kind=kind, gpu=gpu, per_node=per_node, nodes=nodes, tp=tp, ep=ep, dp=dp,
-                                  model=model)).memory
-        assert m is not None
-        total = m.weights_bytes + m.reserve_bytes + m.kv_pool_bytes + m.state_pool_bytes + m.headroom_bytes
-        assert total == m.usable_bytes
+@pytest.mark.parametrize("kind, gpu, per_node, nodes, tp, ep, dp, model", [
+    ("sglang", "h100-80gb", 8, 4, 32, 32, 1, "kimi-k3"),
+    ("vllm", "b200", 8, 2, 8, 16, 2, "kimi-k3"),
+    ("vllm-ascend", "ascend-a3", 16, 4, 16, 64, 4, "kimi-k3-w4a8"),
+])
+def test_budget_lines_recomputed_from_the_catalog(kind: str, gpu: str, per_node: int, nodes: int, tp: int, ep: int,
+                                                  dp: int, model: str) -> None:
+    cat = load_catalog()
+    plan = plan_of(topology_dict(kind=kind, gpu=gpu, per_node=per_node, nodes=nodes, tp=tp, ep=ep, dp=dp,
+                                 model=model))
+    m = plan.memory
+    assert m is not None and plan.shape is not None
+    hw = cat.gpu(gpu)
+    usable = hw.usable_bytes
+    reserve_gib = hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else cat.planner.runtime_reserve_gib
+    reserve = round(reserve_gib * GIB)
+    routed, rest = weights_bytes_per_gpu(cat.model(model), plan.shape)
+    share = usable * cat.engines[kind].default_mem_fraction
+    # SGLang's static fraction holds the weights and both pools (the reserve lies outside it); vLLM's memory
+    # utilization holds the reserve too, so the headroom is what lies outside the fraction either way.
+    cache = share - routed - rest - (0 if kind == "sglang" else reserve)
+    assert (m.usable_bytes, m.weights_bytes, m.reserve_bytes) == (usable, routed + rest, reserve)
+    assert m.kv_pool_bytes + m.state_pool_bytes == int(cache)
+    assert m.headroom_bytes == pytest.approx(usable - share - (reserve if kind == "sglang" else 0), abs=1)
+    assert m.headroom_bytes >= 0
+    assert m.weights_bytes + m.reserve_bytes + m.kv_pool_bytes + m.state_pool_bytes + m.headroom_bytes == usable
 
 
 def test_hopper_bf16_upcast_is_over_3_5x() -> None:

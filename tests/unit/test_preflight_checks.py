@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +18,19 @@ from k3deploy.preflight.checks_host import HOST_CHECKS
 from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
 from k3deploy.preflight.nodes import engine_python, node_inputs
-from k3deploy.sim.checkpoint import write_checkpoint
+from tests.k3deploy_cli import run_k3deploy as cli
 from tests.unit.test_launch_support import fake_topology, kill_tagged
 
-ROOT = Path(__file__).resolve().parents[2]
 CHECKS = {c.name: c for c in (*HOST_CHECKS, *STACK_CHECKS)}
+# Checks that do not apply on the local rig's `sim` hardware and local executor, with the reason they give;
+# every other check must pass on healthy nodes (a check that always skips fails these tests), and these three
+# must pass on healthy nodes where they apply (test_checks_that_skip_here_pass_where_they_apply).
+NOT_HERE = {"accelerators": "hardware is sim", "driver": "hardware is sim", "ray": "not launched through Ray"}
+IDLE_H100S = [{"exit": 0, "err": "", "out": "".join(f"{i}, NVIDIA H100 80GB HBM3, 81559, 4, 550.54.15\n"
+                                                    for i in range(8))},
+              {"exit": 0, "err": "", "out": ""},
+              {"exit": 0, "err": "", "out": "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: "
+                                            "12.4     |\n"}]
 ENGINE_OK = {"python": "3.11.2", "executable": "/usr/bin/python3", "torch": "2.13.0", "ray": "2.60.0",
              "version": "0.5.23", "known_archs": ["KimiK3ForConditionalGeneration"], "error": ""}
 
@@ -60,6 +65,11 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Context:
     plan = require_feasible(topo, cat)
     jobs = jobs_for(plan, None, cat)
     return Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs, cat), executor="local")
+
+
+def healthy(check: str, status: str, detail: str) -> bool:
+    """A healthy node's verdict: pass, or the skip (with its reason) of a check that does not apply here."""
+    return status == "skip" and NOT_HERE[check] in detail if check in NOT_HERE else status == "pass"
 
 
 def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str, str, str]]:
@@ -97,7 +107,7 @@ def test_one_odd_node_fails_alone_with_a_fix(ctx: Context, check: str, odd: dict
                                              fix: str) -> None:
     got = judge(ctx, check, odd)
     assert got[2][0] == "fail" and says in got[2][1] and fix in got[2][2], got[2]
-    assert all(got[r][0] in ("pass", "skip") for r in (0, 1, 3)), got
+    assert all(healthy(check, *got[r][:2]) for r in (0, 1, 3)), got
 
 
 def test_healthy_facts_pass_and_unreachable_nodes_are_errors(ctx: Context) -> None:
@@ -108,7 +118,29 @@ def test_healthy_facts_pass_and_unreachable_nodes_are_errors(ctx: Context) -> No
     for check in CHECKS.values():
         verdicts = {v.rank: v for v in check.run(c).verdicts}
         assert verdicts[1].status == "error" and "cannot connect" in verdicts[1].detail
-        assert all(verdicts[r].status in ("pass", "skip") for r in (0, 2, 3)), (check.name, verdicts)
+        assert all(healthy(check.name, verdicts[r].status, verdicts[r].detail) for r in (0, 2, 3)), \
+            (check.name, verdicts)
+
+
+@pytest.fixture(scope="module")
+def h100_ctx() -> Context:
+    """Four H100 nodes (a plan of the h100-4x8 shape), each reporting eight idle GPUs and one driver."""
+    from tests.unit.plan_helpers import plan_of, topology_dict
+
+    cat = catalog_for(None)
+    plan = plan_of(topology_dict())
+    c = Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs_for(plan, None, cat), cat), executor="ssh")
+    c.facts = {r: {**facts(n.ip), "tools": {"nvidia": IDLE_H100S}} for r, n in c.nodes.items()}
+    return c
+
+
+def test_checks_that_skip_here_pass_where_they_apply(ctx: Context, h100_ctx: Context) -> None:
+    on_ray = copy.copy(ctx)
+    on_ray.executor = "ray"
+    on_ray.facts = {r: facts(n.ip) for r, n in ctx.nodes.items()}
+    for check, c in (("accelerators", h100_ctx), ("driver", h100_ctx), ("ray", on_ray)):
+        verdicts = CHECKS[check].run(c).verdicts
+        assert len(verdicts) == len(c.nodes) and all(v.status == "pass" for v in verdicts), (check, verdicts)
 
 
 def test_engine_interpreter_from_the_argv() -> None:
@@ -118,20 +150,15 @@ def test_engine_interpreter_from_the_argv() -> None:
     assert engine_python(["docker", "run", "img"]) is None
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, check=False,
-                          timeout=120, cwd=ROOT, env=dict(os.environ))
-
-
 @pytest.mark.timeout(180)
-def test_preflight_and_launch_on_local_nodes(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    write_checkpoint(ckpt)
-    topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(ckpt)})
+def test_preflight_and_launch_on_local_nodes(tmp_path: Path, checkpoint: Path) -> None:
+    topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(checkpoint)})
     run = cli("preflight", str(topo), "--json", "--junit", str(tmp_path / "pf.xml"))
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
     assert report["exit_code"] == 0 and sorted(report["measurements"]) == ["0", "1", "2", "3"]
+    elapsed = {c["name"]: c["elapsed_s"] for c in report["checks"]}
+    assert elapsed["rendezvous"] > 0 and elapsed["port"] > 0, elapsed  # the runner times each check
     assert "preflight.rendezvous" in (tmp_path / "pf.xml").read_text()
     table = cli("preflight", str(topo))
     assert table.returncode == 0 and "rendezvous" in table.stdout and "busbw" in table.stdout, table.stdout

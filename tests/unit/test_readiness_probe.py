@@ -2,7 +2,6 @@
 choice between them, and the log lines that end a launch at once."""
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +12,7 @@ import pytest
 from k3deploy.executors.http import HttpFailure, NodeHttp, serving
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.launch.readiness import choose_probe_from, fatal_line, reachable_from_here
+from tests.ports import closed_port
 
 PATHS = ("/health", "/v1/models")
 
@@ -44,12 +44,6 @@ def server() -> Iterator[tuple[str, type[_Handler]]]:
         thread.join(5)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _NoForwarding(LocalExecutor):
     """A node whose executor cannot forward ports (as Ray): HTTP checks run on the node itself."""
 
@@ -67,14 +61,14 @@ def test_serving_asked_here_through_a_forward_or_on_the_node(server: tuple[str, 
         assert http.route == ("here" if via is None else "forwarded" if type(via) is LocalExecutor else "on-node")
         handler.health = 503
         assert serving(http, PATHS) == (False, "/health: HTTP 503")
-    with NodeHttp(f"http://127.0.0.1:{_closed_port()}", via=via) as http:
+    with NodeHttp(f"http://127.0.0.1:{closed_port()}", via=via) as http:
         ok, why = serving(http, PATHS)
         assert not ok and why.startswith("/health: ")
 
 
 def test_a_node_request_takes_hostile_urls_and_bodies_as_data(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    with NodeHttp(f"http://127.0.0.1:{_closed_port()}", via=_NoForwarding("n")) as http, \
+    with NodeHttp(f"http://127.0.0.1:{closed_port()}", via=_NoForwarding("n")) as http, \
             pytest.raises(HttpFailure, match="^n: "):
         http.post(f"/$(touch {marker});touch {marker}", {"x": f"`touch {marker}`'\""})
     assert not marker.exists()
@@ -85,7 +79,7 @@ def test_choice_of_where_readiness_is_asked(server: tuple[str, type[_Handler]]) 
     assert choose_probe_from("head", url) == "head" and choose_probe_from("here", url) == "here"
     assert choose_probe_from("auto", None) == "here"
     assert choose_probe_from("auto", url) == "here"  # something listens
-    refused = f"http://127.0.0.1:{_closed_port()}"
+    refused = f"http://127.0.0.1:{closed_port()}"
     assert reachable_from_here(refused)  # refused: the host answered, so it is reachable from here
     assert choose_probe_from("auto", refused) == "here"
     assert not reachable_from_here("http:///health")

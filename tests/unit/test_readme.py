@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -12,6 +10,7 @@ import yaml
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.errors import EXIT_CODES
 from k3deploy.planning.files import plan_path
+from tests.k3deploy_cli import run_k3deploy
 from tests.readme_text import README, ROOT, code_blocks, section, two_commands
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,8 +53,7 @@ def test_every_exit_code_is_documented_including_70() -> None:
     table = section("Commands")
     documented = {int(c) for c in re.findall(r"^\| (\d+) \|", table, flags=re.MULTILINE)}
     assert 70 in EXIT_CODES and documented == set(EXIT_CODES), documented
-    help_text = subprocess.run([sys.executable, "-m", "k3deploy", "--help"], capture_output=True, text=True,
-                               cwd=ROOT, timeout=30, check=False, env={"COLUMNS": "200", "PATH": "/usr/bin"}).stdout
+    help_text = run_k3deploy("--help", timeout_s=30, environ={"COLUMNS": "200", "PATH": "/usr/bin"}).stdout
     assert "70 a bug in k3deploy" in help_text
 
 
@@ -64,8 +62,7 @@ def test_curl_asks_for_the_model_name_the_demo_serves() -> None:
     body = re.search(r"-d '(\{.*?\})'", flow, flags=re.DOTALL)
     assert body is not None
     model = json.loads(body.group(1))["model"]
-    rendered = subprocess.run([sys.executable, "-m", "k3deploy", "render", "topologies/local-demo.yaml", "--node",
-                               "0"], capture_output=True, text=True, cwd=ROOT, timeout=30, check=False).stdout
+    rendered = run_k3deploy("render", "topologies/local-demo.yaml", "--node", "0", timeout_s=30).stdout
     served = re.search(r"--served-model-name (\S+)", rendered)
     assert served is not None and served.group(1) == model == "kimi-k3-tiny"
     assert ".venv/bin/k3deploy launch topologies/local-demo.yaml" in flow

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.k3deploy_cli import run_k3deploy
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,8 +20,7 @@ FAKE = "hf_" + "Zx9" * 10
 
 def render(path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
-    return subprocess.run([sys.executable, "-m", "k3deploy", "render", str(path), *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=50, env={**base, **env}, check=False)
+    return run_k3deploy("render", path, *args, timeout_s=50, env=env, environ=base)
 
 
 def test_json_keeps_secret_references_out_of_env() -> None:

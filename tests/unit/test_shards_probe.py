@@ -37,20 +37,14 @@ def messages(result: dict[str, Any]) -> list[str]:
     return [p["message"] for p in result["problems"]]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
-    path = tmp_path_factory.mktemp("tiny")
-    return path, write_checkpoint(path)
-
-
 def expect_of(model_id: str) -> dict[str, Any]:
     from k3deploy.validate.stages.shards import config_expectations
 
     return config_expectations(load_catalog().model(model_id))
 
 
-def test_clean_checkpoint_passes_and_digests_match_the_manifest(tiny: tuple[Path, Manifest]) -> None:
-    path, manifest = tiny
+def test_clean_checkpoint_passes_and_digests_match_the_manifest(checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    path, manifest = checkpoint_manifest
     progress, result = probe(path, expect=expect_of("kimi-k3-tiny"), files=manifest.expected(), progress_s=0.01)
     assert result["problems"] == [] and result["missing"] == []
     assert {n: tuple(v) for n, v in result["files"].items()} == {n: (d.size, d.sha256) for n, d in manifest.files.items()}
@@ -81,8 +75,8 @@ def test_a_flipped_byte_passes_structure_and_changes_the_digest(tmp_path: Path) 
     assert changed == [SHARD1]
 
 
-def test_config_against_another_catalog_entry_names_each_field(tiny: tuple[Path, Manifest]) -> None:
-    _, result = probe(tiny[0], expect=expect_of("kimi-k3"), hash=False)
+def test_config_against_another_catalog_entry_names_each_field(checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    _, result = probe(checkpoint_manifest[0], expect=expect_of("kimi-k3"), hash=False)
     found = messages(result)
     assert "config.json: text_config.hidden_size is 256, the catalog says 7168" in found
     assert "config.json: text_config.num_experts is 32, the catalog says 896" in found
@@ -94,8 +88,8 @@ def _shard(path: Path, header: dict[str, Any], payload: int, header_len: int | N
     path.write_bytes(struct.pack("<Q", header_len if header_len is not None else len(raw)) + raw + b"\0" * payload)
 
 
-def test_holes_overlaps_spans_caps_and_missing_shards(tmp_path: Path, tiny: tuple[Path, Manifest]) -> None:
-    for f in tiny[0].iterdir():
+def test_holes_overlaps_spans_caps_and_missing_shards(tmp_path: Path, checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    for f in checkpoint_manifest[0].iterdir():
         shutil.copy(f, tmp_path / f.name)
     a = "model-00001-of-00004.safetensors"
     index = json.loads((tmp_path / shards.INDEX_FILE).read_text())
@@ -126,10 +120,10 @@ def test_full_scale_sparse_k3_checkpoint_passes_structure(tmp_path: Path) -> Non
     assert result["problems"] == []
 
 
-def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: Path, tiny: tuple[Path, Manifest]) -> None:
+def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: Path, checkpoint_manifest: tuple[Path, Manifest]) -> None:
     sha = "f831ab6" + "0" * 33
     local = tmp_path / "local-dir"
-    shutil.copytree(tiny[0], local, ignore=shutil.ignore_patterns("k3-manifest.json"))
+    shutil.copytree(checkpoint_manifest[0], local, ignore=shutil.ignore_patterns("k3-manifest.json"))
     meta = local / ".cache" / "huggingface" / "download"
     meta.mkdir(parents=True)
     for name in ("config.json", "model-00001-of-00004.safetensors"):  # what `hf download --local-dir` leaves

@@ -32,12 +32,6 @@ EXPERT_NAME = re.compile(
 SHARD_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
-    directory = tmp_path_factory.mktemp("ckpt")
-    return directory, write_checkpoint(directory)
-
-
 def _shard_keys(directory: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for shard in sorted(directory.glob("model-*.safetensors")):
@@ -101,8 +95,8 @@ def test_routed_expert_names_and_shapes_match_the_reference() -> None:
     assert len({s.name for s in specs}) == len(specs)
 
 
-def test_shards_open_with_safetensors_and_match_specs(checkpoint: tuple[Path, Manifest]) -> None:
-    directory, _ = checkpoint
+def test_shards_open_with_safetensors_and_match_specs(checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    directory, _ = checkpoint_manifest
     specs = {s.name: s for s in tensor_specs(tiny_config())}
     shards = sorted(directory.glob("model-*.safetensors"))
     assert [SHARD_NAME.fullmatch(p.name) is not None for p in shards] == [True] * 4
@@ -118,8 +112,8 @@ def test_shards_open_with_safetensors_and_match_specs(checkpoint: tuple[Path, Ma
     assert seen == len(specs)
 
 
-def test_index_agrees_with_shards(checkpoint: tuple[Path, Manifest]) -> None:
-    directory, _ = checkpoint
+def test_index_agrees_with_shards(checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    directory, _ = checkpoint_manifest
     index = json.loads((directory / "model.safetensors.index.json").read_text())
     assert index["weight_map"] == _shard_keys(directory)
     assert index["metadata"]["total_size"] == sum(s.nbytes for s in tensor_specs(tiny_config()))
@@ -127,8 +121,8 @@ def test_index_agrees_with_shards(checkpoint: tuple[Path, Manifest]) -> None:
     assert json.loads((directory / "config.json").read_text()) == tiny_config()
 
 
-def test_manifest_matches_files(checkpoint: tuple[Path, Manifest]) -> None:
-    directory, manifest = checkpoint
+def test_manifest_matches_files(checkpoint_manifest: tuple[Path, Manifest]) -> None:
+    directory, manifest = checkpoint_manifest
     assert Manifest.load(directory) == manifest
     assert manifest.revision == "tiny-r1"
     assert set(manifest.files) == {p.name for p in directory.iterdir()} - {"k3-manifest.json"}

@@ -4,31 +4,20 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.cli_imports import imported_by
+from tests.k3deploy_cli import run_k3deploy
 from tests.validate_nodes import topology_file
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, timeout=100,
-                          check=False, cwd=ROOT)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
+    return run_k3deploy(*args, timeout_s=100)
 
 
 def local_topology(tmp: Path, checkpoint: Path, **validate: object) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,25 +16,15 @@ from k3deploy.sim.rendezvous import free_port
 from k3deploy.validate.nodes import fleet_runner
 from k3deploy.validate.pipeline import Report
 from k3deploy.validate.run import resolve_target, validate
+from tests.k3deploy_cli import run_k3deploy
 from tests.unit.test_launch_support import kill_tagged
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parents[2]
 MINE = ["kernels", "topology", "short"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "k3deploy", *args], capture_output=True, text=True, timeout=100,
-                          check=False, cwd=ROOT, env={**os.environ, "K3SIM_SPEED": "4"})
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
+    return run_k3deploy(*args, timeout_s=100, env={"K3SIM_SPEED": "4"})
 
 
 class Running:

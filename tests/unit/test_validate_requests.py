@@ -23,15 +23,6 @@ BENCH_FIELDS = ("duration", "completed", "total_input_tokens", "total_output_tok
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from k3deploy.sim.checkpoint import write_checkpoint
-
-    path = tmp_path_factory.mktemp("ckpt") / "kimi-k3-tiny"
-    write_checkpoint(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """One clean SGLang-mimicking deployment, validated once."""
     tmp = tmp_path_factory.mktemp("clean")

@@ -3,7 +3,6 @@
 thresholds decide."""
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -67,7 +66,6 @@ class EffortStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Run both workloads one after the other and judge each against the thresholds."""
-        start = time.monotonic()
         settings = ctx.topology.validate_
         gpus = len(ctx.nodes) * ctx.topology.hardware.gpus_per_node
         summaries: dict[str, dict[str, Any]] = {}
@@ -93,6 +91,6 @@ class EffortStage:
         evidence = "\n".join(_line(n, s) for n, s in summaries.items())
         if problems:
             return StageResult(name=self.name, status="fail", detail="; ".join(problems) + f" ({head})",
-                               seconds=round(time.monotonic() - start, 3), evidence=evidence, results=results)
+                               evidence=evidence, results=results)
         return StageResult(name=self.name, status="pass", detail=f"{head}: {evidence.replace(chr(10), '; ')}",
-                           seconds=round(time.monotonic() - start, 3), evidence=evidence, results=results)
+                           evidence=evidence, results=results)

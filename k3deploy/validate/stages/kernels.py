@@ -2,7 +2,6 @@
 K3 (the renderers' table, k3deploy.engines.kernels), and no line says the experts fell back or were upcast."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from k3deploy.catalog.specs import Catalog, HardwareSpec
@@ -93,7 +92,6 @@ class KernelsStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Read every node's log and judge it."""
-        start = time.monotonic()
         hw = hardware_of(ctx)
         family = family_of(ctx)
         needs = kernel_needs(hw, family, ctx.topology.parallel.dcp)
@@ -112,4 +110,4 @@ class KernelsStage:
                 evidence = f"node {node.rank} ({node.host}): " + "\n".join(found.seen)
         wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention) if x) or "no rule"
         passed = f"{len(rows)} nodes on {hw.id}: {rows[0].detail if rows else ''} (needs {wanted}; {patterns.version})"
-        return node_result(self.name, rows, time.monotonic() - start, passed, evidence)
+        return node_result(self.name, rows, passed, evidence)

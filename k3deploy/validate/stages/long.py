@@ -2,7 +2,6 @@
 facts planted at several depths of it come back (a lost linear-attention state still answers fluently)."""
 from __future__ import annotations
 
-import time
 import uuid
 
 from k3deploy.validate import haystack
@@ -54,7 +53,6 @@ class LongStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Size the prompt with the engine's tokenizer, send it, check tokens and facts."""
-        start = time.monotonic()
         settings, context = ctx.topology.validate_, ctx.topology.serving.context_length
         wanted = settings.long_request_tokens or int(context * settings.long_request_fraction)
         target = min(wanted, context - settings.answer_max_tokens)
@@ -64,7 +62,7 @@ class LongStage:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts, closing)
             if sizing is None:
-                return StageResult(name=self.name, status="fail", seconds=round(time.monotonic() - start, 3),
+                return StageResult(name=self.name, status="fail",
                                    detail="short calibration requests failed: no usage.prompt_tokens",
                                    evidence="")
             sentences = sizing.sentences_for(target)
@@ -73,13 +71,13 @@ class LongStage:
             rec = chat.ask([{"role": "user", "content": text}], settings.answer_max_tokens,
                            **effort_fields(RETRIEVAL_EFFORT, effort_via(ctx)))
             note = context_note(chat, context) if rec.error else ""
-        return self._result(rec, facts, expected, target, wanted, note, time.monotonic() - start)
+        return self._result(rec, facts, expected, target, wanted, note)
 
     def _result(self, rec: StreamRecord, facts: list[haystack.Fact], expected: int, target: int, wanted: int,
-                note: str, seconds: float) -> StageResult:
+                note: str) -> StageResult:
         clamp = f" (asked {wanted:,}, less answer room)" if target < wanted else ""
         if rec.error is not None:
-            return StageResult(name=self.name, status="fail", seconds=round(seconds, 3),
+            return StageResult(name=self.name, status="fail",
                                detail=f"a {expected:,}-token request{clamp} failed: {rec.error[:200]}{note}",
                                evidence=rec.error)
         got, tol = rec.prompt_tokens or 0, prompt_tolerance(expected)
@@ -96,7 +94,7 @@ class LongStage:
         detail += retrieval_line(found) if not problems else f"{ttft}"
         evidence = f"answer: {rec.content[:400]!r}" + (f"; reasoning: {rec.reasoning[:120]!r}" if problems else "")
         return StageResult(name=self.name, status="fail" if problems else "pass", detail=detail,
-                           seconds=round(seconds, 3), evidence=evidence,
+                           evidence=evidence,
                            results={"prompt_tokens": got, "expected_prompt_tokens": expected,
                                     "ttft_ms": round((rec.ttft_s or 0) * 1000, 1),
                                     "retrieved": {f"{d:.0%}": ok for d, ok in found.items()}})

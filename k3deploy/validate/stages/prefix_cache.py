@@ -4,7 +4,6 @@ predicts, the hit turn still retrieves its facts, and a hit answers exactly as t
 while "hitting"."""
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -35,7 +34,6 @@ class PrefixCacheStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Turn 1 cold, turn 2 on the hit, turn 2 again cold; every problem found is listed."""
-        start = time.monotonic()
         settings = ctx.topology.validate_
         facts = haystack.facts_at(settings.retrieval_depths)
         effort = effort_fields(RETRIEVAL_EFFORT, effort_via(ctx))
@@ -44,23 +42,23 @@ class PrefixCacheStage:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts)
             if sizing is None:
-                return StageResult(name=self.name, status="fail", seconds=round(time.monotonic() - start, 3),
+                return StageResult(name=self.name, status="fail",
                                    detail="short calibration requests failed: no usage.prompt_tokens")
             notes = haystack.haystack(sizing.sentences_for(min(settings.prefix_cache_tokens, limit)), facts,
                                       uuid.uuid4().hex[:12])
             turn1 = [{"role": "user", "content": notes + "\n\nSummarise the notes in one sentence."}]
             first = chat.ask(turn1, settings.answer_max_tokens, **effort)
             if first.error is not None:
-                return StageResult(name=self.name, status="fail", seconds=round(time.monotonic() - start, 3),
+                return StageResult(name=self.name, status="fail",
                                    detail=f"turn 1 failed: {first.error[:200]}", evidence=first.error)
             turn2 = [*turn1, {"role": "assistant", "content": first.content},
                      {"role": "user", "content": haystack.questions(facts)}]
             hit = chat.ask(turn2, settings.answer_max_tokens, **effort)
             cold, how = chat.cold(turn2, settings.answer_max_tokens, **effort)
-        return self._result(ctx, chat.dialect, facts, first, hit, cold, how, time.monotonic() - start)
+        return self._result(ctx, chat.dialect, facts, first, hit, cold, how)
 
     def _result(self, ctx: ValidateContext, dialect: str, facts: list[haystack.Fact], first: StreamRecord,
-                hit: StreamRecord, cold: StreamRecord | None, how: str, seconds: float) -> StageResult:
+                hit: StreamRecord, cold: StreamRecord | None, how: str) -> StageResult:
         settings = ctx.topology.validate_
         predicted = predicted_hit_tokens(first.prompt_tokens or 0, settings.cache_block_tokens)
         problems: list[str] = []
@@ -98,11 +96,11 @@ class PrefixCacheStage:
             "hit_ttft_ms": round((hit.ttft_s or 0) * 1000, 1),
             "cold_ttft_ms": round((cold.ttft_s or 0) * 1000, 1) if cold is not None else None}
         if problems:
-            return StageResult(name=self.name, status="fail", detail="; ".join(problems), seconds=round(seconds, 3),
+            return StageResult(name=self.name, status="fail", detail="; ".join(problems),
                                evidence=f"hit answer: {hit.content[:300]!r}" + (
                                    f"\ncold answer: {cold.content[:300]!r}" if cold is not None else ""),
                                results=results)
         detail = (f"turn 2 cached {cached:,} of {prompt:,} tokens (predicted ≥ {predicted:,}); "
                   f"{retrieval_line(found)} on the hit; hit and cold ({how}) answers equal token for token")
-        return StageResult(name=self.name, status="pass", detail=detail, seconds=round(seconds, 3),
+        return StageResult(name=self.name, status="pass", detail=detail,
                            evidence=f"hit answer: {hit.content[:300]!r}", results=results)

@@ -3,7 +3,6 @@ manifest, and the digests across nodes."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from k3deploy.catalog.specs import ModelSpec
@@ -40,7 +39,6 @@ class ShardsStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Run the probe everywhere and turn its answers into node rows."""
-        start = time.monotonic()
         spec = {"path": ctx.topology.model.path, "expect": config_expectations(ctx.model), "hash": True,
                 "files": ctx.manifest.expected() if ctx.manifest is not None else None, "progress_s": 1.0}
         timeout_s = ctx.topology.validate_.shards_timeout_s or (
@@ -56,9 +54,9 @@ class ShardsStage:
                                            float(tick["elapsed_s"])))
 
         outcomes = ctx.run_probe(probe, [json.dumps(spec)], timeout_s=timeout_s, on_line=on_line)
-        return self._result(ctx, outcomes, time.monotonic() - start)
+        return self._result(ctx, outcomes)
 
-    def _result(self, ctx: ValidateContext, outcomes: Any, seconds: float) -> StageResult:
+    def _result(self, ctx: ValidateContext, outcomes: Any) -> StageResult:
         problems: dict[int, list[str]] = {}
         errors: dict[int, str] = {}
         digests: list[compare.NodeDigests] = []
@@ -86,7 +84,7 @@ class ShardsStage:
             problems[rank] += [] if ctx.manifest is not None and problems[rank] else lines
         rows = [self._row(node.rank, node.host, problems.get(node.rank, []), errors.get(node.rank),
                           answers.get(node.rank)) for node in ctx.nodes]
-        return _summary(self.name, rows, seconds, ctx)
+        return _summary(self.name, rows, ctx)
 
     @staticmethod
     def _row(rank: int, host: str, found: list[str], error: str | None, answer: dict[str, Any] | None) -> NodeRow:
@@ -103,7 +101,7 @@ class ShardsStage:
         return NodeRow(rank=rank, host=host, status="pass", detail=detail)
 
 
-def _summary(name: str, rows: list[NodeRow], seconds: float, ctx: ValidateContext) -> StageResult:
+def _summary(name: str, rows: list[NodeRow], ctx: ValidateContext) -> StageResult:
     failed = [r for r in rows if r.status == "fail"]
     broken = [r for r in rows if r.status == "error"]
     status: Status = "fail" if failed else "error" if broken else "pass"
@@ -117,5 +115,5 @@ def _summary(name: str, rows: list[NodeRow], seconds: float, ctx: ValidateContex
         if len(bad) > 3:
             detail += f"; and {len(bad) - 3} more nodes"
         evidence = "\n".join(f"node {r.rank} ({r.host}): {p}" for r in bad for p in r.problems)
-    return StageResult(name=name, status=status, detail=detail, seconds=round(seconds, 3), nodes=rows,
+    return StageResult(name=name, status=status, detail=detail, nodes=rows,
                        evidence=evidence)

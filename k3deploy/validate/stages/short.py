@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,7 +141,6 @@ class ShortStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Four requests through rank 0's API."""
-        start = time.monotonic()
         key = REASONING_KEY[family_of(ctx)]
         timeout_s = ctx.topology.validate_.request_timeout_s
         problems: list[str] = []
@@ -165,12 +163,11 @@ class ShortStage:
                     problems += [f"{label}: {p}" for p in found]
                     if found or not seen:
                         seen.append(f"{label}: {excerpt}")
-        seconds = round(time.monotonic() - start, 3)
         if problems:
             more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-            return StageResult(name=self.name, status="fail", detail=problems[0] + more, seconds=seconds,
+            return StageResult(name=self.name, status="fail", detail=problems[0] + more,
                                evidence="\n".join(problems + seen))
-        return StageResult(name=self.name, status="pass", seconds=seconds, evidence="\n".join(seen),
+        return StageResult(name=self.name, status="pass", evidence="\n".join(seen),
                            detail=f"chat and tool call, streamed and not: reasoning in `{key}`, "
                                   "tool_calls valid per the schema, finish_reason stop / tool_calls")
 
