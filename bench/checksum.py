@@ -5,8 +5,9 @@
    and against coreutils `sha256sum` over the same files. Targets: >= 1.8x the single thread on a 2-core
    machine (the limit is 2x), >= 8x sha256sum.
 2. The structural check of a full-scale sparse K3 checkpoint (96 shards, every real tensor header; holes
-   for payloads) through the probe as a node runs it (`python3 -c SOURCE SPEC`): wall and CPU seconds,
-   beside the floor (reading and json-parsing the same headers and index, checking nothing). Target: under 1 s.
+   for payloads) through the probe as a node runs it (`python3 -c SOURCE SPEC`), once with each JSON parser
+   this interpreter has (msgspec, the standard library's json): wall and CPU seconds, beside each
+   parser's floor (reading and parsing the same headers and index, checking nothing). Target: under 1 s.
 
 Usage: python bench/checksum.py [--files 4] [--mib 256] [--runs 3] [--skip-sparse]
 Runs are interleaved (A, B, C, A, B, C, ...) so a busy machine slows all three alike; the best run of each
@@ -30,27 +31,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from k3deploy.validate.probes import shards
+from k3deploy.probes import shard_inventory, shards
+from k3deploy.probes.bundle import program
 
 BUFFER = 8 << 20
 
-# The floor of the structural check: only read and json-parse every shard header (in as many processes as
-# there are cores, like the probe) and the index, checking nothing: the standard library's own minimum.
+# The floor of the structural check: only read and parse every shard header (in as many processes as there
+# are cores, like the probe) and the index, checking nothing: one parser's own minimum. {loads} is the parser.
 PARSE_FLOOR = r"""
 import json, os, struct, sys
 from concurrent.futures import ProcessPoolExecutor
+{imports}
 def header(path):
     with open(path, "rb") as fh:
         n = struct.unpack("<Q", fh.read(8))[0]
-        return len(json.loads(fh.read(n)))
+        return len({loads}(fh.read(n)))
 root = sys.argv[1]
 shards = sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".safetensors"))
 with ProcessPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
     tensors = sum(pool.map(header, shards))
 with open(os.path.join(root, "model.safetensors.index.json"), "rb") as fh:
-    names = len(json.loads(fh.read())["weight_map"])
+    names = len({loads}(fh.read())["weight_map"])
 print(tensors, names)
 """
+FLOOR_PARSERS = {"json": ("", "json.loads"), "orjson": ("import orjson", "orjson.loads"),
+                 "msgspec": ("import msgspec.json", "msgspec.json.decode")}
 
 
 def one_thread(paths: list[str]) -> dict[str, str]:
@@ -69,7 +74,7 @@ def one_thread(paths: list[str]) -> dict[str, str]:
 
 def probe(paths: list[str]) -> dict[str, str]:
     """k3deploy: the node probe's threaded hashing."""
-    return {p: sha for p, (_, sha) in shards.sha256_files(paths).items()}
+    return {p: sha for p, (_, sha) in shard_inventory.sha256_files(paths).items()}
 
 
 def sha256sum(paths: list[str]) -> dict[str, str]:
@@ -122,32 +127,54 @@ def hashing(tmp: Path, files: int, mib: int, runs: int) -> dict[str, float]:
 
 
 def sparse(tmp: Path, runs: int) -> dict[str, float]:
+    """The structural check with each JSON parser this interpreter has, beside each parser's parse floor."""
+    import importlib.util
+
     from k3deploy.catalog.loader import load_catalog
+    from k3deploy.probes.fast_json import PARSERS
     from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
     from k3deploy.validate.stages.shards import config_expectations
 
     model = load_catalog().model("kimi-k3")
     path = tmp / "k3-sparse"
     total = write_sparse_checkpoint(path, model.architecture.model_dump())
-    spec = json.dumps({"path": str(path), "expect": config_expectations(model), "hash": False})
-    best_wall, best_cpu, floor_wall, floor_cpu = float("inf"), float("inf"), float("inf"), float("inf")
-    for _ in range(runs):  # interleaved: the check, then the parse-only floor
-        wall, cpu, out = _child([sys.executable, "-c", Path(shards.__file__).read_text(), spec])
-        result = json.loads(out.splitlines()[-1])
-        assert result["problems"] == [], result["problems"][:3]
-        best_wall, best_cpu = min(best_wall, wall), min(best_cpu, cpu)
-        wall, cpu, _ = _child([sys.executable, "-c", PARSE_FLOOR, str(path)])
-        floor_wall, floor_cpu = min(floor_wall, wall), min(floor_cpu, cpu)
+    parsers = [p for p in PARSERS if p == "json" or importlib.util.find_spec(p) is not None]
+    floors_only = [p for p in FLOOR_PARSERS if p not in parsers and importlib.util.find_spec(p) is not None]
+    best: dict[str, list[float]] = {}
+    for _ in range(runs):  # interleaved: each parser's check, then its parse-only floor
+        for name in parsers:
+            spec = json.dumps({"path": str(path), "expect": config_expectations(model), "hash": False,
+                               "json_parser": name})
+            wall, cpu, out = _child([sys.executable, "-c", program(shards), spec])
+            result = json.loads(out.splitlines()[-1])
+            assert result["problems"] == [] and result["json_parser"] == name, result["problems"][:3]
+            imports, loads = FLOOR_PARSERS[name]
+            fwall, fcpu, _ = _child([sys.executable, "-c", PARSE_FLOOR.format(imports=imports, loads=loads),
+                                     str(path)])
+            old = best.get(name, [float("inf")] * 4)
+            best[name] = [min(old[0], wall), min(old[1], cpu), min(old[2], fwall), min(old[3], fcpu)]
+        for name in floors_only:  # a parser the probe does not use (see probes/fast_json.py): its floor only
+            imports, loads = FLOOR_PARSERS[name]
+            fwall, fcpu, _ = _child([sys.executable, "-c", PARSE_FLOOR.format(imports=imports, loads=loads),
+                                     str(path)])
+            old = best.get(name, [float("nan"), float("nan"), float("inf"), float("inf")])
+            best[name] = [old[0], old[1], min(old[2], fwall), min(old[3], fcpu)]
     cores = os.cpu_count() or 1
-    print(f"  96 shards, {total:,} payload bytes: structure {best_wall:.2f} s wall, {best_cpu:.2f} s CPU "
-          f"on {cores} cores (target < 1 s)")
-    print(f"  floor (read + json-parse every header and the index, no checks): {floor_wall:.2f} s wall, "
-          f"{floor_cpu:.2f} s CPU; structure / floor = {best_wall / floor_wall:.2f}x wall")
-    if floor_wall >= 1.0:
-        print(f"  < 1 s is below this machine's floor: the parse alone needs {floor_cpu:.2f} CPU-s over {cores} "
-              f"cores; proposed target: structure within 1.5x of the parse floor")
-    return {"structure_wall_s": best_wall, "structure_cpu_s": best_cpu, "parse_floor_wall_s": floor_wall,
-            "parse_floor_cpu_s": floor_cpu}
+    print(f"  96 shards, {total:,} payload bytes, {cores} cores (target < 1 s wall):")
+    out: dict[str, float] = {}
+    for name, (wall, cpu, fwall, fcpu) in best.items():
+        if name in floors_only:
+            print(f"  {name:8} (not used by the probe) floor {fwall:.2f} s wall, {fcpu:.2f} s CPU")
+            out |= {f"{name}_floor_wall_s": fwall, f"{name}_floor_cpu_s": fcpu}
+            continue
+        print(f"  {name:8} structure {wall:.2f} s wall, {cpu:.2f} s CPU; floor (read + parse every header and "
+              f"the index, no checks) {fwall:.2f} s wall, {fcpu:.2f} s CPU; structure / floor = {wall / fwall:.2f}x")
+        out |= {f"{name}_structure_wall_s": wall, f"{name}_structure_cpu_s": cpu,
+                f"{name}_floor_wall_s": fwall, f"{name}_floor_cpu_s": fcpu}
+    if "json" in best and len(best) > 1:
+        fastest = min(parsers, key=lambda n: best[n][0])
+        print(f"  fastest here: {fastest}, standard json / {fastest} = {best['json'][0] / best[fastest][0]:.2f}x wall")
+    return out
 
 
 def _child(argv: list[str]) -> tuple[float, float, str]:

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from k3deploy.topology.schema import ValidateSettings
+from k3deploy.topology.settings import ValidateSettings
 from k3deploy.validate.loadgen import run_load
 
 FAST_TPOT_S = 0.005  # a fast K3 decode step: the most one stream can ask of the client

@@ -37,6 +37,11 @@ class Issue(NamedTuple):
         return self._asdict()
 
 
+def fmt_gib(n_bytes: float) -> str:
+    """Bytes -> '45.43 GiB' (the unit of every memory figure in a message)."""
+    return f"{n_bytes / (1 << 30):.2f} GiB"
+
+
 def dotted(path: tuple[str | int, ...]) -> str:
     """('nodes', 1, 'ip') -> 'nodes[1].ip'."""
     out = ""

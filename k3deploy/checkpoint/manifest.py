@@ -8,11 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.errors import InputError
-from k3deploy.validate.probes import shards as probe
+from k3deploy.probes import shard_inventory as probe
+from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE
 
-INDEX_FILE = probe.INDEX_FILE
-CONFIG_FILE = probe.CONFIG_FILE
-MANIFEST_FILE = probe.MANIFEST_FILE
 FORMAT: Literal["k3deploy-manifest/1"] = "k3deploy-manifest/1"
 
 

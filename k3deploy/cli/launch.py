@@ -88,7 +88,7 @@ def prepare(file: Path, catalog: list[Path] | None, options: dict[str, Any]) -> 
     from k3deploy.launch.jobs import jobs_for
     from k3deploy.launch.targets import ExecOverrides
     from k3deploy.planning.files import catalog_for, require_feasible
-    from k3deploy.topology.schema import check_jump
+    from k3deploy.topology.nodes import check_jump
 
     executor = options.get("executor")
     if executor not in (None, "local", "ssh", "ray"):

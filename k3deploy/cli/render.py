@@ -28,7 +28,7 @@ def render(
     plan = require_feasible(file, cat)
     print_warnings((*plan.issues, *secret_warnings(plan.topology, os.environ)), plan.file)
     vendor = cat.vendors.get(plan.hardware.vendor) if plan.hardware else None
-    files = export(plan, fmt, node=node, vendor=vendor)  # type: ignore[arg-type]
+    files = export(plan.render_inputs(), fmt, node=node, vendor=vendor)  # type: ignore[arg-type]
     if out is None:
         sys.stdout.write(stdout_text(files))
         return

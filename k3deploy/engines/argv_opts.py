@@ -5,7 +5,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from k3deploy.engines.flag_tables import Flag, FlagTable
-from k3deploy.topology.schema import ArgValue
+from k3deploy.topology.engine import ArgValue
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.engines.flag_tables import FlagTable, flag_table
 from k3deploy.engines.kinds import FAMILY, Family, Flavour, engine_flavour
 from k3deploy.engines.launchers import Launcher, resolve_launcher
-from k3deploy.planning.shape import Shape
+from k3deploy.engines.shape import Shape
 from k3deploy.topology.schema import Topology
 
 

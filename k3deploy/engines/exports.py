@@ -4,18 +4,16 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from k3deploy.catalog.specs import VendorSpec
+from k3deploy.engines.context import Inputs
 from k3deploy.engines.redact import REDACTED, redact_argv, redact_env
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.secret_refs import node_secrets
 from k3deploy.engines.shell import command_text
 from k3deploy.engines.spec import LaunchSpec
 from k3deploy.errors import InputError
-
-if TYPE_CHECKING:
-    from k3deploy.planning.plan import Plan
 
 Format = Literal["text", "json", "script", "slurm", "lws"]
 FORMATS: tuple[Format, ...] = ("text", "json", "script", "slurm", "lws")
@@ -78,9 +76,9 @@ def select(specs: tuple[LaunchSpec, ...], node: int | None) -> tuple[LaunchSpec,
     return chosen
 
 
-def export(plan: Plan, fmt: Format, *, node: int | None = None,
+def export(inp: Inputs, fmt: Format, *, node: int | None = None,
            vendor: VendorSpec | None = None) -> tuple[RenderedFile, ...]:
-    """The files one format consists of, rendered from a feasible plan."""
+    """The files one format consists of (inputs from `Plan.render_inputs`)."""
     from k3deploy.engines.batch import node_script, sbatch_script
     from k3deploy.engines.lws import lws_manifest
 
@@ -89,18 +87,17 @@ def export(plan: Plan, fmt: Format, *, node: int | None = None,
     if node is not None and fmt not in PER_NODE_FORMATS:
         raise InputError(f"--node applies to {', '.join(PER_NODE_FORMATS)}; {fmt} covers the whole group")
     if fmt == "lws":
-        return (RenderedFile("lws.yaml", lws_manifest(plan, vendor)),)
-    specs = render_nodes(plan, vendor)
+        return (RenderedFile("lws.yaml", lws_manifest(inp, vendor)),)
+    specs = render_nodes(inp, vendor)
     if fmt == "slurm":
-        vendor_name = plan.hardware.vendor if plan.hardware else None
-        sbatch = sbatch_script(plan.topology, specs, vendor_name)
+        sbatch = sbatch_script(inp.topology, specs, inp.hardware.vendor)
         return (RenderedFile("k3deploy.sbatch", sbatch, executable=True),)
     specs = select(specs, node)
     if fmt == "json":
-        return (RenderedFile("nodes.json", json_text(specs, plan.topology.launch.executor)),)
+        return (RenderedFile("nodes.json", json_text(specs, inp.topology.launch.executor)),)
     if fmt == "text":
         return (RenderedFile("commands.txt", text_text(specs)),)
-    return tuple(RenderedFile(f"node-{s.rank}.sh", node_script(plan.topology, s), executable=True)
+    return tuple(RenderedFile(f"node-{s.rank}.sh", node_script(inp.topology, s), executable=True)
                  for s in specs)
 
 

@@ -3,20 +3,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from k3deploy import __version__
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.batch import case_branches
 from k3deploy.engines.context import Inputs, Place, places
 from k3deploy.engines.redact import secret_env
-from k3deploy.engines.render import inputs_for, launch_spec, packaged_vendor
+from k3deploy.engines.render import launch_spec, packaged_vendor
 from k3deploy.engines.shell import expansion, has_marker, node_lines
 from k3deploy.engines.spec import LaunchSpec
 from k3deploy.errors import InputError
-
-if TYPE_CHECKING:
-    from k3deploy.planning.plan import Plan
 
 POD_IP_VAR = "K3_POD_IP"
 # Image used when the topology names none (engine's official image for the pinned version).
@@ -85,9 +82,8 @@ def lws_specs(inp: Inputs, vendor: VendorSpec | None) -> tuple[LaunchSpec, ...]:
     return tuple(out)
 
 
-def lws_manifest(plan: Plan, vendor: VendorSpec | None = None) -> str:
+def lws_manifest(inp: Inputs, vendor: VendorSpec | None = None) -> str:
     """LeaderWorkerSet YAML: group size = nodes, readiness probe on the leader, secrets from a Secret."""
-    inp = inputs_for(plan)
     t = inp.topology
     if has_marker(json.dumps(t.model_dump(mode="json"), ensure_ascii=False)):
         raise InputError("the topology contains private-use characters k3deploy reserves for templates")

@@ -1,7 +1,6 @@
-"""render_nodes: a feasible Plan in, one LaunchSpec per node out (rank 0 first). Pure."""
+"""render_nodes: render inputs in (a feasible plan's, `Plan.render_inputs`), one LaunchSpec per node out
+(rank 0 first). Pure."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.command_line import engine_argv
@@ -9,23 +8,8 @@ from k3deploy.engines.context import Inputs, Place, host_port, places
 from k3deploy.engines.docker import container_name, docker_argv
 from k3deploy.engines.envs import node_env
 from k3deploy.engines.spec import LaunchSpec, ReadySpec
-from k3deploy.errors import InfeasibleError
-
-if TYPE_CHECKING:
-    from k3deploy.planning.plan import Plan
 
 HEAD_READY_PATHS = ("/health", "/v1/models")
-
-
-def inputs_for(plan: Plan, python: str = "python3") -> Inputs:
-    """The renderer's view of a feasible plan."""
-    if not plan.feasible or plan.model is None or plan.hardware is None or plan.shape is None \
-            or plan.memory is None:
-        codes = ", ".join(i.code for i in plan.issues if i.severity == "error") or "incomplete plan"
-        raise InfeasibleError(f"{plan.file}: cannot render an infeasible plan ({codes})",
-                              hint=f"run `k3deploy plan {plan.file}`")
-    return Inputs(topology=plan.topology, model=plan.model, hardware=plan.hardware, shape=plan.shape,
-                  mem_fraction=plan.memory.mem_fraction, pool_ratio=plan.memory.pool_ratio, python=python)
 
 
 def ready_spec(inp: Inputs, place: Place) -> ReadySpec:
@@ -62,9 +46,7 @@ def packaged_vendor(vendor: str) -> VendorSpec | None:
     return load_catalog().vendors.get(vendor)
 
 
-def render_nodes(plan: Plan, vendor: VendorSpec | None = None, python: str = "python3") -> tuple[LaunchSpec, ...]:
-    """Every node's LaunchSpec, rank 0 first; raises InfeasibleError for a plan with errors. `python` runs
-    the stand-in engine (kind sim without engine.launcher)."""
-    inp = inputs_for(plan, python)
+def render_nodes(inp: Inputs, vendor: VendorSpec | None = None) -> tuple[LaunchSpec, ...]:
+    """Every node's LaunchSpec, rank 0 first."""
     vend = vendor if vendor is not None else packaged_vendor(inp.hardware.vendor)
     return tuple(launch_spec(inp, place, vend) for place in places(inp.topology))

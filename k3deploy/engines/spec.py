@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from k3deploy.topology.schema import Node
+from k3deploy.topology.nodes import Node
 
 ReadyKind = Literal["http", "dummy-health", "none"]
 

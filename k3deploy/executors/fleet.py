@@ -17,6 +17,7 @@ from k3deploy.errors import ExecError
 from k3deploy.executors.base import CommandResult, Executor
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.target import ExecTarget
+from k3deploy.probes.bundle import program
 
 R = TypeVar("R")
 MAX_PARALLEL = 32
@@ -144,11 +145,11 @@ def _source_of(path: str) -> str:
 
 
 def probe_source(module: types.ModuleType | str | Path) -> str:
-    """A probe module's source (read once per process)."""
-    path = module.__file__ if isinstance(module, types.ModuleType) else str(module)
-    if path is None:
-        raise ValueError(f"{module!r} has no source file")
-    return _source_of(path)
+    """A probe's program for `python3 -c`: a module with the probe modules it ships with, or a file's source
+    (each file read once per process)."""
+    if isinstance(module, types.ModuleType):
+        return program(module)
+    return _source_of(str(module))
 
 
 def parse_probe_output(res: CommandResult, host: str) -> Any:

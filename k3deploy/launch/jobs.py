@@ -65,5 +65,5 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )
-        for s in render_nodes(plan, vendor, python)
+        for s in render_nodes(plan.render_inputs(python), vendor)
     )

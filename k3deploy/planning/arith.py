@@ -34,11 +34,6 @@ def gib(n_bytes: float) -> float:
     return n_bytes / GIB
 
 
-def fmt_gib(n_bytes: float) -> str:
-    """Bytes -> '45.43 GiB'."""
-    return f"{n_bytes / GIB:.2f} GiB"
-
-
 def stage_layers(num_layers: int, pp: int) -> list[range]:
     """Contiguous 1-based layer ranges of the pipeline stages that hold any layer (earlier stages take the
     remainder); with more stages than layers the rest are empty and left out, so a huge pp costs nothing."""

@@ -6,8 +6,8 @@ from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.shape import Shape
 from k3deploy.planning.arith import stage_layers
-from k3deploy.planning.shape import Shape
 
 BF16_BYTES = 2
 

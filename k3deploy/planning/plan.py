@@ -6,13 +6,15 @@ import json
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
-from k3deploy.diagnostics import Issue
+from k3deploy.diagnostics import Issue, fmt_gib
+from k3deploy.engines import rules as engine_rules
+from k3deploy.engines.context import Inputs
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.kinds import engine_family, engine_flavour
-from k3deploy.planning import engine_rules, rules
-from k3deploy.planning.arith import fmt_gib
-from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
-from k3deploy.planning.shape import Shape, make_shape
+from k3deploy.engines.shape import Shape, make_shape
+from k3deploy.errors import InfeasibleError
+from k3deploy.planning import rules
+from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget, weights_bytes_per_gpu
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.schema import Topology
 
@@ -67,6 +69,17 @@ class Plan(NamedTuple):
     def feasible(self) -> bool:
         """No error-severity issue."""
         return self.valid and not any(i.severity == "error" for i in self.issues)
+
+    def render_inputs(self, python: str = "python3") -> Inputs:
+        """What the renderers take from a feasible plan; InfeasibleError naming the codes otherwise. `python`
+        runs the stand-in engine (kind sim without engine.launcher)."""
+        if not self.feasible or self.model is None or self.hardware is None or self.shape is None \
+                or self.memory is None:
+            codes = ", ".join(i.code for i in self.issues if i.severity == "error") or "incomplete plan"
+            raise InfeasibleError(f"{self.file}: cannot render an infeasible plan ({codes})",
+                                  hint=f"run `k3deploy plan {self.file}`")
+        return Inputs(topology=self.topology, model=self.model, hardware=self.hardware, shape=self.shape,
+                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
 
     def digest(self) -> str:
         """A stable hash of the topology (what a deployment record pins)."""
@@ -199,7 +212,8 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
                                        "until hardware.gpu names a known accelerator", "hardware.gpu"))
         else:
             issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
-            issues += [] if "engine" in blocked else list(engine_rules.engine_rules(t, model, hw, shape))
+            issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
+                t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
                 issues.append(_not_checked(["memory"], "while the parallel shape is illegal", "parallel"))
             elif "memory" not in blocked:

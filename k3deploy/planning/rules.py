@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from k3deploy.catalog.specs import Architecture, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.shape import Shape
 from k3deploy.planning.arith import factorize
-from k3deploy.planning.shape import Shape
 from k3deploy.topology.schema import Topology
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.diagnostics import fmt_gib
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.shape import make_shape
 from k3deploy.errors import InputError
 from k3deploy.planning import rules
-from k3deploy.planning.arith import divisors, fmt_gib
+from k3deploy.planning.arith import divisors
 from k3deploy.planning.memory import MemoryInputs, memory_budget
 from k3deploy.planning.plan import memory_issues
-from k3deploy.planning.shape import make_shape
-from k3deploy.topology.schema import Serving
+from k3deploy.topology.settings import Serving
 
 
 class ShapeRow(NamedTuple):

@@ -42,7 +42,7 @@ def node_inputs(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog | None = N
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
     # As jobs_for: local nodes are this machine, so the stand-in runs under this interpreter.
     local = all(j.target.kind == "local" for j in jobs)
-    specs = render_nodes(plan, vendor, sys.executable if local else "python3")
+    specs = render_nodes(plan.render_inputs(sys.executable if local else "python3"), vendor)
     head_ip = next(s.ip for s in specs if s.head)
     return {s.rank: NodeInput(rank=s.rank, host=s.host, ip=s.ip, iface=s.node.iface, head_ip=head_ip,
                               env=dict(s.env), engine_python=engine_python(s.argv)) for s in specs}

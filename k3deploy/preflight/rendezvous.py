@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from k3deploy.engines.context import host_port
@@ -13,9 +12,9 @@ from k3deploy.executors.base import Executor
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, NodeOutcome, parse_probe_output, probe_source
 from k3deploy.preflight.nodes import NodeInput
 from k3deploy.preflight.report import Verdict
+from k3deploy.probes import collective_probe, port_probe
 
-HERE = Path(__file__).resolve().parent
-PORT_PROBE, COLLECTIVE_PROBE = HERE / "port_probe.py", HERE / "collective_probe.py"
+PORT_PROBE, COLLECTIVE_PROBE = port_probe, collective_probe
 CONNECT_WAIT_S = 5.0
 # The executor's own bound on the torch probe: import torch (~2 s, more on a loaded node) + the watchdog.
 IMPORT_ALLOWANCE_S = 60.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from k3deploy.catalog.specs import Catalog
@@ -20,9 +19,9 @@ from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
 from k3deploy.preflight.nodes import NodeInput, node_inputs
 from k3deploy.preflight.report import CheckResult, Report, Verdict
+from k3deploy.probes import engine_probe, node_facts
 from k3deploy.verdicts.timing import timed
 
-HERE = Path(__file__).resolve().parent
 FACTS_TIMEOUT_S = 90.0
 COLLECTIVE_BYTES = 16 * 2**20
 COLLECTIVE_TIMEOUT_S = 20.0
@@ -38,13 +37,13 @@ def facts_spec(ctx: Context, node: NodeInput) -> dict[str, Any]:
     query = None
     if node.engine_python is not None:
         mimic = getattr(t.engine, "mimic", "")
-        query = [node.engine_python, "-c", probe_source(HERE / "engine_probe.py"), t.engine.kind, mimic]
+        query = [node.engine_python, "-c", probe_source(engine_probe), t.engine.kind, mimic]
     return {"iface": node.iface, "model_path": t.model.path, "tools": tools, "engine_query": query}
 
 
 def gather(ctx: Context, fleet: NodeFleet, ranks: Sequence[int]) -> None:
     """Run the facts probe on the given ranks; fill ctx.facts, ctx.errors and ctx.clock."""
-    source = probe_source(HERE / "node_facts.py")
+    source = probe_source(node_facts)
 
     def one(rank: int, ex: Executor) -> tuple[float, Any, float]:
         before = time.time()

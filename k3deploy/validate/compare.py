@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from k3deploy.checkpoint.manifest import Manifest
-from k3deploy.validate.probes.shards import label, listed
+from k3deploy.probes.shard_names import label, listed
 
 Digest = tuple[int, str]
 MAX_FILE_LINES = 3  # up to this many differing files get a line each; more become one summary line

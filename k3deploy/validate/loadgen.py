@@ -95,7 +95,7 @@ def run_load_on_node(http: NodeHttp, bodies: Sequence[dict[str, Any]], concurren
                      timeout_s: float) -> LoadRun:
     """The whole run made on rank 0 by one python3 process (probes/load.py): its timings and its wall time."""
     from k3deploy.executors.fleet import probe_source
-    from k3deploy.validate.probes import load
+    from k3deploy.probes import load
 
     node = http.via
     if node is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.engines.shape import make_shape
 from k3deploy.planning import rules
 from k3deploy.planning.memory import (
     kda_state_bytes_per_slot,
@@ -13,7 +14,6 @@ from k3deploy.planning.memory import (
     vllm_block_tokens,
     weights_bytes_per_gpu,
 )
-from k3deploy.planning.shape import make_shape
 from tests.unit.plan_helpers import codes, plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(60)

@@ -33,7 +33,7 @@ def pairs(argv: tuple[str, ...]) -> list[str]:
 
 @FAST
 def test_h100_sglang_head_command() -> None:
-    specs = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))
+    specs = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())
     head = specs[0]
     assert [s.rank for s in specs] == [0, 1, 2, 3] and head.head and not any(s.head for s in specs[1:])
     assert head.argv[:3] == ("sglang", "serve", "/models/Kimi-K3")
@@ -56,38 +56,38 @@ def test_h100_sglang_head_command() -> None:
 def test_pool_ratio_is_the_planners() -> None:
     plan = plan_file(Path("topologies/h100-4x8-sglang.yaml"))
     assert plan.memory is not None and plan.memory.pool_ratio is not None
-    value = opt(render_nodes(plan)[0], "--mamba-full-memory-ratio")
+    value = opt(render_nodes(plan.render_inputs())[0], "--mamba-full-memory-ratio")
     assert value is not None and float(value) == pytest.approx(plan.memory.pool_ratio, rel=1e-5)
 
 
 @FAST
 def test_readiness_per_engine() -> None:
-    sg = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))
+    sg = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())
     assert sg[0].ready.kind == "http" and sg[0].ready.url == "http://10.0.0.10:8000"
     assert sg[0].ready.paths == ("/health", "/v1/models")
     assert sg[1].ready.kind == "dummy-health" and sg[1].ready.url == "http://10.0.0.11:8000"
-    vl = render_nodes(plan_file(Path("topologies/ascend-a3-4x16-vllm.yaml")))
+    vl = render_nodes(plan_file(Path("topologies/ascend-a3-4x16-vllm.yaml")).render_inputs())
     assert vl[0].ready.kind == "http" and all(s.ready.kind == "none" and s.headless for s in vl[1:])
 
 
 @FAST
 def test_blackwell_uses_engine_defaults_and_dcp_backend() -> None:
-    gb = render_nodes(plan_file(Path("topologies/gb200-4x4-sglang.yaml")))[0]
+    gb = render_nodes(plan_file(Path("topologies/gb200-4x4-sglang.yaml")).render_inputs())[0]
     assert "--moe-runner-backend" not in gb.argv and "--decode-attention-backend" not in gb.argv
-    b2 = render_nodes(plan_file(Path("topologies/b200-2x8-sglang.yaml")))[0]
+    b2 = render_nodes(plan_file(Path("topologies/b200-2x8-sglang.yaml")).render_inputs())[0]
     assert opt(b2, "--dcp-size") == "16" and opt(b2, "--decode-attention-backend") == "cutedsl_mla"
 
 
 @FAST
 def test_amd_dcp_uses_aiter() -> None:
-    spec = render_nodes(plan_of(doc_of("mi355x-1x8-sglang", **{"parallel.dcp": 8})))[0]
+    spec = render_nodes(plan_of(doc_of("mi355x-1x8-sglang", **{"parallel.dcp": 8})).render_inputs())[0]
     assert opt(spec, "--decode-attention-backend") == "aiter"
     assert "--nnodes" not in spec.argv  # single node: no rendezvous flags
 
 
 @FAST
 def test_vllm_ascend_per_node_dp_ranks() -> None:
-    specs = render_nodes(plan_file(Path("topologies/ascend-a3-4x16-vllm.yaml")))
+    specs = render_nodes(plan_file(Path("topologies/ascend-a3-4x16-vllm.yaml")).render_inputs())
     for s in specs:
         assert opt(s, "--data-parallel-size") == "4" and opt(s, "--data-parallel-size-local") == "1"
         assert opt(s, "--data-parallel-start-rank") == str(s.rank)
@@ -106,7 +106,7 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
 
 @FAST
 def test_vllm_one_group_over_nnodes_on_hopper() -> None:
-    specs = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm"})))
+    specs = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm"})).render_inputs())
     for s in specs:
         p = pairs(s.argv)
         assert "--nnodes 4" in p and f"--node-rank {s.rank}" in p and "--master-addr 10.0.0.10" in p
@@ -121,39 +121,39 @@ def test_vllm_one_group_over_nnodes_on_hopper() -> None:
 @FAST
 def test_vllm_prefix_caching_follows_serving() -> None:
     spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm",
-                                                               "serving.prefix_cache": False})))[0]
+                                                               "serving.prefix_cache": False})).render_inputs())[0]
     assert "--enable-prefix-caching" not in spec.argv
 
 
 @FAST
 def test_sglang_attention_dp_and_no_radix_cache() -> None:
     spec = render_nodes(plan_of(doc_of("h200-4x8-sglang", **{"parallel.dp": 4, "parallel.attention_dp": True,
-                                                               "serving.prefix_cache": False})))[0]
+                                                               "serving.prefix_cache": False})).render_inputs())[0]
     assert opt(spec, "--attn-dp-size") == "4" and "--disable-radix-cache" in spec.argv
     assert "--mamba-radix-cache-strategy" not in spec.argv
 
 
 @FAST
 def test_sim_mimics_the_engine_flags_on_the_declared_hardware() -> None:
-    real = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))
-    sim = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "sim", "engine.mimic": "sglang"})))
+    real = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())
+    sim = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "sim", "engine.mimic": "sglang"})).render_inputs())
     for r, s in zip(real, sim):
         assert s.argv[:7] == ("python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang",
                               "/models/Kimi-K3")
         assert s.argv[7:] == r.argv[3:]
         assert s.env == {**r.env, "K3SIM_GPU": "h100-80gb"}
-    vsim = render_nodes(plan_of(sim_doc(**{"engine.mimic": "vllm", "parallel.tp": 1, "parallel.dp": 4})))
+    vsim = render_nodes(plan_of(sim_doc(**{"engine.mimic": "vllm", "parallel.tp": 1, "parallel.dp": 4})).render_inputs())
     assert vsim[0].argv[4:6] == ("--mimic", "vllm") and vsim[1].ready.kind == "none"
 
 
 @FAST
 def test_launcher_replaces_only_the_prefix() -> None:
     launcher = ["/opt/venv/bin/sglang", "serve"]
-    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.launcher": launcher})))[0]
-    default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))[0]
+    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.launcher": launcher})).render_inputs())[0]
+    default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())[0]
     assert spec.argv == ("/opt/venv/bin/sglang", "serve", *default.argv[2:])
     sim_launcher = ["/usr/bin/python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
-    sim = render_nodes(plan_of(sim_doc(**{"engine.launcher": sim_launcher})))[0]
+    sim = render_nodes(plan_of(sim_doc(**{"engine.launcher": sim_launcher})).render_inputs())[0]
     assert sim.argv[:7] == ("/usr/bin/python3", "-m", "k3deploy.sim", "serve", "--mimic", "sglang",
                             "/tmp/k3/kimi-k3-tiny")
 
@@ -162,8 +162,8 @@ def test_launcher_replaces_only_the_prefix() -> None:
 def test_engine_args_replace_in_place_append_or_remove() -> None:
     args = {"--mem-fraction-static": 0.8, "--enable-metrics": False, "--enable-symm-mem": True,
             "--served-model-name": "k3"}
-    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.args": args})))[0]
-    default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")))[0]
+    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.args": args})).render_inputs())[0]
+    default = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())[0]
     assert opt(spec, "--mem-fraction-static") == "0.8"
     assert spec.argv.index("--mem-fraction-static") == default.argv.index("--mem-fraction-static")
     assert "--enable-metrics" not in spec.argv
@@ -177,7 +177,7 @@ def test_engine_args_replace_in_place_append_or_remove() -> None:
 def test_docker_wrap_nvidia() -> None:
     image = "lmsysorg/sglang@sha256:" + "ab" * 32
     specs = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.image": image,
-                                                                "engine.env": {"EXTRA": "1"}})))
+                                                                "engine.env": {"EXTRA": "1"}})).render_inputs())
     s = specs[1]
     assert s.container == "k3-k3-h100-4x8-r1"
     argv = s.argv
@@ -189,7 +189,7 @@ def test_docker_wrap_nvidia() -> None:
                  "--entrypoint sglang", f"{image} serve"):
         assert want in p, want
     i = argv.index(image)
-    bare = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.env": {"EXTRA": "1"}})))[1]
+    bare = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.env": {"EXTRA": "1"}})).render_inputs())[1]
     assert (argv[i - 1], *argv[i + 1:]) == bare.argv[:1] + bare.argv[1:]
 
 
@@ -201,7 +201,7 @@ def test_docker_wrap_nvidia() -> None:
                                           "--device /dev/hisi_hdc", "-v /usr/local/dcmi:/usr/local/dcmi:ro"]),
 ])
 def test_docker_devices_per_vendor(stem: str, gpu: str, want: list[str]) -> None:
-    spec = render_nodes(plan_of(doc_of(stem, **{"engine.image": "img@sha256:" + "cd" * 32})))[0]
+    spec = render_nodes(plan_of(doc_of(stem, **{"engine.image": "img@sha256:" + "cd" * 32})).render_inputs())[0]
     p = pairs(spec.argv)
     assert all(w in p for w in want) and "--gpus" not in spec.argv
 
@@ -211,13 +211,13 @@ def test_infeasible_plan_is_not_rendered() -> None:
     doc = doc_of("h100-4x8-sglang", **{"engine.args": {"--moe-runner-backend": "auto"}})
     plan = make_plan(parse_topology(yaml.safe_dump(doc), "t.yaml"), load_catalog())
     with pytest.raises(InfeasibleError, match="SGLANG_HOPPER_MOE_AUTO"):
-        render_nodes(plan)
+        render_nodes(plan.render_inputs())
 
 
 @FAST
 @pytest.mark.parametrize("name,source", CASES, ids=[c[0] for c in CASES])
 def test_node_shell_round_trips_argv(name: str, source: Path | dict) -> None:
-    for spec in render_nodes(plan_for(source)):
+    for spec in render_nodes(plan_for(source).render_inputs()):
         text = node_shell(spec)
         assert text.startswith("set -eu\n") and text.count("\nexec ") == 1
         # shlex does not do the shell's backslash-newline continuation; drop it first.
@@ -228,7 +228,7 @@ def test_node_shell_round_trips_argv(name: str, source: Path | dict) -> None:
 @pytest.mark.parametrize("name,source", CASES, ids=[c[0] for c in CASES])
 def test_nodes_differ_only_in_rank_and_ip(name: str, source: Path | dict) -> None:
     """Normalize rank- and IP-dependent items; what is left must be identical on every node."""
-    specs = render_nodes(plan_for(source))
+    specs = render_nodes(plan_for(source).render_inputs())
     rank_flags = {"--node-rank", "--data-parallel-start-rank"}
     head_ip = specs[0].ip
 

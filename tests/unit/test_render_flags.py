@@ -37,7 +37,7 @@ def engine_part(spec: LaunchSpec, model_path: str) -> tuple[str, list[str]]:
 @pytest.mark.parametrize("name,source", CASES, ids=[c[0] for c in CASES])
 def test_every_rendered_flag_and_choice_exists(name: str, source: Path | dict) -> None:
     plan = plan_for(source)
-    for spec in render_nodes(plan):
+    for spec in render_nodes(plan.render_inputs()):
         engine, flags = engine_part(spec, plan.topology.model.path)
         assert check(flags, table(engine)) == [], f"rank {spec.rank}"
         assert len([f for f in flags if f.startswith("--")]) >= 15
@@ -47,7 +47,7 @@ def test_every_rendered_flag_and_choice_exists(name: str, source: Path | dict) -
 @pytest.mark.parametrize("name,source", CASES, ids=[c[0] for c in CASES])
 def test_parsers_are_kimi_k3_and_known(name: str, source: Path | dict) -> None:
     plan = plan_for(source)
-    for spec in render_nodes(plan):
+    for spec in render_nodes(plan.render_inputs()):
         engine, flags = engine_part(spec, plan.topology.model.path)
         tab = table(engine)
         for flag in ("--reasoning-parser", "--tool-call-parser"):

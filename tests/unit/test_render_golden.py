@@ -15,7 +15,7 @@ GOLDEN = ROOT / "tests" / "golden"
 
 
 def rendered(path: Path, fmt: str) -> str:
-    return stdout_text(export(plan_file(path), fmt))  # type: ignore[arg-type]
+    return stdout_text(export(plan_file(path).render_inputs(), fmt))  # type: ignore[arg-type]
 
 
 @pytest.mark.timeout(60)

@@ -110,7 +110,7 @@ def _engine_words(argv: tuple[str, ...]) -> list[str]:
 
 def golden_text(plan: Plan) -> str:
     warnings = [f"# plan {i.severity} {i.code}: {i.message}" for i in plan.issues if i.code.startswith("LAUNCHER")]
-    return "\n".join(warnings + [text_text(render_nodes(plan))])
+    return "\n".join(warnings + [text_text(render_nodes(plan.render_inputs()))])
 
 
 @pytest.mark.timeout(60)
@@ -119,7 +119,7 @@ def test_launcher_form_renders_what_its_parser_accepts(case: Case) -> None:
     plan = plan_of(case.doc)
     assert tuple(i.code for i in plan.issues if i.severity == "warning" and i.code.startswith("LAUNCHER")) == case.warnings
     model = plan.topology.model.path
-    for spec in render_nodes(plan):
+    for spec in render_nodes(plan.render_inputs()):
         words = _engine_words(spec.argv)
         assert tuple(words[:len(case.prefix)]) == case.prefix, f"rank {spec.rank}: {words[:6]}"
         rest = words[len(case.prefix):]

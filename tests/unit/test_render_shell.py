@@ -28,8 +28,8 @@ FAKE_KEY = "wandb-fake-" + "K3y9" * 6
 
 def scripts_of(plan: Any) -> dict[str, str]:
     """Every shell program k3deploy writes for a plan: node scripts, sbatch (+ its node body), LWS pods."""
-    out = {f.name: f.content for f in export(plan, "script")}
-    sbatch = export(plan, "slurm")[0].content
+    out = {f.name: f.content for f in export(plan.render_inputs(), "script")}
+    sbatch = export(plan.render_inputs(), "slurm")[0].content
     out["k3deploy.sbatch"] = sbatch
     out["sbatch-node-body.sh"] = "#!/bin/sh\n" + sbatch_body(sbatch)
     for i, pod in enumerate(lws_commands(plan)):
@@ -44,7 +44,7 @@ def sbatch_body(sbatch: str) -> str:
 
 
 def lws_commands(plan: Any) -> list[str]:
-    doc = yaml.safe_load(export(plan, "lws")[0].content)
+    doc = yaml.safe_load(export(plan.render_inputs(), "lws")[0].content)
     t = doc["spec"]["leaderWorkerTemplate"]
     pods = [t[k] for k in ("leaderTemplate", "workerTemplate") if k in t]
     return [p["spec"]["containers"][0]["command"][2] for p in pods]
@@ -101,8 +101,8 @@ def assert_verbatim(rec: dict[str, Any], spec: LaunchSpec, tmp: Path) -> None:
 @pytest.mark.timeout(60)
 def test_hostile_values_arrive_verbatim_through_the_node_script(tmp_path: Path) -> None:
     plan = plan_of(hostile_doc(tmp_path))
-    specs = render_nodes(plan)
-    for f, spec in zip(export(plan, "script"), specs):
+    specs = render_nodes(plan.render_inputs())
+    for f, spec in zip(export(plan.render_inputs(), "script"), specs):
         path = tmp_path / f.name
         path.write_text(f.content)
         assert_verbatim(run_recorded(["sh", str(path)], tmp_path, {}), spec, tmp_path)
@@ -117,8 +117,8 @@ def test_hostile_values_arrive_verbatim_through_slurm(tmp_path: Path) -> None:
     srun.write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     srun.chmod(0o755)
     sbatch = tmp_path / "k3deploy.sbatch"
-    sbatch.write_text(export(plan, "slurm")[0].content)
-    for spec in render_nodes(plan):
+    sbatch.write_text(export(plan.render_inputs(), "slurm")[0].content)
+    for spec in render_nodes(plan.render_inputs()):
         env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_NODEID": str(spec.rank)}
         assert_verbatim(run_recorded(["sh", str(sbatch)], tmp_path, env), spec, tmp_path)
 
@@ -127,7 +127,7 @@ def test_hostile_values_arrive_verbatim_through_slurm(tmp_path: Path) -> None:
 def test_lws_pods_get_their_rank_and_addresses_from_lws(tmp_path: Path) -> None:
     plan = plan_of(hostile_doc(tmp_path))
     leader, worker = lws_commands(plan)
-    specs = render_nodes(plan)
+    specs = render_nodes(plan.render_inputs())
     for spec in specs:
         script = leader if spec.rank == 0 else worker
         env = {"LWS_WORKER_INDEX": str(spec.rank), "LWS_LEADER_ADDRESS": "leader.k3.svc",
@@ -151,7 +151,7 @@ def test_lws_pods_refuse_a_group_of_another_size(tmp_path: Path) -> None:
 def test_secret_looking_env_must_come_from_the_node(tmp_path: Path) -> None:
     plan = plan_of(hostile_doc(tmp_path))
     path = tmp_path / "node-0.sh"
-    path.write_text(export(plan, "script")[0].content)
+    path.write_text(export(plan.render_inputs(), "script")[0].content)
     env = {"PATH": os.environ["PATH"], "REC": str(tmp_path / "rec.json")}
     res = subprocess.run(["sh", str(path)], capture_output=True, text=True, env=env, timeout=30, check=False)
     assert res.returncode != 0 and "WANDB_API_KEY" in res.stderr and "set it on the node" in res.stderr
@@ -161,14 +161,14 @@ def test_secret_looking_env_must_come_from_the_node(tmp_path: Path) -> None:
 @pytest.mark.parametrize("image", [None, "lmsysorg/sglang:v0.5.23"])
 def test_no_secret_value_in_any_output(tmp_path: Path, image: str | None) -> None:
     plan = plan_of(hostile_doc(tmp_path, **({"engine.image": image} if image else {})))
-    outputs = [stdout_text(export(plan, fmt)) for fmt in FORMATS]  # type: ignore[arg-type]
+    outputs = [stdout_text(export(plan.render_inputs(), fmt)) for fmt in FORMATS]  # type: ignore[arg-type]
     for text in outputs:
         for secret in (FAKE_TOKEN, FAKE_KEY, "file-secret-value"):
             assert secret not in text
     joined = "\n".join(outputs)
     assert "env:K3_TEST_SRC" in joined and "<redacted>" in joined
     if image:
-        docker = render_nodes(plan)[0].argv
+        docker = render_nodes(plan.render_inputs())[0].argv
         assert "WANDB_API_KEY" in docker and not any(FAKE_KEY in a for a in docker)
 
 

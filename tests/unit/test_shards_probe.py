@@ -1,6 +1,7 @@
 """The stdlib-only shard probe, run as nodes run it (`python3 -c SOURCE SPEC`), on real checkpoints."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -13,18 +14,20 @@ from typing import Any
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.probes import fast_json, shard_inventory, shard_names, shards
+from k3deploy.probes.bundle import program
 from k3deploy.sim.checkpoint import Manifest, write_checkpoint
 from k3deploy.sim.sparse_checkpoint import write_sparse_checkpoint
-from k3deploy.validate.probes import shards
 
 pytestmark = pytest.mark.timeout(120)
-SOURCE = Path(shards.__file__).read_text()
+SOURCE = program(shards)
 SHARD1 = "model-00001-of-00004.safetensors"
 
 
-def probe(path: Path, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(progress lines, result) of the probe run in an isolated interpreter: no site-packages, no k3deploy."""
-    args = [sys.executable, "-I", "-S", "-c", SOURCE, json.dumps({"path": str(path), **spec})]
+def probe(path: Path, site: bool = False, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(progress lines, result) of the probe run in an isolated interpreter: no k3deploy, and no site-packages
+    unless `site` (then the JSON parsers installed here are found, as in an engine's interpreter)."""
+    args = [sys.executable, "-I", *([] if site else ["-S"]), "-c", SOURCE, json.dumps({"path": str(path), **spec})]
     done = subprocess.run(args, capture_output=True, text=True, timeout=100, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -92,10 +95,10 @@ def test_holes_overlaps_spans_caps_and_missing_shards(tmp_path: Path, checkpoint
     for f in checkpoint_manifest[0].iterdir():
         shutil.copy(f, tmp_path / f.name)
     a = "model-00001-of-00004.safetensors"
-    index = json.loads((tmp_path / shards.INDEX_FILE).read_text())
+    index = json.loads((tmp_path / shard_names.INDEX_FILE).read_text())
     names = [t for t, s in index["weight_map"].items() if s == a]
     index["weight_map"] = {n: a for n in names[:3]} | {"x.weight": "model-00009-of-00009.safetensors"}
-    (tmp_path / shards.INDEX_FILE).write_text(json.dumps(index))
+    (tmp_path / shard_names.INDEX_FILE).write_text(json.dumps(index))
     bf16 = {"dtype": "BF16", "shape": [4]}
     _shard(tmp_path / a, {names[0]: {**bf16, "data_offsets": [0, 8]}, names[1]: {**bf16, "data_offsets": [16, 24]},
                           names[2]: {**bf16, "data_offsets": [20, 30]}}, 30)
@@ -128,12 +131,51 @@ def test_revision_hint_from_hub_download_metadata_and_snapshot_paths(tmp_path: P
     meta.mkdir(parents=True)
     for name in ("config.json", "model-00001-of-00004.safetensors"):  # what `hf download --local-dir` leaves
         (meta / f"{name}.metadata").write_text(f"{sha}\n\"etag\"\n1764000000.0\n")
-    assert shards.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
-    assert ".cache/huggingface/download/config.json.metadata" not in shards.local_files(str(local))
+    assert shard_inventory.revision_hint(str(local)) == (sha, ".cache/huggingface/download")
+    assert ".cache/huggingface/download/config.json.metadata" not in shard_inventory.local_files(str(local))
     snapshot = tmp_path / "models--moonshotai--Kimi-K3" / "snapshots" / sha
     snapshot.mkdir(parents=True)
     for f in local.iterdir():  # the hub cache: a snapshot directory of symlinks into blobs/
         (snapshot / f.name).symlink_to(f)
     shutil.rmtree(meta.parent.parent)
-    assert shards.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
-    assert shards.revision_hint(str(local)) == (None, "")
+    assert shard_inventory.revision_hint(str(snapshot)) == (sha, "hub cache snapshot path")
+    assert shard_inventory.revision_hint(str(local)) == (None, "")
+
+
+def _odd_checkpoints(root: Path) -> list[Path]:
+    """Checkpoints whose verdicts lean on the parser: each structural fault, a header that is not JSON, and an
+    integer past 64 bits (orjson reads it as a float)."""
+    out = []
+    for fault in ("truncate", "missing-tensor", "wrong-dtype", None):
+        path = root / (fault or "clean")
+        write_checkpoint(path, corrupt=fault, corrupt_shard=2)  # type: ignore[arg-type]
+        out.append(path)
+    _shard(out[-1] / SHARD1, {"x": {"dtype": "U8", "shape": [2**70], "data_offsets": [0, 2**70]}}, 0)
+    _shard(out[-1] / "model-00003-of-00004.safetensors", {}, 0)
+    with (out[-1] / "model-00003-of-00004.safetensors").open("r+b") as f:
+        f.seek(8)
+        f.write(b"[")
+    return out
+
+
+@pytest.mark.parametrize("parser", fast_json.PARSERS)
+def test_every_json_parser_gives_the_standard_librarys_result(tmp_path: Path, parser: str) -> None:
+    if parser != "json" and importlib.util.find_spec(parser) is None:
+        pytest.skip(f"{parser} is not installed in this interpreter (engines' interpreters carry it)")
+    for path in _odd_checkpoints(tmp_path):
+        _, alone = probe(path, expect=expect_of("kimi-k3-tiny"), hash=False)  # no site-packages: stdlib json
+        _, chosen = probe(path, site=True, expect=expect_of("kimi-k3-tiny"), hash=False, json_parser=parser)
+        assert alone["json_parser"] == "json" and chosen["json_parser"] == parser
+        assert chosen["problems"] == alone["problems"], path.name
+    assert any("header is not JSON" in m for m in messages(alone)), messages(alone)
+    assert any("1,180,591,620,717,411,303,424 bytes short" in m for m in messages(alone)), messages(alone)
+
+
+def test_the_fastest_parser_present_is_chosen_and_an_absent_one_is_named(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path)
+    present = [p for p in fast_json.PARSERS if p == "json" or importlib.util.find_spec(p) is not None]
+    assert probe(tmp_path, site=True, hash=False)[1]["json_parser"] == present[0]
+    missing = next((p for p in fast_json.PARSERS if p != "json" and importlib.util.find_spec(p) is None), "msgspec")
+    result = probe(tmp_path, hash=False, json_parser=missing)[1]  # without site-packages nothing but json is there
+    assert result["fatal"] == f"JSON parser {missing} is not installed in this interpreter"
+    assert probe(tmp_path, hash=False, json_parser="orjson")[1]["fatal"].startswith("unknown JSON parser 'orjson'")

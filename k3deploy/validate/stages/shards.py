@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from k3deploy.catalog.specs import ModelSpec
+from k3deploy.probes import shards as probe
 from k3deploy.validate import compare
-from k3deploy.validate.probes import shards as probe
 from k3deploy.validate.stage import NodeRow, ProgressEvent, StageResult, Status, ValidateContext
 
 # Catalog architecture field -> its dotted path in config.json (text fields live under text_config).

@@ -1,5 +1,5 @@
 """Stage `topology`: the parallel layout the engine reports (SGLang's /server_info, vLLM's logged arguments and
-world lines, the rank prefix on every node's lines) equals the plan's (k3deploy.planning.shape)."""
+world lines, the rank prefix on every node's lines) equals the plan's (k3deploy.engines.shape)."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ from typing import Any
 
 from k3deploy.engines.kinds import Family
 from k3deploy.engines.log_lines import LogLines, log_lines
-from k3deploy.planning.shape import Shape, make_shape
+from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.validate import reach
 from k3deploy.validate.logscan import every_match, last_match, node_result, row
 from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext

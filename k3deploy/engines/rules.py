@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Iterator
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
-from k3deploy.diagnostics import Issue
+from k3deploy.diagnostics import Issue, fmt_gib
 from k3deploy.engines.argv_opts import Opt, arg_problems, merge, user_opt
 from k3deploy.engines.command_line import base_opts
 from k3deploy.engines.context import Inputs, places
@@ -16,10 +16,8 @@ from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effectiv
 from k3deploy.engines.kinds import Family
 from k3deploy.engines.launchers import SIM_FORM, model_how, resolve_launcher
 from k3deploy.engines.redact import secret_arg, secret_env
+from k3deploy.engines.shape import Shape
 from k3deploy.engines.vllm import DP_RANK_DESTS, NNODES_DESTS
-from k3deploy.planning.arith import fmt_gib
-from k3deploy.planning.memory import weights_bytes_per_gpu
-from k3deploy.planning.shape import Shape
 from k3deploy.topology.schema import Topology
 
 # Set by k3deploy from `parallel` and `nodes`, per node: an engine.args override would desync them.
@@ -140,17 +138,17 @@ def rendezvous_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
                        "drop the override: k3deploy renders rank 0's nodes[].ip")
 
 
-def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Issue]:
-    """SGLang kernels that cannot serve K3 on this accelerator or shape."""
+def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...], bf16_weights_bytes: int) -> Iterator[Issue]:
+    """SGLang kernels that cannot serve K3 on this accelerator or shape (`bf16_weights_bytes`: the weights per
+    GPU with the routed experts held in BF16, the planner's figure)."""
     if inp.flavour != "sglang":
         return
     k = sglang_effective_kernels(opts, inp.table)
     hw, shape = inp.hardware, inp.shape
     if hw.is_hopper and k.moe == "auto":
-        routed, rest = weights_bytes_per_gpu(inp.model, shape, experts_bf16=True)
         flag = _user_flag(t, inp.table, "moe_runner_backend")
         yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend auto on {hw.name} (SM90) silently "
-                   f"upcasts the MXFP4 experts to BF16: {fmt_gib(routed + rest)} of weights per GPU against "
+                   f"upcasts the MXFP4 experts to BF16: {fmt_gib(bf16_weights_bytes)} of weights per GPU against "
                    f"{fmt_gib(hw.usable_bytes)} usable, out of memory at load",
                    _arg_path(flag) if flag else "engine.args",
                    "use marlin (the W4A16 kernel), k3deploy's default")
@@ -228,8 +226,10 @@ def launcher_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
                    "use `vllm serve` (e.g. launcher [/path/to/vllm, serve]) for a multi-node deployment")
 
 
-def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) -> Iterator[Issue]:
-    """Every engine-command check, on the options exactly as they would be rendered."""
+def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape, *,
+                 bf16_weights_bytes: int) -> Iterator[Issue]:
+    """Every engine-command check, on the options exactly as they would be rendered: the planner asks once and
+    gets the problems back."""
     inp = Inputs(topology=t, model=model, hardware=hw, shape=shape)
     version = inp.table.engine.split()[-1]
     if t.engine.version and t.engine.version != version:
@@ -244,5 +244,5 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape) 
     merged = [merge(base_opts(inp, p), t.engine.args, inp.table) for p in places(t)]
     yield from form_rules(t, inp, merged)
     yield from rendezvous_rules(t, inp)
-    yield from kernel_rules(t, inp, merged[0])
+    yield from kernel_rules(t, inp, merged[0], bf16_weights_bytes)
     yield from quant_rules(t, inp, merged[0])

@@ -1,50 +1,26 @@
-"""Checkpoint probe, stdlib only: safetensors structure from headers, then sha256 of every file in threads.
-
-Run on a node as `python3 -c SOURCE SPEC_JSON`. SPEC_JSON: {"path", "expect": {dotted config key: value},
-"files": {name: [size, sha256]} | null, "hash": bool, "threads": int (0 = all cores), "progress_s": float}.
-Prints JSON lines: {"type": "progress", ...} while hashing, then one {"type": "result", ...} line last.
-"""
+"""A checkpoint's structure from its headers, stdlib only: config against the catalog, every shard's header,
+dtypes, shapes and byte spans, the index against the shards (shipped with the shard probe)."""
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import multiprocessing
 import os
-import re
 import struct
-import sys
-import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-INDEX_FILE = "model.safetensors.index.json"
-CONFIG_FILE = "config.json"
-MANIFEST_FILE = "k3-manifest.json"
+from k3deploy.probes.fast_json import Loads
+from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, label, listed
+
 HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
-READ_BUFFER = 8 << 20
 DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "I16": 16,
               "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64}
 SCALE_DTYPES = ("U8", "F8_E8M0")  # MXFP4 scales: E8M0 exponents, stored as either
-SHARD_RE = re.compile(r"-(\d{5})-of-\d{5}\.safetensors$")
 EXPERTS = ".block_sparse_moe.experts."
-MAX_LISTED = 5
 MAX_WORKERS = 32  # header-parsing processes; a 200-core node gains nothing from more for ~100 shards
 
 Problem = dict[str, str]
-
-
-def label(name: str) -> str:
-    """'shard 00042' for model-00042-of-00096.safetensors, else the file name."""
-    m = SHARD_RE.search(name)
-    return f"shard {m.group(1)}" if m else name
-
-
-def listed(names: list[str]) -> str:
-    """The first few names and how many more."""
-    more = len(names) - MAX_LISTED
-    return ", ".join(names[:MAX_LISTED]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def read_header(path: str, cap: int = HEADER_CAP) -> tuple[int, dict[str, Any], int]:
@@ -60,7 +36,7 @@ def read_header(path: str, cap: int = HEADER_CAP) -> tuple[int, dict[str, Any], 
             raise ValueError(f"header of {n:,} bytes runs past the end of the {size:,}-byte file")
         raw = f.read(n)
     try:
-        header = json.loads(raw)
+        header = _LOADS(raw)
     except ValueError as exc:
         raise ValueError(f"header is not JSON ({exc})") from None
     if not raw.startswith(b"{") or not isinstance(header, dict):
@@ -97,6 +73,11 @@ class Layout:
             self.expert_shapes[f"{w}.weight_scale"] = [rows, cols // group]
         self.exact = {n: [vocab, hidden] for n in ("language_model.model.embed_tokens.weight",
                                                     "language_model.lm_head.weight")}
+        # What a sound routed-expert tensor looks like, for one set lookup each (~500k tensors in a full K3).
+        self.expert_ids = frozenset(str(e) for e in range(self.experts))
+        self.moe_layers = frozenset(str(layer) for layer in range(self.first_moe, self.layers))
+        self.sound = {k: (("U8",) if k.endswith("packed") else SCALE_DTYPES, want)
+                      for k, want in self.expert_shapes.items()}
 
     @property
     def expert_count(self) -> int:
@@ -113,6 +94,10 @@ class Layout:
             return f"shape {shape}, expected {want}" if want is not None and shape != want else None
         expert, _, kind = tail.partition(".")
         layer = head.rpartition(".")[2]
+        sound = self.sound.get(kind)
+        if sound is not None and expert in self.expert_ids and layer in self.moe_layers and dtype in sound[0] \
+                and shape == sound[1]:
+            return None
         if not (expert.isdigit() and int(expert) < self.experts and layer.isdigit()
                 and self.first_moe <= int(layer) < self.layers and kind in self.expert_shapes):
             return "not a routed-expert tensor of this config"
@@ -139,10 +124,7 @@ def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, in
     for tensor, info in header.items():
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            elems = 1
-            for d in shape:
-                elems *= d
-            nbytes = elems * DTYPE_BITS[dtype] // 8
+            nbytes = math.prod(shape) * DTYPE_BITS[dtype] // 8
         except (KeyError, TypeError, ValueError):
             out.append(f"tensor {tensor}: malformed entry {json.dumps(info)[:120]}")
             continue
@@ -189,7 +171,9 @@ def name_problems(shard: str, path: str, indexed: list[str]) -> list[str]:
     return out
 
 
-_LAYOUT: Layout | None = None  # set before the worker processes fork, so they inherit it
+# Both set before the worker processes fork, so they inherit them.
+_LAYOUT: Layout | None = None
+_LOADS: Loads = json.loads
 
 
 def _shard_job(path: str) -> tuple[list[str], int, int | None]:
@@ -216,18 +200,18 @@ class _Done:
         return self.value
 
 
-def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Problem]:
-    """Index, config and every shard's header: what is wrong, each with the file it is in."""
-    global _LAYOUT
+def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads) -> list[Problem]:
+    """Index, config and every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
+    global _LAYOUT, _LOADS
     problems: list[Problem] = []
 
     def add(file: str, message: str) -> None:
         problems.append({"file": file, "message": f"{label(file)}: {message}"})
 
-    _LAYOUT = None
+    _LAYOUT, _LOADS = None, loads
     try:
         with open(os.path.join(root, CONFIG_FILE), "rb") as f:
-            config = json.load(f)
+            config = loads(f.read())
         for message in config_problems(config, expect):
             add(CONFIG_FILE, message)
         _LAYOUT = Layout(config)
@@ -239,7 +223,7 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Probl
     try:
         try:
             with open(os.path.join(root, INDEX_FILE), "rb") as f:
-                weight_map = json.load(f)["weight_map"]
+                weight_map = loads(f.read())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             add(INDEX_FILE, f"cannot read the weight map: {exc}")
             return problems
@@ -266,119 +250,3 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0) -> list[Probl
         add(INDEX_FILE, f"{_LAYOUT.expert_count - experts:,} of {_LAYOUT.expert_count:,} routed-expert tensors "
             "are in no shard and not in the weight_map")
     return problems
-
-
-def local_files(root: str) -> list[str]:
-    """Every regular file under root (relative, sorted), without dot-directories and our manifest."""
-    out = []
-    for base, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        rel = os.path.relpath(base, root)
-        out += [f if rel == "." else f"{rel}/{f}" for f in files if f != MANIFEST_FILE and not f.startswith(".")]
-    return sorted(out)
-
-
-def sha256_files(paths: list[str], threads: int = 0, progress: Callable[[int, int, int], None] | None = None,
-                 progress_s: float = 1.0) -> dict[str, tuple[int, str]]:
-    """{path: (size, sha256)} with one file per thread (hashlib releases the GIL); unreadable files omitted."""
-    sizes = {}
-    for p in paths:
-        try:
-            sizes[p] = os.stat(p).st_size
-        except OSError:
-            pass
-    queue = sorted(sizes, key=lambda p: -sizes[p])  # largest first: the last file to start is a small one
-    total, out = sum(sizes.values()), {}
-    lock = threading.Lock()
-    done = [0] * max(1, threads or os.cpu_count() or 1)  # bytes hashed, one counter per thread (no shared +=)
-
-    def work(slot: int) -> None:
-        buf = bytearray(READ_BUFFER)
-        view = memoryview(buf)
-        while True:
-            with lock:
-                if not queue:
-                    return
-                path = queue.pop(0)
-            h, size = hashlib.sha256(), 0
-            try:
-                with open(path, "rb", buffering=0) as f:
-                    for _ in range(1 << 40):
-                        got = f.readinto(buf)
-                        if not got:
-                            break
-                        h.update(view[:got])
-                        size += got
-                        done[slot] += got
-            except OSError:
-                continue
-            out[path] = (size, h.hexdigest())
-
-    count = max(1, min(len(done), len(queue)))
-    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(count)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        while w.is_alive():
-            w.join(progress_s)
-            if progress is not None:
-                progress(sum(done), total, len(out))
-    return out
-
-
-def revision_hint(root: str) -> tuple[str | None, str]:
-    """The revision this copy claims: our manifest, huggingface's download metadata, or a snapshots/<sha> path."""
-    try:
-        with open(os.path.join(root, MANIFEST_FILE), "rb") as f:
-            return str(json.load(f)["revision"]), MANIFEST_FILE
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    meta = os.path.join(root, ".cache", "huggingface", "download")
-    commits = set()
-    for base, _, names in os.walk(meta):
-        for name in names:
-            if name.endswith(".metadata"):
-                try:
-                    with open(os.path.join(base, name)) as fh:
-                        commits.add(fh.readline().strip())
-                except OSError:
-                    pass
-    if len(commits) == 1:
-        return commits.pop(), ".cache/huggingface/download"
-    m = re.search(r"/snapshots/([0-9a-f]{40})(/|$)", os.path.abspath(root))
-    return (m.group(1), "hub cache snapshot path") if m else (None, "")
-
-
-def main(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the checks the spec asks for and return the result line's content."""
-    root = spec["path"]
-    if not os.path.isdir(root):
-        return {"type": "result", "path": root, "fatal": f"{root}: no such directory", "problems": []}
-    t0 = time.monotonic()
-    problems = structure(root, spec.get("expect") or {}, int(spec.get("workers", 0)))
-    structure_s = time.monotonic() - t0
-    revision, revision_from = revision_hint(root)
-    files: dict[str, Any] = {}
-    wanted = spec.get("files")
-    names = sorted(wanted) if wanted is not None else local_files(root)
-    if spec.get("hash", True):
-        def progress(done: int, total: int, files_done: int) -> None:
-            line = {"type": "progress", "phase": "sha256", "done": done, "total": total, "files_done": files_done,
-                    "files": len(names), "elapsed_s": round(time.monotonic() - t1, 3)}
-            print(json.dumps(line), flush=True)
-
-        t1 = time.monotonic()
-        digests = sha256_files([os.path.join(root, n) for n in names], int(spec.get("threads", 0)), progress,
-                               float(spec.get("progress_s", 1.0)))
-        files = {n: list(digests[os.path.join(root, n)]) for n in names if os.path.join(root, n) in digests}
-        hash_s = time.monotonic() - t1
-    else:
-        hash_s = 0.0
-    return {"type": "result", "path": root, "revision": revision, "revision_from": revision_from,
-            "files": files, "missing": [n for n in names if n not in files] if spec.get("hash", True) else [],
-            "problems": problems, "structure_s": round(structure_s, 3), "hash_s": round(hash_s, 3),
-            "hashed_bytes": sum(v[0] for v in files.values())}
-
-
-if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)

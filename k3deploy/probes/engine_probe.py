@@ -2,10 +2,15 @@
 checkpoint's architecture, its torch, Ray and Python versions; one JSON line.
 
 argv: KIND (sglang | vllm | vllm-ascend | sim), MIMIC (sim only), ARCHITECTURES (JSON list)."""
+import importlib
 import importlib.metadata as md
 import json
 import platform
 import sys
+
+# The stand-in engine (kind sim) is the engine under test here, like SGLang or vLLM: loaded by name in the
+# engine's interpreter, never a part of this probe (a probe ships alone and imports nothing of k3deploy).
+SIM_MODEL_INFO, SIM_ENGINE_ARGS = "k3deploy.sim.model_info", "k3deploy.sim.engine_args"
 
 
 def dist_version(name):
@@ -23,14 +28,12 @@ def supported_archs(kind, mimic):
     if kind in ("vllm", "vllm-ascend"):
         from vllm import ModelRegistry
         return list(ModelRegistry.get_supported_archs())
-    from k3deploy.sim.model_info import SUPPORTED_ARCHITECTURES
-    return list(SUPPORTED_ARCHITECTURES)
+    return list(importlib.import_module(SIM_MODEL_INFO).SUPPORTED_ARCHITECTURES)
 
 
 def engine_version(kind, mimic):
     if kind == "sim":
-        from k3deploy.sim.engine_args import engine_version as sim_version
-        return sim_version(mimic)
+        return importlib.import_module(SIM_ENGINE_ARGS).engine_version(mimic)
     return dist_version({"sglang": "sglang", "vllm": "vllm", "vllm-ascend": "vllm"}[kind])
 
 
