@@ -1,12 +1,19 @@
-"""launch.slurm in the topology and the Slurm job text its settings become (the rig tier submits it)."""
+"""launch.slurm in the topology, the Slurm job text its settings become, and the Slurm target and executor
+as far as they work without a cluster (the rig tier runs the rest against a real one)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
+from pydantic import TypeAdapter
 
 from k3deploy.engines.exports import export
+from k3deploy.errors import ExecError
+from k3deploy.executors.factory import open_executor
+from k3deploy.executors.slurm import SlurmExecutor, step_argv
+from k3deploy.executors.target import ExecTarget, SlurmTarget
 from k3deploy.topology.loader import TopologyError, parse_topology
 from tests.unit.plan_helpers import plan_of, topology_dict
 
@@ -56,3 +63,21 @@ def test_ranks_and_addresses_are_read_on_the_node_not_in_the_batch_shell() -> No
     assert "--dist-init-addr \"${K3_HEAD_IP}\":20000" in node and 'SGLANG_HOST_IP="${K3_NODE_IP}"' in node
     assert text.rstrip().endswith('srun --nodes=4 --ntasks=4 --ntasks-per-node=1 --kill-on-bad-exit=1 '
                                   'sh -c "${K3_NODE_SCRIPT}"')
+
+
+def test_a_slurm_target_round_trips_and_opens_the_slurm_executor() -> None:
+    adapter: TypeAdapter[ExecTarget] = TypeAdapter(ExecTarget)
+    t = adapter.validate_python({"kind": "slurm", "host": "gpu01", "job_id": 42, "slurm_conf": "/etc/x.conf"})
+    assert isinstance(t, SlurmTarget) and adapter.validate_json(json.dumps(adapter.dump_python(t))) == t
+    ex = open_executor(t)
+    assert isinstance(ex, SlurmExecutor) and ex.capabilities == SlurmTarget.capabilities
+    assert ex.forward("127.0.0.1", 80) is None  # HTTP checks run on the node
+    assert step_argv(42, "gpu01", "true") == ["srun", "--overlap", "--jobid=42", "--nodelist=gpu01",
+                                               "--nodes=1", "--ntasks=1", "--quiet", "sh", "-c", "true"]
+
+
+def test_without_an_allocation_every_call_is_an_exec_error_naming_the_node() -> None:
+    ex = SlurmExecutor(SlurmTarget(host="gpu01"))
+    with pytest.raises(ExecError) as err:
+        ex.run("true")
+    assert err.value.host == "gpu01" and "no Slurm allocation" in str(err.value)
