@@ -91,3 +91,26 @@ def test_exported_sbatch_submitted_as_is_is_ready_with_ranks_0_to_3(rig4: HostRi
         assert "JobState=RUNNING" in state, state
         assert slurm.client(["scancel", job]).returncode == 0
         assert wait_for(lambda: not any(engines(rig4).values()), 60), engines(rig4)
+
+
+@pytest.mark.timeout(300)
+def test_the_time_limit_ends_every_task_of_the_exported_job(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> None:
+    """launch.slurm.time_limit becomes the job's limit: at it Slurm ends the job, and no engine is left."""
+    tmp_path.chmod(0o755)
+    topo = slurm_topology(rig4, checkpoint, tmp_path, "it-sbatch-limit", time_limit="1")
+    out = tmp_path / "export"
+    assert cli("render", str(topo), "--format", "slurm", "--out", str(out)).returncode == 0
+    with SlurmRig(rig4) as slurm:
+        sub = slurm.client(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/job-%j.out",
+                            str(out / "k3deploy.sbatch")])
+        assert sub.returncode == 0, sub.stderr
+        job = sub.stdout.strip().split(";")[0]
+        assert wait_for(lambda: all(len(e) == 1 for e in engines(rig4).values()), 120), engines(rig4)
+
+        def state() -> str:
+            shown = slurm.client(["scontrol", "show", "job", job]).stdout
+            found = re.search(r"JobState=(\S+)", shown)
+            return found.group(1) if found else ""
+        # One minute, then KillWait (5 s) and the controller's own timer: well inside four minutes.
+        assert wait_for(lambda: state() == "TIMEOUT", 240), state()
+        assert wait_for(lambda: not any(engines(rig4).values()), 60), engines(rig4)
