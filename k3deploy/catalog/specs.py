@@ -14,7 +14,8 @@ class Spec(BaseModel):
     """Strict, immutable base for catalog entries."""
 
     # Built on first validation: a run that takes the validated catalog from the cache never validates.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    # No number is infinite or NaN: 1e999 reads as inf, and inf passes every `ge`/`gt` bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)
 
 
 class Sourced(Spec):
@@ -122,6 +123,9 @@ class ModelSpec(Sourced):
     weights: Weights
     cache: CacheDtypes
     quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+    draft_acceptance_length: dict[int, float] = Field(
+        default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
+        "by draft tokens proposed per step")
 
 
 class HardwareSpec(Sourced):
@@ -138,6 +142,17 @@ class HardwareSpec(Sourced):
     native_mxfp4: bool
     typical_gpus_per_node: int
     runtime_reserve_gib: float | None = None
+    fp4_tflops: float | None = Field(None, description="dense FP4 (MXFP4) tensor throughput, TFLOP/s; none: FP4 "
+                                     "weights are upcast and run at the BF16 rate (Marlin on Hopper)")
+    scaleup_domain_gpus: int | None = Field(None, description="GPUs one scale-up fabric joins (NVLink domain): "
+                                            "collectives inside it use scaleup_gbps")
+    scaleup_gbps: float | None = Field(None, description="scale-up bandwidth per GPU, one direction, GB/s")
+    scaleup_latency_us: float | None = Field(None, description="latency of one small collective inside the "
+                                             "scale-up domain, microseconds")
+    scaleout_gbps: float | None = Field(None, description="scale-out (network) bandwidth per GPU, one direction, "
+                                        "GB/s")
+    scaleout_latency_us: float | None = Field(None, description="latency of one small collective across nodes "
+                                              "over the scale-out network, microseconds")
 
     @property
     def usable_bytes(self) -> int:
@@ -178,6 +193,24 @@ class EngineDefaults(Sourced):
     block_multiple_tokens: int | None = None
 
 
+class EnginePerformance(Sourced):
+    """How one engine kind turns the accelerator's figures into decode steps and prefills (the performance
+    model's efficiency factors; each calibrated once or documented, never fitted per case)."""
+
+    hbm_efficiency: float = Field(gt=0, le=1, description="share of peak HBM bandwidth a decode step's reads reach")
+    compute_efficiency: float = Field(gt=0, le=1, description="share of peak tensor throughput a forward step "
+                                      "reaches (calibrated on prefill, where compute binds)")
+    layer_overhead_us: float = Field(ge=0, description="time per layer per forward step beyond its reads, "
+                                     "compute and collectives (kernel launches, norms, routing), microseconds")
+    collectives: bool = Field(description="whether the engine runs the TP/EP/DCP collectives of each layer")
+    prefill_stalls_decode: bool = Field(description="whether a prefill holds up the running batch's decode "
+                                        "steps (SGLang, vLLM) or runs beside them (the stand-in)")
+    kda_state_passes: int = Field(ge=1, description="times a decode step moves each request's KDA state "
+                                  "through HBM (2: read and written back)")
+    speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
+                                  "stand-in's K3SIM_SPEED); none for real engines")
+
+
 class PlannerDefaults(Sourced):
     """Planner-wide defaults."""
 
@@ -192,6 +225,8 @@ class Catalog(Spec):
     vendors: dict[str, VendorSpec]
     engines: dict[str, EngineDefaults]
     planner: PlannerDefaults
+    performance: dict[str, EnginePerformance] = Field(default_factory=dict, description="engine kind -> its "
+                                                      "performance-model factors")
 
     def model(self, model_id: str) -> ModelSpec:
         """Look up a model by id."""

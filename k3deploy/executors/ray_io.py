@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import RayError
@@ -14,8 +14,18 @@ from k3deploy.executors import ray_agent
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.posix import follow_script
 
-if TYPE_CHECKING:
-    from k3deploy.executors.ray_exec import RayExecutor
+
+class RayNode(Protocol):
+    """What these transfers need of the Ray executor (a protocol, so this module does not import it)."""
+
+    host: str
+    control_timeout_s: float
+
+    def connect(self) -> None: ...
+    def agent_of(self, handle: ProcessHandle) -> Any: ...
+    def call(self, ref: Any, timeout_s: float, what: str) -> Any: ...
+    def pin(self) -> Any: ...
+    def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str: ...
 
 READ_WAIT_S = 0.5
 _write_chunk = ray.remote(num_cpus=0, max_retries=0)(ray_agent.write_chunk)
@@ -28,7 +38,7 @@ class AgentGone(Exception):
     """The actor of a handle is dead or unknown: fall back to a pinned task."""
 
 
-def follow(ex: RayExecutor, handle: ProcessHandle, tail_lines: int, stop: threading.Event | None) -> Iterator[str]:
+def follow(ex: RayNode, handle: ProcessHandle, tail_lines: int, stop: threading.Event | None) -> Iterator[str]:
     """Stream the log (in chunks through the agent) until the process ends or `stop` is set."""
     ex.connect()
     agent = ex.agent_of(handle)
@@ -66,7 +76,7 @@ def follow(ex: RayExecutor, handle: ProcessHandle, tail_lines: int, stop: thread
             pass
 
 
-def put(ex: RayExecutor, local_path: str, remote_path: str) -> None:
+def put(ex: RayNode, local_path: str, remote_path: str) -> None:
     """Copy a local file to the node in chunks small enough to travel inside the task call (larger
     arguments go through the object store, whose transfers between nodes cannot be bounded here)."""
     ex.connect()
@@ -82,7 +92,7 @@ def put(ex: RayExecutor, local_path: str, remote_path: str) -> None:
         ex.call(ref, ex.control_timeout_s, what)
 
 
-def get(ex: RayExecutor, remote_path: str, local_path: str) -> None:
+def get(ex: RayNode, remote_path: str, local_path: str) -> None:
     """Copy a file of the node here, in chunks (as `put`)."""
     ex.connect()
     what = f"copy {remote_path} -> {local_path}"

@@ -48,6 +48,10 @@ class Gang:
         self.emit = on_event
         self.handles: dict[int, ProcessHandle] = {}
         self.final_logs: dict[int, str] = {}  # each node's log end, read by `stop` right after stopping it
+        # A stop and a start that returns at the same moment agree under this lock on who stops the node.
+        self._handles_lock = threading.Lock()
+        self._stopping = threading.Event()  # set by stop(): starts still under way stop what they started
+        self._grace_s = 0.0
         self._head_http: NodeHttp | None = None
         self._watches: list[NodeWatch] = []
 
@@ -88,20 +92,34 @@ class Gang:
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
         jobs = {j.rank: j for j in self.jobs}
+        self._stopping.clear()
 
         def one(rank: int, ex: Executor) -> ProcessHandle:
             job = jobs[rank]
+            if self._stopping.is_set():
+                raise ExecError("not started: the group is being stopped", host=job.host)
             self._event(job, "starting")
             handle = ex.start(job.command, job.log_path, workdir=posixpath.dirname(job.log_path) or "/",
                               tag=job.tag(self.name, run_id))
-            self.handles[rank] = handle
+            with self._handles_lock:
+                self.handles[rank] = handle
+                late = self._stopping.is_set()  # the stop has gone by without this node: stop it here
             if on_started is not None:
                 on_started(job, handle)
+            if late:
+                gone = ex.terminate(handle, self._grace_s)
+                self._event(job, "stopped" if gone else "failed", "" if gone else "processes survived SIGKILL")
+                raise ExecError("started as the group was being stopped; stopped again", host=job.host)
             self._event(job, "started", f"pid {handle.pid}")
             return handle
 
         head, workers = self.jobs[0], [j.rank for j in self.jobs[1:]]
-        one(head.rank, self.executor(head.rank))
+        # In a pool thread even alone: a Ctrl-C lands in this thread's wait, never between a start that
+        # has happened and its handle being kept (the stop could not find that node).
+        failed = [o for o in self.fleet.map(one, [head.rank], in_pool=True).values() if not o.ok]
+        if failed:
+            err = failed[0].error
+            raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
         # The readiness client (or tunnel) is made while the workers start, not when rank 0 may already serve.
         warm = threading.Thread(target=self._warm_readiness, daemon=True, name="k3ready")
         warm.start()
@@ -232,10 +250,14 @@ class Gang:
         """Stop every started group, one command per node (SIGTERM, up to grace_s, SIGKILL, all on the node),
         each node reported as it is done; with `log_lines`, the end of its log is read right after (into
         `final_logs`). Rank -> outcome."""
-        jobs = {j.rank: j for j in self.jobs if j.rank in self.handles}
+        with self._handles_lock:
+            self._grace_s = grace_s
+            self._stopping.set()  # a start that returns from now on stops its node itself
+            handles = dict(self.handles)
+        jobs = {j.rank: j for j in self.jobs if j.rank in handles}
 
         def one(rank: int, ex: Executor) -> str:
-            job, handle = jobs[rank], self.handles[rank]
+            job, handle = jobs[rank], handles[rank]
             try:
                 gone = ex.terminate(handle, grace_s)
                 if job.container:

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
+from k3deploy.errors import InputError
 from k3deploy.planning.arith import stage_layers
 
 BF16_BYTES = 2
@@ -134,7 +135,11 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     slots_key = inp.prefix_cache_strategy if inp.prefix_cache else "disabled"
     if inp.family == "vllm":
         slots_key = "enabled" if inp.prefix_cache else "disabled"
-    slots = inp.engine.slots_per_request[slots_key]
+    slots = inp.engine.slots_per_request.get(slots_key)
+    if slots is None:  # only a --catalog file overriding the engine's defaults can drop a key
+        have = ", ".join(sorted(inp.engine.slots_per_request)) or "none"
+        raise InputError(f"catalog: engine {inp.family}: slots_per_request has no '{slots_key}' entry (it has "
+                         f"{have})", hint="give every cache strategy of the engine its slots in the --catalog file")
     ratio: float | None = None
     block: int | None = None
     if inp.family == "sglang":

@@ -106,6 +106,10 @@ class ValidateSettings(Strict):
                                          "stage (none: not checked)")
     max_mean_tpot_ms: float | None = Field(None, gt=0, description="maximum mean time per output token in the "
                                            "effort stage (none: not checked)")
+    min_share_of_prediction: float = Field(0.33, ge=0, le=1, description="the effort stage fails a cold "
+                                           "workload whose decode speed (1/TPOT) or prefill speed (1/TTFT, when "
+                                           "100 ms or more is predicted) is below this share of what `k3deploy "
+                                           "plan --workload` predicts for the deployed shape (0: not checked)")
     concurrency: int = Field(8, ge=1, description="concurrent requests in the effort stage")
     effort_requests: int | None = Field(None, ge=1, description="requests per effort workload (default: 2 x "
                                         "concurrency)")

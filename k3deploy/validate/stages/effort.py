@@ -9,6 +9,7 @@ from typing import Any
 from k3deploy.validate import haystack
 from k3deploy.validate.chat import Chat, effort_fields, effort_via
 from k3deploy.validate.loadgen import CHAT_PATH, LoadRun, run_load, run_load_on_node, summarize
+from k3deploy.validate.predicted import compare
 from k3deploy.validate.reach import rank0_http
 from k3deploy.validate.stage import StageResult, ValidateContext
 
@@ -86,9 +87,12 @@ class EffortStage:
                                    "max_concurrency": settings.concurrency, "num_prompts": len(bodies),
                                    "route": route, "load_ran": WHERE[route], "gpus": gpus, **summaries}
         problems = [p for name, s in summaries.items() for p in _problems(name, s, ctx)]
+        off, vs_prediction, predicted = compare(ctx, summaries["cold"], len(bodies))
+        problems += off
+        results.update(vs_prediction)
         head = (f"effort {ctx.topology.serving.reasoning_effort} (as {via}), concurrency {settings.concurrency}, "
                 f"{len(bodies)} requests per workload, load ran {WHERE[route]}")
-        evidence = "\n".join(_line(n, s) for n, s in summaries.items())
+        evidence = "\n".join([*(_line(n, s) for n, s in summaries.items()), *([predicted] if predicted else [])])
         if problems:
             return StageResult(name=self.name, status="fail", detail="; ".join(problems) + f" ({head})",
                                evidence=evidence, results=results)
