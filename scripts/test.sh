@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install everything the suite needs on a fresh Debian or Ubuntu machine (as root), then run every test
-# tier. Python packages go into the project venv .venv (made here when missing): Debian's own pip refuses
-# to install outside a venv ("externally-managed-environment"). Used by the README's test command and .ci/run.
+# tier (the Slurm rig needs slurm-wlm's slurmctld, slurmd and clients, and munge). Python packages go into
+# the project venv .venv (made here when missing): Debian's own pip refuses to install outside a venv
+# ("externally-managed-environment"). Used by the README's test command and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   missing=""
-  for bin in /usr/sbin/sshd /usr/bin/shellcheck /usr/sbin/ip /usr/bin/nsenter /usr/bin/pgrep; do
+  for bin in /usr/sbin/sshd /usr/bin/shellcheck /usr/sbin/ip /usr/bin/nsenter /usr/bin/pgrep \
+      /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/srun; do
     [ -x "$bin" ] || missing=1
   done
   # Debian ships venv's pip bootstrap (ensurepip) separately, in python3-venv.
@@ -15,7 +17,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   if [ -n "$missing" ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      openssh-server openssh-client iproute2 shellcheck util-linux procps python3-venv >/dev/null
+      openssh-server openssh-client iproute2 shellcheck util-linux procps python3-venv \
+      slurmctld slurmd slurm-client munge >/dev/null
   fi
 fi
 

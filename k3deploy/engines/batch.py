@@ -1,7 +1,5 @@
-"""Shell exports: one POSIX script per node, and an sbatch script that picks the rank from Slurm."""
+"""Shell exports: one POSIX script per node, and the case branches the Slurm job text and LWS share."""
 from __future__ import annotations
-
-import shlex
 
 from k3deploy.engines.shell import node_lines
 from k3deploy.engines.spec import LaunchSpec
@@ -32,29 +30,3 @@ def case_branches(specs: tuple[LaunchSpec, ...], *, template: bool = False, secr
         out += [indent + line for line in body]
         out.append(indent + ";;")
     return out
-
-
-def _gpu_directive(t: Topology, vendor: str | None) -> list[str]:
-    return [f"#SBATCH --gpus-per-node={t.hardware.gpus_per_node}"] if vendor in ("nvidia", "amd") else []
-
-
-def sbatch_script(t: Topology, specs: tuple[LaunchSpec, ...], vendor: str | None = None) -> str:
-    """sbatch: one task per node; each task runs the command of rank $SLURM_NODEID."""
-    n = len(specs)
-    hosts = ",".join(s.host for s in specs)
-    body = ["set -eu", 'case "${SLURM_NODEID:?run under srun}" in', *case_branches(specs),
-            "*)", f'  echo "k3deploy: SLURM_NODEID=${{SLURM_NODEID}} is not one of the {n} ranks" >&2',
-            "  exit 1", "  ;;", "esac"]
-    srun = f"srun --nodes={n} --ntasks={n} --ntasks-per-node=1 --kill-on-bad-exit=1"
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={t.name}", f"#SBATCH --nodes={n}",
-             "#SBATCH --ntasks-per-node=1", f"#SBATCH --nodelist={hosts}", "#SBATCH --exclusive",
-             *_gpu_directive(t, vendor),
-             f"# k3deploy: deployment {t.name} on {n} node(s). The node rank is Slurm's SLURM_NODEID; the",
-             "# case below holds each rank's command (ranks follow the topology's node order, which must",
-             "# match the order Slurm numbers the allocated nodes in). Secrets are read on each node.",
-             "set -eu",
-             "# Expanded on each node by srun's shell, not here.",
-             "# shellcheck disable=SC2016",
-             f"K3_NODE_SCRIPT={shlex.quote(chr(10).join(body) + chr(10))}",
-             srun + ' sh -c "${K3_NODE_SCRIPT}"']
-    return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.context import Inputs
 from k3deploy.engines.redact import REDACTED, redact_argv, redact_env
-from k3deploy.engines.render import render_nodes
+from k3deploy.engines.render import packaged_vendor, render_nodes
 from k3deploy.engines.secret_refs import node_secrets
 from k3deploy.engines.shell import command_text
 from k3deploy.engines.spec import LaunchSpec
@@ -79,8 +79,9 @@ def select(specs: tuple[LaunchSpec, ...], node: int | None) -> tuple[LaunchSpec,
 def export(inp: Inputs, fmt: Format, *, node: int | None = None,
            vendor: VendorSpec | None = None) -> tuple[RenderedFile, ...]:
     """The files one format consists of (inputs from `Plan.render_inputs`)."""
-    from k3deploy.engines.batch import node_script, sbatch_script
+    from k3deploy.engines.batch import node_script
     from k3deploy.engines.lws import lws_manifest
+    from k3deploy.engines.slurm_job import job_text
 
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
@@ -88,10 +89,11 @@ def export(inp: Inputs, fmt: Format, *, node: int | None = None,
         raise InputError(f"--node applies to {', '.join(PER_NODE_FORMATS)}; {fmt} covers the whole group")
     if fmt == "lws":
         return (RenderedFile("lws.yaml", lws_manifest(inp, vendor)),)
-    specs = render_nodes(inp, vendor)
     if fmt == "slurm":
-        sbatch = sbatch_script(inp.topology, specs, inp.hardware.vendor)
+        vend = vendor if vendor is not None else packaged_vendor(inp.hardware.vendor)
+        sbatch = job_text(inp, vend, gpus=inp.hardware.vendor in ("nvidia", "amd"))
         return (RenderedFile("k3deploy.sbatch", sbatch, executable=True),)
+    specs = render_nodes(inp, vendor)
     specs = select(specs, node)
     if fmt == "json":
         return (RenderedFile("nodes.json", json_text(specs, inp.topology.launch.executor)),)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from k3deploy.executors.base import Executor
-from k3deploy.executors.target import ExecTarget, LocalTarget, SshTarget
+from k3deploy.executors.target import ExecTarget, LocalTarget, SlurmTarget, SshTarget
 
 ExecutorFactory = Callable[[ExecTarget], Executor]
 
@@ -19,6 +19,10 @@ def open_executor(target: ExecTarget) -> Executor:
         from k3deploy.executors.ssh import SshExecutor
 
         return SshExecutor(target)
+    if isinstance(target, SlurmTarget):
+        from k3deploy.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(target)
     from k3deploy.executors.ray_exec import RayExecutor  # without Ray: the CLI names the install
 
     return RayExecutor(target)

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from k3deploy.errors import CommandTimeout, ExecError
@@ -94,17 +94,7 @@ class LocalExecutor(ShellExecutor):
             ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
-        out = proc.stdout
-        assert out is not None
-
-        def read_chunk() -> bytes | None:
-            ready, _, _ = select.select([out], [], [], 0.25)
-            return os.read(out.fileno(), 65536) if ready else None
-
-        try:
-            yield from split_lines(read_chunk, stop)
-        finally:
-            _kill_session(proc)
+        return process_lines(proc, stop, _kill_session)
 
     def put(self, local_path: str, remote_path: str) -> None:
         """Copy within this machine."""
@@ -139,6 +129,22 @@ class DirectEndpoint:
 
     def close(self) -> None:
         """Nothing to stop."""
+
+
+def process_lines(proc: subprocess.Popen[bytes], stop: threading.Event | None,
+                  end: Callable[[subprocess.Popen[bytes]], None]) -> Iterator[str]:
+    """Lines of a local process's stdout until it ends or `stop` is set; then `end(proc)` stops it."""
+    out = proc.stdout
+    assert out is not None
+
+    def read_chunk() -> bytes | None:
+        ready, _, _ = select.select([out], [], [], 0.25)
+        return os.read(out.fileno(), 65536) if ready else None
+
+    try:
+        yield from split_lines(read_chunk, stop)
+    finally:
+        end(proc)
 
 
 def _copy(src: str, dst: str, host: str) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ExecutorKind = Literal["local", "ssh", "ray"]
+ExecutorKind = Literal["local", "ssh", "ray", "slurm"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,20 @@ class RayTarget(_Target):
         return f"ray {self.ray_address or 'auto'}"
 
 
-# A SlurmTarget joins the union the same way (its own kind, fields and capabilities).
-ExecTarget = Annotated[LocalTarget | SshTarget | RayTarget, Field(discriminator="kind")]
-_FLAT_FIELDS = frozenset(set(SshTarget.model_fields) | set(RayTarget.model_fields))
+class SlurmTarget(_Target):
+    """A node of a Slurm allocation, reached by job steps (`srun --overlap`) from this machine."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        streams_logs=True, node_is_here=False, forwards_ports=False, ray_runtime=False)
+    kind: Literal["slurm"] = Field("slurm", description="executor implementation")
+    job_id: int | None = Field(None, description="the allocation's job id (set once the job is submitted)")
+    slurm_conf: str | None = Field(None, description="slurm.conf for the clients (SLURM_CONF), else Slurm's own")
+
+    def via(self) -> str:
+        """How the node is reached, in words (for display)."""
+        return f"slurm job {self.job_id}" if self.job_id is not None else "slurm"
+
+
+# One model per executor kind; the `kind` field picks it.
+ExecTarget = Annotated[LocalTarget | SshTarget | RayTarget | SlurmTarget, Field(discriminator="kind")]
+_FLAT_FIELDS = frozenset(set(SshTarget.model_fields) | set(RayTarget.model_fields) | set(SlurmTarget.model_fields))

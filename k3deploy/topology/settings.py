@@ -7,6 +7,7 @@ from pydantic import Field
 
 from k3deploy.topology.base import PATH_MAX, Strict
 from k3deploy.topology.nodes import SshDefaults
+from k3deploy.topology.slurm import SlurmSettings
 
 
 class Parallel(Strict):
@@ -56,13 +57,15 @@ class RestartPolicy(Strict):
 class Launch(Strict):
     """How k3deploy starts and watches the engine."""
 
-    executor: Literal["ssh", "ray", "local"] = Field("ssh", description="how commands reach the nodes")
+    executor: Literal["ssh", "ray", "local", "slurm"] = Field("ssh", description="how commands reach the nodes")
     port: int = Field(20000, ge=1, le=65535, description="rendezvous port on rank 0")
     dist_timeout_s: int = Field(3600, ge=1, description="engine distributed-init timeout")
     ready_timeout_s: int = Field(5400, ge=1, description="deadline for rank 0 to serve /v1/models")
     stop_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL grace when stopping")
     ssh: SshDefaults = Field(default_factory=SshDefaults, description="SSH defaults")
     ray_address: str | None = Field(None, description="Ray cluster: auto, ray://host:10001 or host:6379")
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="Slurm job settings (executor slurm, "
+                                 "render --format slurm)")
     state_dir: str | None = Field(None, description="where deployment records live (default: user state dir)")
     log_dir: str = Field("/tmp/k3deploy", max_length=PATH_MAX, description="directory on each node for engine logs")
     restart: RestartPolicy = Field(default_factory=RestartPolicy, description="restart policy")

@@ -39,7 +39,8 @@ def scripts_of(plan: Any) -> dict[str, str]:
 
 def sbatch_body(sbatch: str) -> str:
     """The K3_NODE_SCRIPT value, as the shell would see it."""
-    probe = sbatch.split("\nsrun ")[0] + '\nprintf %s "$K3_NODE_SCRIPT"\n'
+    assignment = "K3_NODE_SCRIPT=" + sbatch.split("\nK3_NODE_SCRIPT=", 1)[1].split("\nsrun ")[0]
+    probe = assignment + '\nprintf %s "$K3_NODE_SCRIPT"\n'
     return subprocess.run(["sh", "-c", probe], capture_output=True, text=True, check=True).stdout
 
 
@@ -116,10 +117,19 @@ def test_hostile_values_arrive_verbatim_through_slurm(tmp_path: Path) -> None:
     srun = bindir / "srun"  # a stand-in srun: drop its options, run the step on "this node"
     srun.write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
     srun.chmod(0o755)
+    # A stand-in `ip`: the batch shell (node 0) asks first, for the head's address; then the task, for its own.
+    asked = tmp_path / "head-asked"
+    ip = bindir / "ip"
+    ip.write_text(f'#!/bin/sh\nif [ -e {asked} ]; then a=$NODE_ADDR; else : > {asked}; a=$HEAD_ADDR; fi\n'
+                  'echo "2: $6    inet $a/24 brd 10.0.0.255 scope global $6"\n')
+    ip.chmod(0o755)
     sbatch = tmp_path / "k3deploy.sbatch"
     sbatch.write_text(export(plan.render_inputs(), "slurm")[0].content)
-    for spec in render_nodes(plan.render_inputs()):
-        env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_NODEID": str(spec.rank)}
+    specs = render_nodes(plan.render_inputs())
+    for spec in specs:
+        asked.unlink(missing_ok=True)
+        env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_NODEID": str(spec.rank),
+               "SLURM_JOB_NUM_NODES": str(len(specs)), "HEAD_ADDR": specs[0].ip, "NODE_ADDR": spec.ip}
         assert_verbatim(run_recorded(["sh", str(sbatch)], tmp_path, env), spec, tmp_path)
 
 
