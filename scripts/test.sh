@@ -23,6 +23,16 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
 # The venv's console scripts (k3deploy, ray) first on PATH, as an activated venv would have them.
 export PATH="$PWD/.venv/bin:$PATH"
+# ---- The real routers (smg, sglang-router, vllm-router from PyPI) in their own cached venv, for the router
+# tests (tests/integration/test_router_tables.py); made once, reused while its ready marker names the pins.
+# Offline, the router tests skip and say why.
+if routers_venv="$(bash scripts/routers_venv.sh)"; then
+  export K3DEPLOY_ROUTERS_VENV="$routers_venv"
+else
+  echo "scripts/test.sh: the routers venv could not be made; the router tests will skip" >&2
+fi
+# ---- end of the routers block
+
 # Static checks are their own step (the unit tier needs no mypy); skipped when pytest gets arguments.
 [ "$#" -gt 0 ] || bash scripts/static_checks.sh
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
