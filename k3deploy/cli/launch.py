@@ -99,6 +99,9 @@ def prepare(file: Path, catalog: list[Path] | None, options: dict[str, Any]) -> 
         raise InputError(f"--ssh-jump: {exc}") from None
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
+    if plan.topology.replicas > 1 or plan.topology.router is not None:
+        raise InputError(f"{plan.file}: launching replicas or a router is not built yet (issue 26)",
+                         hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
     print_warnings(secret_warnings(plan.topology, os.environ, executor), plan.file)
     jobs = jobs_for(plan, ExecOverrides(**options), cat)
     return plan, jobs, cat
