@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from k3deploy.executors import ExecTarget, Executor, NodeFleet, ProcessHandle
+from k3deploy.executors import Executor, NodeFleet, ProcessHandle, RayTarget, SshTarget
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
@@ -60,10 +60,10 @@ def one_round(rig: HostRig, n: int, ray_address: str | None = None,
     hosts, of which in this client process) for the first n hosts, over SSH or (with ray_address) through
     Ray; stops what it started."""
     if ray_address is None:
-        targets = [ExecTarget(kind="ssh", host=h.name, ssh_config=str(rig.ssh_config_path),
+        targets = [SshTarget(host=h.name, ssh_config=str(rig.ssh_config_path),
                               known_hosts=str(rig.known_hosts_path)) for h in rig.hosts[:n]]
     else:
-        targets = [ExecTarget(kind="ray", host=h.name, node_ip=h.priv_ip, ray_address=ray_address)
+        targets = [RayTarget(host=h.name, node_ip=h.priv_ip, ray_address=ray_address)
                    for h in rig.hosts[:n]]
     with NodeFleet(dict(enumerate(targets))) as fleet:
         def connect_start(rank: int, ex: Executor) -> ProcessHandle:

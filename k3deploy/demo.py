@@ -67,8 +67,8 @@ def run_demo(workdir: Path, *, keep: bool = False, on_event: Callable[[NodeEvent
              on_step: Callable[[str], None] = lambda s: None) -> DemoResult:
     """Prepare, plan, launch, validate, and stop unless `keep` (then a supervisor watches it)."""
     from k3deploy.launch import deploy
-    from k3deploy.launch.jobs import jobs_for
     from k3deploy.launch.state import StateStore
+    from k3deploy.nodeplan.jobs import jobs_for
     from k3deploy.planning.files import catalog_for, require_feasible
     from k3deploy.validate.nodes import fleet_runner
     from k3deploy.validate.run import resolve_target, validate

@@ -247,6 +247,39 @@ def test_fleet_runs_a_stdlib_probe_by_source(node: ContractNode) -> None:
         assert all(isinstance(o.error, CommandTimeout) for o in timed.values())
 
 
+# Every ancestor's command line, the command's own shell first (ps may be missing on a node).
+ANCESTRY = ("p=$$; while [ \"$p\" -gt 1 ] 2>/dev/null; do tr '\\0' ' ' < /proc/$p/cmdline; echo; "
+            "p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2); done")
+
+
+def test_capabilities_say_what_the_executor_does(node: ContractNode, free_port: int) -> None:
+    """Each capability callers decide by (instead of the executor's kind) holds as behaviour."""
+    go = node.scratch / f"go-{node.kind}-{uuid.uuid4().hex[:6]}"
+
+    def on_line(line: str) -> None:
+        if line == "first":
+            go.write_text("")
+
+    with opened(node) as ex:
+        caps = ex.capabilities
+        assert caps == node.target.capabilities
+        # streams_logs: a line reaches us while the command still runs (it waits up to 10 s for our answer)
+        wait = f"echo first; i=0; while [ ! -e {go} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; " \
+               f"[ -e {go} ] && echo answered"
+        assert ("answered" in ex.run(wait, 60, on_line=on_line).stdout) is caps.streams_logs
+        # node_is_here: the node's processes share this process's network namespace (this machine)
+        theirs = ex.run(["readlink", "/proc/self/ns/net"], 30).stdout.strip()
+        assert (theirs == os.readlink("/proc/self/ns/net")) is caps.node_is_here
+        # forwards_ports: forward gives a local endpoint, or None (HTTP then goes on the node)
+        fwd = ex.forward("127.0.0.1", free_port)
+        assert (fwd is not None) is caps.forwards_ports
+        if fwd is not None:
+            fwd.close()
+        # ray_runtime: commands run under a Ray worker process
+        chain = ex.run(ANCESTRY, 30).stdout
+        assert ("ray::" in chain or "default_worker.py" in chain) is caps.ray_runtime, chain
+
+
 def _answers(http: NodeHttp) -> bool:
     try:
         return http.get("/up", 2).ok

@@ -10,16 +10,55 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from k3deploy.errors import K3Error
+from k3deploy.errors import InputError, K3Error
 
 if TYPE_CHECKING:
     from k3deploy.diagnostics import Issue
+    from k3deploy.nodeplan.targets import ExecOverrides
 
 CatalogOpt = Annotated[
     list[Path] | None,
     typer.Option("--catalog", help="folder of extra catalog YAML files (adds or overrides entries by id)"),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
+FileArg = Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)]
+
+# The executor options of `launch` and `preflight`: the same parameter names as ExecOverrides' fields.
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh | ray (default: launch.executor)")]
+SshConfigOpt = Annotated[str, typer.Option("--ssh-config", help="ssh client config for host aliases")]
+AcceptNewOpt = Annotated[bool, typer.Option(
+    "--accept-new-host-keys", help="trust and save host keys never seen before (changed keys are refused)")]
+SshUserOpt = Annotated[str | None, typer.Option("--ssh-user", help="login user (over launch.ssh.user)")]
+SshKeyOpt = Annotated[str | None, typer.Option("--ssh-key", help="private key (over launch.ssh.key)")]
+KnownHostsOpt = Annotated[str | None, typer.Option(
+    "--known-hosts", help="known_hosts file (over launch.ssh.known_hosts)")]
+ConnectTimeoutOpt = Annotated[float | None, typer.Option(
+    "--connect-timeout", help="seconds per SSH connection attempt (over launch.ssh.connect_timeout_s)")]
+SshJumpOpt = Annotated[str | None, typer.Option(
+    "--ssh-jump", help="jump host(s) like ssh -J: [user@]host[:port],... (over launch.ssh.jump; 'none' "
+    "ignores ~/.ssh/config's ProxyJump)")]
+RayAddressOpt = Annotated[str | None, typer.Option(
+    "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
+    "(over launch.ray_address)")]
+EXEC_OPTIONS = ("executor", "ssh_user", "ssh_key", "known_hosts", "ssh_config", "accept_new_host_keys",
+                "connect_timeout_s", "ray_address", "ssh_jump")
+EXECUTORS = ("local", "ssh", "ray")
+
+
+def exec_overrides(params: dict[str, object]) -> ExecOverrides:
+    """The executor options among a command's parameters (its `locals()`), checked: ExecOverrides."""
+    from k3deploy.nodeplan.targets import ExecOverrides
+    from k3deploy.topology.nodes import check_jump
+
+    executor = params["executor"]
+    if executor is not None and executor not in EXECUTORS:
+        raise InputError(f"--executor {executor}: expected {', '.join(EXECUTORS[:-1])} or {EXECUTORS[-1]}")
+    jump = params["ssh_jump"]
+    try:
+        check_jump(jump if isinstance(jump, str) else None)
+    except ValueError as exc:
+        raise InputError(f"--ssh-jump: {exc}") from None
+    return ExecOverrides.model_validate({k: params[k] for k in EXEC_OPTIONS})
 
 
 def print_warnings(issues: Iterable[Issue], file: str) -> None:

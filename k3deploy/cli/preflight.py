@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from k3deploy.cli.common import CatalogOpt
-from k3deploy.cli.launch import (
+from k3deploy.cli.common import (
     AcceptNewOpt,
+    CatalogOpt,
     ConnectTimeoutOpt,
     ExecutorOpt,
     FileArg,
@@ -19,8 +19,8 @@ from k3deploy.cli.launch import (
     SshJumpOpt,
     SshKeyOpt,
     SshUserOpt,
-    exec_options,
-    prepare,
+    exec_overrides,
+    print_warnings,
 )
 
 
@@ -38,7 +38,7 @@ def preflight(
     ssh_jump: SshJumpOpt = None,
     ray_address: RayAddressOpt = None,
     catalog: CatalogOpt = None,
-) -> Any:
+) -> None:
     """Fingerprint every node and run a real rendezvous probe: reachability, hostname, interface, MTU,
     clock, checkpoint, /dev/shm, accelerators, driver, engine, Ray/Python, the rendezvous port, and a
     torch.distributed all_reduce with the engine's environment.
@@ -48,12 +48,14 @@ def preflight(
     from rich.console import Console
 
     from k3deploy.launch.deploy import fleet_of
+    from k3deploy.launch.prepare import prepare
     from k3deploy.preflight.runner import run_preflight
     from k3deploy.preflight.views import table, write_junit
 
-    plan, jobs, cat = prepare(file, catalog, exec_options(locals()))
-    with fleet_of(jobs) as fleet:
-        report = run_preflight(plan, cat, jobs, fleet)
+    prep = prepare(file, catalog, exec_overrides(locals()))
+    print_warnings(prep.warnings, prep.plan.file)
+    with fleet_of(prep.jobs) as fleet:
+        report = run_preflight(prep.plan, prep.catalog, prep.jobs, fleet)
     if junit is not None:
         write_junit(report, junit)
     if as_json:

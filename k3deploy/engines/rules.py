@@ -132,7 +132,7 @@ def rendezvous_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
         flag = _user_flag(t, inp.table, dest)
         if flag is None or t.engine.args[flag] in (None, False):
             continue
-        problem = _addr_problem(str(t.engine.args[flag]), dest, t.launch.executor == "local")
+        problem = _addr_problem(str(t.engine.args[flag]), dest, t.launch.nodes_are_here)
         if problem:
             yield _err("RENDEZVOUS_ADDR", f"rendezvous address: {problem}", _arg_path(flag),
                        "drop the override: k3deploy renders rank 0's nodes[].ip")

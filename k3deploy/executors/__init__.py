@@ -6,6 +6,7 @@ for Ray targets.
 from k3deploy.executors.base import CommandResult, Executor, ProcessHandle
 from k3deploy.executors.factory import open_executor
 from k3deploy.executors.fleet import NodeFleet, NodeOutcome
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import Capabilities, ExecTarget, LocalTarget, RayTarget, SshTarget
 
-__all__ = ["CommandResult", "ExecTarget", "Executor", "NodeFleet", "NodeOutcome", "ProcessHandle", "open_executor"]
+__all__ = ["Capabilities", "CommandResult", "ExecTarget", "Executor", "LocalTarget", "NodeFleet", "NodeOutcome",
+           "ProcessHandle", "RayTarget", "SshTarget", "open_executor"]

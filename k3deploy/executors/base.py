@@ -9,6 +9,8 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from k3deploy.executors.target import Capabilities
+
 # Every process k3deploy starts carries this variable; signals go to a process group only when a live
 # member still carries the value, so a reused PID is never signalled.
 TAG_VAR = "K3DEPLOY_RUN"
@@ -59,7 +61,8 @@ class ProcessHandle(BaseModel):
     start_ticks: int | None = Field(None, description="start time in clock ticks since boot (PID-reuse guard)")
     tag: str = Field(description=f"value of {TAG_VAR} in the process's environment")
     log_path: str = Field(description="log file on the host (stdout and stderr)")
-    container: str | None = Field(None, description="container or actor name, for executors that use one")
+    # Records before 0.3 held the Ray agent's name here; the Ray executor now derives it from `tag`.
+    container: str | None = Field(None, description="unused (records before 0.3: the Ray agent's name)")
 
 
 class Forward(Protocol):
@@ -92,11 +95,13 @@ class Executor(Protocol):
       (tag-guarded against PID reuse); `terminate` is the whole stop of that group (TERM, grace, KILL) in
       one round trip; `follow` yields log lines until the process ends or `stop` is set;
     - `put` and `get` copy whole files to and from the node;
+    - `capabilities` tells what differs between kinds (each is asserted by the behaviour suite);
     - `forward` makes a port reachable as the node sees it (its loopback or its private network) from this
       machine, or returns None when this executor cannot (Ray): HTTP checks then run on the node.
     """
 
     host: str
+    capabilities: Capabilities  # what it can do (streams logs, forwards ports, ...): ask this, not the kind
 
     def connect(self) -> None:
         """Open the connection now (later calls reuse it); raises ExecError naming the host."""

@@ -4,29 +4,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from k3deploy.executors.base import Executor
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import ExecTarget, LocalTarget, SshTarget
 
 ExecutorFactory = Callable[[ExecTarget], Executor]
 
 
 def open_executor(target: ExecTarget) -> Executor:
     """A not-yet-connected Executor for the target (imports paramiko only for ssh)."""
-    if target.kind == "local":
+    if isinstance(target, LocalTarget):
         from k3deploy.executors.local import LocalExecutor
 
         return LocalExecutor(target.host)
-    if target.kind == "ssh":
+    if isinstance(target, SshTarget):
         from k3deploy.executors.ssh import SshExecutor
 
         return SshExecutor(target)
     from k3deploy.errors import InputError
 
-    if target.kind == "ray":
-        try:
-            from k3deploy.executors.ray_exec import RayExecutor
-        except ImportError as exc:
-            raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
-                             hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
-        return RayExecutor(target)
-
-    raise InputError(f"executor '{target.kind}' is not available yet", hint="use --executor ssh or local")
+    try:
+        from k3deploy.executors.ray_exec import RayExecutor
+    except ImportError as exc:
+        raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
+                         hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
+    return RayExecutor(target)

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from k3deploy.errors import CommandTimeout, ExecError
 from k3deploy.executors.base import CommandResult, Forward, LineSink
 from k3deploy.executors.posix import LineSplitter, ShellExecutor, split_lines
+from k3deploy.executors.target import LocalTarget
 
 
 class LocalExecutor(ShellExecutor):
     """Runs commands as local subprocesses, each in its own session so a timeout kills all of it."""
+
+    capabilities = LocalTarget.capabilities
 
     def __init__(self, host: str = "localhost") -> None:
         self.host = host

@@ -55,8 +55,7 @@ def start_script(command: str, log_path: str, workdir: str, tag: str) -> str:
     )
 
 
-def started_handle(host: str, res: CommandResult, log_path: str, workdir: str, tag: str,
-                   container: str | None) -> ProcessHandle:
+def started_handle(host: str, res: CommandResult, log_path: str, workdir: str, tag: str) -> ProcessHandle:
     """The handle `start_script`'s output describes, or the ExecError saying why the start failed."""
     parts = res.stdout.split()
     if res.exit_code != 0 or not parts or not parts[0].isdigit():
@@ -64,8 +63,7 @@ def started_handle(host: str, res: CommandResult, log_path: str, workdir: str, t
         raise ExecError(why.get(res.exit_code, "detached start failed")
                         + f" (exit {res.exit_code}): {res.stderr.strip()[-500:]}", host=host)
     ticks = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    return ProcessHandle(host=host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path,
-                         container=container)
+    return ProcessHandle(host=host, pid=int(parts[0]), start_ticks=ticks, tag=tag, log_path=log_path)
 
 
 def alive_script(pid: int, start_ticks: int | None) -> str:
@@ -178,7 +176,7 @@ class ShellExecutor(ABC):
         """Start `command` detached; the handle names its PID (= process group) and start time."""
         tag = check_tag(tag or "k3deploy")
         res = self.run(sh(start_script(command, log_path, workdir, tag)), timeout_s=self.control_timeout_s)
-        return started_handle(self.host, res, log_path, workdir, tag, container=None)
+        return started_handle(self.host, res, log_path, workdir, tag)
 
     def alive(self, handle: ProcessHandle) -> bool:
         """The group leader runs and is the process we started."""

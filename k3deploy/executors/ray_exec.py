@@ -1,7 +1,7 @@
 """RayExecutor: reach the nodes through an existing Ray cluster, one pinned agent actor per started process.
 
-With ray_session (the connection), the only modules that import ray; every Ray exception leaving them is an
-ExecError with one clear message.
+With ray_session (the connection), ray_actors (the agents) and ray_io (logs, files), the only modules that
+import ray; every Ray exception leaving them is an ExecError with one clear message.
 
 Connecting: `launch.ray_address` (or `--ray-address`) is `auto`, a GCS address `HOST:6379`, or
 `ray://HOST:10001`. A driver talking to a GCS address needs a raylet on its own machine, so with `auto` or a
@@ -16,7 +16,7 @@ Per node: `connect` maps the topology node to the alive Ray node whose node IP e
 (refused, listing every IP Ray sees, when none or several match). `start` creates a detached, named
 actor (`k3-<tag>`, namespace `k3deploy`) pinned with NodeAffinitySchedulingStrategy(soft=False), waits a
 bounded time for it to be placed, and has it run the same detached-start script as the SSH executor; the
-handle's `container` is the actor name and `pid` the engine's. The command is prefixed with a watchdog in
+actor's name follows from the handle's tag and `pid` is the engine's. The command is prefixed with a watchdog in
 the engine's process group that stops the group when the actor dies (an actor killed by Ray cannot run
 cleanup code of its own). Control calls (alive, signal, tail, follow) go to that actor by name, so the
 supervisor and `status`/`logs`/`stop` find it again from the state file; when the actor is gone they run as
@@ -29,23 +29,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import ray
-import ray.cloudpickle
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from k3deploy.errors import CommandTimeout, ExecError
-from k3deploy.executors import ray_agent
+from k3deploy.executors import ray_agent, ray_io
 from k3deploy.executors.base import CommandResult, LineSink, ProcessHandle, sh
 from k3deploy.executors.posix import (
     CONTROL_TIMEOUT_S,
     alive_script,
     as_shell,
     check_tag,
-    follow_script,
     signal_script,
     start_script,
     started_handle,
@@ -53,35 +50,20 @@ from k3deploy.executors.posix import (
     terminate_script,
     with_env,
 )
+from k3deploy.executors.ray_actors import agent_name, kill_actor, place_agent, watchdog
+from k3deploy.executors.ray_io import AgentGone
 from k3deploy.executors.ray_session import CLUSTER, NAMESPACE, first_line, node_for_ip
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import RayTarget
 
-PLACEMENT_TIMEOUT_S = 60.0
-READ_WAIT_S = 0.5
-# After the actor dies, the engine group gets SIGTERM, then SIGKILL this much later.
-WATCHDOG_GRACE_S = 5
-
-# Ship the agent's code with its class: the nodes need Ray, not k3deploy.
-ray.cloudpickle.register_pickle_by_value(ray_agent)
-_Agent = ray.remote(ray_agent.NodeAgent)
-# Zero CPUs: the agent only waits on the node; threaded, so a log read never blocks a control call.
-_AGENT_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 16,
-                                  "lifetime": "detached", "namespace": NAMESPACE}
 _run_task = ray.remote(num_cpus=0, max_retries=0)(ray_agent.run_shell)
-_write_chunk = ray.remote(num_cpus=0, max_retries=0)(ray_agent.write_chunk)
-_read_chunk = ray.remote(num_cpus=0, max_retries=0)(ray_agent.read_chunk)
-# Under Ray's inline limit for task arguments and results (max_direct_call_object_size, 100 KiB).
-CHUNK_BYTES = 64 * 1024
-
-
-class _AgentGone(Exception):
-    """The actor of a handle is dead or unknown: fall back to a pinned task."""
 
 
 class RayExecutor:
     """One topology node reached through Ray; thread-safe (every call is a Ray call)."""
 
-    def __init__(self, target: ExecTarget) -> None:
+    capabilities = RayTarget.capabilities
+
+    def __init__(self, target: RayTarget) -> None:
         self.target = target
         self.host = target.host
         self.address = target.ray_address or "auto"
@@ -107,8 +89,8 @@ class RayExecutor:
         """Run a shell string or argv on the node as a pinned one-off task (its stdout lines reach
         `on_line` when it has ended: a task returns once)."""
         self.connect()
-        ref = _run_task.options(scheduling_strategy=self._pin()).remote(with_env(as_shell(command), env), timeout_s)
-        code, out, err = self._get(ref, timeout_s + self.control_timeout_s, "run a command")
+        ref = _run_task.options(scheduling_strategy=self.pin()).remote(with_env(as_shell(command), env), timeout_s)
+        code, out, err = self.call(ref, timeout_s + self.control_timeout_s, "run a command")
         if code is None:
             raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host)
         if on_line is not None:
@@ -120,31 +102,28 @@ class RayExecutor:
         """Place a detached agent on the node, then start `command` detached through it."""
         self.connect()
         tag = check_tag(tag or "k3deploy")
-        name = f"k3-{tag}"
+        name = agent_name(tag)
         self._release_retired()  # a new start (a restart): the agents of the stopped run are done
+        assert self._node_id is not None
+        agent, info = place_agent(name, self._node_id, self.host, self.target.node_ip)
         try:
-            agent: Any = _Agent.options(name=name, scheduling_strategy=self._pin(), **_AGENT_OPTIONS).remote()
-        except ValueError as exc:  # the name is taken
-            raise ExecError(f"cannot create the Ray agent {name}: {exc}", host=self.host) from None
-        try:
-            info = self._placed(agent, name)
             script = sh(start_script(watchdog(info["pid"], info["start_ticks"], name) + command, log_path,
                                      workdir, tag))
-            code, out, err = self._get(agent.run.remote(script, self.control_timeout_s),
+            code, out, err = self.call(agent.run.remote(script, self.control_timeout_s),
                                        2 * self.control_timeout_s, "start the process")
-        except _AgentGone:
+        except AgentGone:
             raise ExecError(f"the Ray agent {name} died before it started the process", host=self.host) from None
         except BaseException:
-            _kill_actor(agent)
+            kill_actor(agent)
             raise
         if code is None:
-            _kill_actor(agent)
+            kill_actor(agent)
             raise CommandTimeout(f"the detached start timed out after {self.control_timeout_s:g} s", host=self.host)
         try:
             handle = started_handle(self.host, CommandResult(exit_code=code, stdout=out, stderr=err), log_path,
-                                    workdir, tag, container=name)
+                                    workdir, tag)
         except ExecError:
-            _kill_actor(agent)
+            kill_actor(agent)
             raise
         self._agents[name] = agent
         return handle
@@ -161,8 +140,8 @@ class RayExecutor:
         if handle.pid is None:
             return False
         hit = self._shell(handle, signal_script(handle.pid, check_tag(handle.tag), sig))[0] == 0
-        if not hit and handle.container and self._agents.get(handle.container) is not None:
-            self._retired[handle.container] = self._agents[handle.container]
+        if not hit:
+            self._retire(handle)
         return hit
 
     def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
@@ -172,8 +151,8 @@ class RayExecutor:
             return True
         script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
         gone = self._shell(handle, script, grace_s + self.control_timeout_s)[0] == 0
-        if gone and handle.container and self._agents.get(handle.container) is not None:
-            self._retired[handle.container] = self._agents[handle.container]
+        if gone:
+            self._retire(handle)
         return gone
 
     def read_log(self, handle: ProcessHandle, tail_lines: int = 50) -> str:
@@ -184,70 +163,15 @@ class RayExecutor:
         self, handle: ProcessHandle, tail_lines: int = 10, stop: threading.Event | None = None
     ) -> Iterator[str]:
         """Stream the log (in chunks through the agent) until the process ends or `stop` is set."""
-        self.connect()
-        agent = self._agent(handle.container)
-        script = follow_script(handle.log_path, tail_lines, handle.pid)
-        if agent is None:  # the process went with its agent: what it wrote is all there is
-            yield from self.read_log(handle, tail_lines).splitlines()
-            return
-        try:
-            sid = self._get(agent.stream_open.remote(script), self.control_timeout_s, "follow the log")
-        except _AgentGone:
-            yield from self.read_log(handle, tail_lines).splitlines()
-            return
-        buf = b""
-        try:
-            for _ in range(10**9):  # ends when the process ends, the agent dies or `stop` is set
-                if stop is not None and stop.is_set():
-                    return
-                try:
-                    chunk, ended = self._get(agent.stream_read.remote(sid, READ_WAIT_S),
-                                             READ_WAIT_S + self.control_timeout_s, "read the log")
-                except _AgentGone:
-                    break
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode(errors="replace")
-                if ended:
-                    break
-            if buf:
-                yield buf.decode(errors="replace")
-        finally:
-            try:
-                agent.stream_close.remote(sid)
-            except RayError:
-                pass
+        return ray_io.follow(self, handle, tail_lines, stop)
 
     def put(self, local_path: str, remote_path: str) -> None:
-        """Copy a local file to the node in chunks small enough to travel inside the task call (larger
-        arguments go through the object store, whose transfers between nodes cannot be bounded here)."""
-        self.connect()
-        try:
-            data = Path(local_path).read_bytes()
-        except OSError as exc:
-            raise ExecError(f"copy {local_path} -> {remote_path}: {exc}", host=self.host) from exc
-        what = f"copy {local_path} -> {remote_path}"
-        starts = range(0, max(1, len(data)), CHUNK_BYTES)
-        for start in starts:
-            ref = _write_chunk.options(scheduling_strategy=self._pin()).remote(
-                remote_path, start, data[start:start + CHUNK_BYTES], start == starts[-1])
-            self._get(ref, self.control_timeout_s, what)
+        """Copy a local file to the node (in chunks that travel inside the task calls)."""
+        ray_io.put(self, local_path, remote_path)
 
     def get(self, remote_path: str, local_path: str) -> None:
-        """Copy a file of the node here, in chunks (as `put`)."""
-        self.connect()
-        what = f"copy {remote_path} -> {local_path}"
-        pin = self._pin()
-        first, size = self._get(_read_chunk.options(scheduling_strategy=pin).remote(remote_path, 0, CHUNK_BYTES),
-                                self.control_timeout_s, what)
-        refs = [_read_chunk.options(scheduling_strategy=pin).remote(remote_path, start, CHUNK_BYTES)
-                for start in range(CHUNK_BYTES, size, CHUNK_BYTES)]
-        rest = self._get(refs, self.control_timeout_s + len(refs) * 0.1, what) if refs else []
-        try:
-            Path(local_path).write_bytes(first + b"".join(chunk for chunk, _ in rest))
-        except OSError as exc:
-            raise ExecError(f"{what}: {exc}", host=self.host) from exc
+        """Copy a file of the node here (in chunks, as `put`)."""
+        ray_io.get(self, remote_path, local_path)
 
     def forward(self, remote_host: str, remote_port: int) -> None:
         """Ray carries no TCP streams: HTTP checks run on the node instead."""
@@ -265,32 +189,25 @@ class RayExecutor:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _retire(self, handle: ProcessHandle) -> None:
+        """Nothing of the handle's group is left: its agent is killed when this executor closes."""
+        name = agent_name(handle.tag)
+        if self._agents.get(name) is not None:
+            self._retired[name] = self._agents[name]
+
     def _release_retired(self) -> None:
         for name, agent in list(self._retired.items()):
-            _kill_actor(agent)
+            kill_actor(agent)
             self._retired.pop(name, None)
             self._agents[name] = None
 
-    def _pin(self) -> NodeAffinitySchedulingStrategy:
+    def pin(self) -> NodeAffinitySchedulingStrategy:
         assert self._node_id is not None
         return NodeAffinitySchedulingStrategy(node_id=self._node_id, soft=False)
 
-    def _placed(self, agent: Any, name: str) -> dict[str, Any]:
-        """Wait (bounded) until the agent runs, and check it runs on this node."""
-        ip = self.target.node_ip
-        try:
-            info: dict[str, Any] = ray.get(agent.ready.remote(), timeout=PLACEMENT_TIMEOUT_S)
-        except GetTimeoutError:
-            raise ExecError(f"Ray did not place the agent {name} on node {ip} within {PLACEMENT_TIMEOUT_S:g} s",
-                            host=self.host, hint="`ray status` on the head lists pending demands; the node "
-                            "may be dead, full, or unable to start workers") from None
-        except RayError as exc:
-            raise ExecError(f"Ray could not start the agent {name} on node {ip}: {first_line(exc)}",
-                            host=self.host) from None
-        if info.get("node_id") != self._node_id:
-            raise ExecError(f"the agent {name} runs on Ray node {info.get('node_id')}, not on {self._node_id} "
-                            f"({ip})", host=self.host)
-        return info
+    def agent_of(self, handle: ProcessHandle) -> Any:
+        """The live agent that started the handle's process, or None."""
+        return self._agent(agent_name(handle.tag))
 
     def _agent(self, name: str | None) -> Any:
         """The live actor called `name`, or None."""
@@ -311,53 +228,36 @@ class RayExecutor:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
         timeout_s = timeout_s or self.control_timeout_s
         self.connect()
-        agent = self._agent(handle.container)
+        name = agent_name(handle.tag)
+        agent = self._agent(name)
         result: tuple[int | None, str, str] | None = None
         if agent is not None:
             try:
-                result = self._get(agent.run.remote(sh(script), timeout_s),
+                result = self.call(agent.run.remote(sh(script), timeout_s),
                                    timeout_s + self.control_timeout_s, "run a control command")
-            except _AgentGone:
-                self._agents[handle.container or ""] = None
+            except AgentGone:
+                self._agents[name] = None
         if result is None:
-            ref = _run_task.options(scheduling_strategy=self._pin()).remote(sh(script), timeout_s)
-            result = self._get(ref, timeout_s + self.control_timeout_s, "run a control command")
+            ref = _run_task.options(scheduling_strategy=self.pin()).remote(sh(script), timeout_s)
+            result = self.call(ref, timeout_s + self.control_timeout_s, "run a control command")
         code, out, err = result
         if code is None:
             raise CommandTimeout(f"control command timed out after {timeout_s:g} s", host=self.host)
         return code, out, err
 
-    def _get(self, ref: Any, timeout_s: float, what: str) -> Any:
-        """ray.get with a deadline; every Ray error becomes an ExecError (a dead actor: _AgentGone)."""
+    def call(self, ref: Any, timeout_s: float, what: str) -> Any:
+        """ray.get with a deadline; every Ray error becomes an ExecError (a dead actor: AgentGone)."""
         try:
             return ray.get(ref, timeout=timeout_s)
         except GetTimeoutError:
             raise ExecError(f"Ray gave no answer within {timeout_s:g} s ({what} on node {self.target.node_ip})",
                             host=self.host) from None
         except RayActorError:
-            raise _AgentGone() from None
+            raise AgentGone() from None
         except RayTaskError as exc:
             raise ExecError(f"cannot {what}: {first_line(exc.cause or exc)}", host=self.host) from None
         except RayError as exc:
             raise ExecError(f"cannot {what} on node {self.target.node_ip} through Ray at {self.address}: "
                             f"{first_line(exc)}", host=self.host) from None
 
-
-def watchdog(pid: int, start_ticks: int | None, name: str) -> str:
-    """Shell text run in the background of the engine's process group: while the agent process runs,
-    nothing; once it is gone, note it in the log, SIGTERM the group, SIGKILL it after a grace period."""
-    check = alive_script(pid, start_ticks)
-    return (
-        f"( while ( {check}); do sleep 1; done\n"
-        "  trap '' TERM\n"
-        f"  echo '[k3deploy] the Ray agent {name} is gone: stopping its process group'\n"
-        f"  kill -TERM 0; sleep {WATCHDOG_GRACE_S}; kill -KILL 0 ) < /dev/null &\n"
-    )
-
-
-def _kill_actor(agent: Any) -> None:
-    try:
-        ray.kill(agent, no_restart=True)
-    except (RayError, ValueError):
-        pass
 

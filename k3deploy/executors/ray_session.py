@@ -1,8 +1,9 @@
 """The Ray side of connecting: one shared connection per process, and which Ray node is a topology node.
 
-With ray_exec, the only modules that import ray. Every failure is an ExecError with one clear message:
-an unreachable GCS or client port (probed first: ray.init itself waits minutes where nothing listens), a
-version mismatch, no local raylet for a GCS address, a missing Ray client, a node IP Ray does not know.
+With ray_exec, ray_actors and ray_io, the only modules that import ray. Every failure is an ExecError with
+one clear message: an unreachable GCS or client port (probed first: ray.init itself waits minutes where
+nothing listens), a version mismatch, no local raylet for a GCS address, a missing Ray client, a node IP Ray
+does not know.
 """
 from __future__ import annotations
 

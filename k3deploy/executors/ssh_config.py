@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3deploy.errors import InputError
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import SshTarget
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _config(path: str, stamp: tuple[int, int]) -> object:
     return paramiko.SSHConfig.from_path(path)
 
 
-def resolve(target: ExecTarget) -> SshEndpoint:
+def resolve(target: SshTarget) -> SshEndpoint:
     """Explicit settings (node, then --ssh-* options, then launch.ssh) win over ~/.ssh/config entries."""
     found: dict[str, object] = {}
     if target.ssh_config:

@@ -18,10 +18,10 @@ from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
-from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 
 if TYPE_CHECKING:

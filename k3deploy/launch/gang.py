@@ -3,23 +3,22 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from k3deploy.errors import ExecError, LaunchError
+from k3deploy.errors import ExecError
 from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.launch.failures import GroupFailed, Probe, first_failure
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.readiness import ProbeFrom, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
+from k3deploy.nodeplan.jobs import NodeJob
 
 # Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
 READY_POLL_S = 0.1
@@ -30,30 +29,6 @@ READY_POLL_MAX_S = 0.5
 END_CHECKS = 20
 END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
-
-
-class GroupFailed(LaunchError):
-    """The group was torn down; `failure` names the node that failed first (when there is one), `left` the
-    nodes the teardown could not reach (`rank N (host)`), which may still run."""
-
-    def __init__(self, failure: Failure, left: Sequence[str] = (), hint: str | None = None) -> None:
-        self.failure = failure
-        who = f"rank {failure.rank} ({failure.host})" if failure.rank is not None else "the deployment"
-        but = f" except {', '.join(left)}, which could not be reached" if left else ""
-        text = f"{who}: {failure.cause}; every node was stopped{but}"
-        if failure.log_tail.strip():
-            text += f"\n--- last lines of {failure.host}'s log ---\n{failure.log_tail.rstrip()}"
-        super().__init__(text, hint=hint)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One node seen in one polling round; alive None means the host could not be asked."""
-
-    job: NodeJob
-    alive: bool | None
-    log: str = ""
-    error: str = ""
 
 
 def new_run_id() -> str:
@@ -81,9 +56,9 @@ class Gang:
         return self.fleet.executor(rank)
 
     def watch(self, poll_s: float, tail_lines: int = FIRST_TAIL_LINES) -> NodeWatch:
-        """One stream per started node, following its log (closed with the gang at the latest); nodes without
-        channels (Ray) are polled every `poll_s` instead."""
-        streams = all(j.target.kind != "ray" for j in self.jobs)
+        """One stream per started node, following its log (closed with the gang at the latest); nodes whose
+        executor does not stream logs (Ray) are polled every `poll_s` instead."""
+        streams = all(self.executor(j.rank).capabilities.streams_logs for j in self.jobs)
         self._watches.append(NodeWatch(self.fleet, lambda: self.handles, None if streams else poll_s))
         return self._watches[-1].start(tail_lines=tail_lines)
 
@@ -155,29 +130,8 @@ class Gang:
                 raise o.error  # a bug, not a host problem: ExecError became a Probe above
         return [o.value for _, o in sorted(outs.items()) if o.value is not None]
 
-    def first_failure(self, probes: Sequence[Probe], unreachable_counts: bool = True) -> Failure | None:
-        """The node that failed first: earliest exit (a node killed outright, with no exit record, first),
-        then a fatal log line, then an unreachable host."""
-        dead = [p for p in probes if p.alive is False]
-        if dead:
-            def order(p: Probe) -> tuple[int, float]:
-                rec = exit_record(p.log)
-                return (0, 0.0) if rec is None else (1, rec[1])
-
-            p = min(dead, key=order)
-            rec = exit_record(p.log)
-            cause = (f"exited with status {rec[0]}" + _signal_note(rec[0]) if rec is not None
-                     else "its process is gone (killed; no exit status was recorded)")
-            return Failure(rank=p.job.rank, host=p.job.host, cause=cause, log_tail=p.log)
-        for p in probes:
-            line = fatal_line(p.log) if p.alive else None
-            if line:
-                return Failure(rank=p.job.rank, host=p.job.host, cause=f"fatal error in its log: {line}",
-                               log_tail=p.log)
-        lost = [p for p in probes if p.alive is None]
-        if lost and unreachable_counts:
-            return Failure(rank=lost[0].job.rank, host=lost[0].job.host, cause=f"unreachable: {lost[0].error}")
-        return None
+    # Which node failed first, of one polling round (failures.first_failure).
+    first_failure = staticmethod(first_failure)
 
     def wait_ready(self, timeout_s: float, interrupt: threading.Event | None = None) -> None:
         """Until rank 0 serves every readiness path (asked every READY_POLL_S), following every node's log on
@@ -338,14 +292,3 @@ class Gang:
             return serving(self._readiness_client(), head.ready.paths)
         except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
             return False, str(exc)
-
-
-def _signal_note(status: int) -> str:
-    if status > 128:
-        try:
-            return f" (killed by {signal.Signals(status - 128).name})"
-        except ValueError:
-            return ""
-    return ""
-
-

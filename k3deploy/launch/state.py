@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.errors import StateError
 from k3deploy.executors.base import ProcessHandle
-from k3deploy.launch.jobs import NodeJob
 from k3deploy.launch.procs import Identity
+from k3deploy.nodeplan.jobs import NodeJob
 
 Status = Literal["starting", "ready", "restarting", "failed", "stopping", "stopped"]
 ACTIVE: tuple[Status, ...] = ("starting", "ready", "restarting", "stopping")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from k3deploy.launch.events import GROUP, NodeEvent
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -67,9 +67,7 @@ def dry_run(jobs: Sequence[NodeJob]) -> RenderableType:
 
     parts: list[RenderableType] = []
     for j in jobs:
-        t = j.target
-        via = t.kind if t.kind != "ssh" else f"ssh {t.user + '@' if t.user else ''}{t.host}" + (
-            f":{t.port}" if t.port else "") + (f" through {t.jump}" if t.jump and t.jump != "none" else "")
+        via = j.target.via()
         where = f"ip {j.ip} on {j.iface}" if j.iface else f"ip {j.ip}"
         parts.append(Text(f"# rank {j.rank} on {j.host} ({where}) via {via}; log {j.log_path}", style="bold"))
         parts.append(Text("".join(f"  {line}\n" for line in j.command.splitlines())))

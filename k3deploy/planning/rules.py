@@ -89,7 +89,7 @@ def node_rules(t: Topology) -> Iterator[Issue]:
         elif sorted(explicit) != list(range(len(t.nodes))):
             yield _err("RANKS_GAP", f"ranks {sorted(explicit)} are not contiguous from 0 to {len(t.nodes) - 1}",
                        "nodes")
-    local = t.launch.executor == "local"
+    local = t.launch.nodes_are_here
     for i, n in enumerate(t.nodes):
         ip = ipaddress.ip_address(n.ip)
         if ip.is_unspecified:

@@ -145,7 +145,7 @@ def _engine(ctx: Context) -> tuple[Verdict, ...]:
 
 
 def _ray_python(ctx: Context) -> tuple[Verdict, ...]:
-    if ctx.executor != "ray":
+    if not ctx.ray_runtime:
         return per_node(ctx, lambda r, f: ("skip", "not launched through Ray", ""))
     answers = {r: engine_answer(f) for r, f in ctx.facts.items()}
     stacks = {r: f"Python {a['python']}, Ray {a['ray']}" for r, a in answers.items() if isinstance(a, dict)}

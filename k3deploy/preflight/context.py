@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
-from k3deploy.preflight.nodes import NodeInput
 from k3deploy.preflight.report import CheckResult, Status, Verdict
 
 # (status, detail, fix) for one node
@@ -22,8 +22,8 @@ class Context:
 
     plan: Plan
     catalog: Catalog
-    nodes: dict[int, NodeInput]
-    executor: str
+    nodes: dict[int, NodeJob]
+    ray_runtime: bool = False  # the nodes run commands as Ray workers (the executor's capability)
     facts: dict[int, dict[str, Any]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     # rank -> (this machine's clock before the probe ran, after it returned)

@@ -10,7 +10,7 @@ from typing import Any
 from k3deploy.engines.context import host_port
 from k3deploy.executors.base import Executor
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, NodeOutcome, parse_probe_output, probe_source
-from k3deploy.preflight.nodes import NodeInput
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.preflight.report import Verdict
 from k3deploy.probes import collective_probe, port_probe
 
@@ -20,10 +20,10 @@ CONNECT_WAIT_S = 5.0
 IMPORT_ALLOWANCE_S = 60.0
 
 
-def port_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int, ranks: list[int]) -> tuple[Verdict, ...]:
+def port_check(fleet: NodeFleet, nodes: Mapping[int, NodeJob], port: int, ranks: list[int]) -> tuple[Verdict, ...]:
     """Bind the port on the head's ip (and say who holds it when taken); every worker connects to it."""
     head = min(nodes)
-    head_ip, addr = nodes[head].head_ip, host_port(nodes[head].head_ip, port)
+    head_ip, addr = nodes[head].ip, host_port(nodes[head].ip, port)
     workers = [r for r in ranks if r != head]
     listen: dict[int, NodeOutcome[Any]] = {}
 
@@ -101,7 +101,7 @@ def diagnose(answer: dict[str, Any], head_addr: str) -> tuple[str, str]:
     return "the collective failed", "see the error"
 
 
-def _culprits(answers: Mapping[int, dict[str, Any]], nodes: Mapping[int, NodeInput]) -> dict[int, tuple[str, str]]:
+def _culprits(answers: Mapping[int, dict[str, Any]], nodes: Mapping[int, NodeJob]) -> dict[int, tuple[str, str]]:
     """The ranks most likely at fault, with cause and fix: an interface variable that is not the node's
     iface first (the others then fail or hang because of it), else ranks with an error of their own (the
     ranks that merely timed out were waiting for them)."""
@@ -115,14 +115,14 @@ def _culprits(answers: Mapping[int, dict[str, Any]], nodes: Mapping[int, NodeInp
     return {r: diagnose(a, "") for r, a in own.items()} if len(own) < len(answers) else {}
 
 
-def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeInput], port: int, *, nbytes: int, timeout_s: float,
+def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeJob], port: int, *, nbytes: int, timeout_s: float,
                      backends: str = "gloo", env_override: Mapping[int, Mapping[str, str]] | None = None,
                      ) -> tuple[tuple[Verdict, ...], dict[int, dict[str, Any]]]:
     """Every rank joins tcp://HEAD:PORT with its rendered env and all_reduces `nbytes`; per-node verdicts
     and measurements (seconds, algbw and busbw in GB/s as nccl-tests defines them)."""
     source = probe_source(COLLECTIVE_PROBE)
     head = min(nodes)
-    addr = host_port(nodes[head].head_ip, port)
+    addr = host_port(nodes[head].ip, port)
     world = len(nodes)
 
     def one(rank: int, ex: Executor) -> Any:

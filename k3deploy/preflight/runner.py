@@ -10,14 +10,13 @@ from typing import Any
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.base import Executor
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
-from k3deploy.launch.jobs import NodeJob
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 from k3deploy.preflight import rendezvous
 from k3deploy.preflight.accelerators import TOOL_OF_VENDOR, TOOL_QUERIES
 from k3deploy.preflight.checks_host import HOST_CHECKS
 from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
-from k3deploy.preflight.nodes import NodeInput, node_inputs
 from k3deploy.preflight.report import CheckResult, Report, Verdict
 from k3deploy.probes import engine_probe, node_facts
 from k3deploy.verdicts.timing import timed
@@ -28,7 +27,7 @@ COLLECTIVE_TIMEOUT_S = 20.0
 CheckSink = Callable[[CheckResult], None]
 
 
-def facts_spec(ctx: Context, node: NodeInput) -> dict[str, Any]:
+def facts_spec(ctx: Context, node: NodeJob) -> dict[str, Any]:
     """What the facts probe asks this node."""
     t = ctx.plan.topology
     tools = {name: [list(q) for q in TOOL_QUERIES[name]] for name in TOOL_OF_VENDOR.get(ctx.vendor, ())}
@@ -64,9 +63,9 @@ def run_preflight(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], fleet: 
                   collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> Report:
     """Every check on every node (the fleet may already be connected: connecting again is a no-op)."""
     t0 = time.monotonic()
-    nodes = node_inputs(plan, jobs, catalog)
-    executor = jobs[0].target.kind if jobs else "local"
-    ctx = Context(plan=plan, catalog=catalog, nodes=nodes, executor=executor)
+    nodes = {j.rank: j for j in jobs}
+    ctx = Context(plan=plan, catalog=catalog, nodes=nodes,
+                  ray_runtime=any(fleet.executor(r).capabilities.ray_runtime for r in nodes))
     for rank, o in fleet.connect_all().items():
         if not o.ok:
             ctx.errors[rank] = str(o.error).removeprefix(f"{fleet.host(rank)}: ")
@@ -119,11 +118,11 @@ def _backends(ctx: Context) -> str:
     return "gloo,nccl" if ctx.vendor in ("nvidia", "amd") else "gloo"
 
 
-def _skipped(nodes: dict[int, NodeInput], why: str) -> tuple[Verdict, ...]:
+def _skipped(nodes: dict[int, NodeJob], why: str) -> tuple[Verdict, ...]:
     return tuple(Verdict(rank=r, host=n.host, status="skip", detail=why) for r, n in sorted(nodes.items()))
 
 
-def _fill(nodes: dict[int, NodeInput], verdicts: tuple[Verdict, ...], errors: dict[int, str]) -> tuple[Verdict, ...]:
+def _fill(nodes: dict[int, NodeJob], verdicts: tuple[Verdict, ...], errors: dict[int, str]) -> tuple[Verdict, ...]:
     """Add an error verdict for every unreachable node the verdicts leave out."""
     have = {v.rank for v in verdicts}
     extra = [Verdict(rank=r, host=nodes[r].host, status="error", detail=f"not checked: {errors[r]}")

@@ -98,7 +98,7 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
                    "replicas", "move engine.port or launch.port apart by at least the replica count")
     r = t.router
     # The router shares a machine with the replicas on a node, or on this host when the nodes are local.
-    if r is not None and (r.runs_on != "local" or t.launch.executor == "local"):
+    if r is not None and (r.runs_on != "local" or t.launch.nodes_are_here):
         for what, ports in (("engine.port + i", engine), ("launch.port + i", rendezvous)):
             if r.port in ports:
                 yield _err("ROUTER_PORT", f"router port {r.port} is a replica's port ({what}: "

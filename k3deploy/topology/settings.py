@@ -71,6 +71,16 @@ class Launch(Strict):
         "itself, over its executor; needs python3 or curl there), or auto (here when rank 0's ip:port is "
         "reachable from this machine, else head)")
 
+    @property
+    def nodes_are_here(self) -> bool:
+        """Every node is this machine (executor local): loopback addresses serve, secrets are read here."""
+        return nodes_are_here(self.executor)
+
+
+def nodes_are_here(executor: str) -> bool:
+    """Whether an executor setting (launch.executor or --executor) means every node is this machine."""
+    return executor == "local"
+
 
 class ValidateSettings(Strict):
     """Thresholds for `k3deploy validate`."""

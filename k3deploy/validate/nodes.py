@@ -16,7 +16,7 @@ def fleet_runner(topology: Topology, deployment: Deployment | None) -> Iterator[
     """The fleet of a running deployment's nodes as it was launched (its executor targets, jump hosts
     included), else of the topology's nodes (its launch settings); closed at the end."""
     from k3deploy.executors.fleet import NodeFleet
-    from k3deploy.launch.targets import targets_for
+    from k3deploy.nodeplan.targets import targets_for
 
     targets = {j.rank: j.target for j in deployment.jobs} if deployment is not None else targets_for(topology)
     with NodeFleet(targets) as fleet:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import RayTarget, SshTarget
 from tests.executor_contract import *  # the shared behaviour tests
 from tests.executor_contract import ContractNode, http_server
 from tests.integration.sim_deployments import ROOT
@@ -43,11 +43,11 @@ def ray2(rig2: HostRig) -> Iterator[RayRig]:
 def node(request: pytest.FixtureRequest, rig2: HostRig, tmp_path: Path) -> ContractNode:
     host = rig2.hosts[1]
     if request.param == "ssh":
-        target = ExecTarget(kind="ssh", host=host.name, ssh_config=str(rig2.ssh_config_path),
+        target = SshTarget(host=host.name, ssh_config=str(rig2.ssh_config_path),
                             known_hosts=str(rig2.known_hosts_path))
     else:
         cluster: RayRig = request.getfixturevalue("ray2")
-        target = ExecTarget(kind="ray", host=host.name, node_ip=host.priv_ip, ray_address=cluster.address)
+        target = RayTarget(host=host.name, node_ip=host.priv_ip, ray_address=cluster.address)
     tmp_path.chmod(0o755)
     return ContractNode(kind=request.param, target=target, scratch=tmp_path, node_ip=host.priv_ip,
                         serve_http=lambda ip, port: http_server(ip, port, host.name, _enter(rig2, host.name)))
@@ -63,10 +63,10 @@ def test_http_to_rank_0_from_a_login_node_goes_through_an_ssh_tunnel(rig2: HostR
         "import sys\n"
         "from k3deploy.executors.http import NodeHttp\n"
         "from k3deploy.executors.ssh import SshExecutor\n"
-        "from k3deploy.executors.target import ExecTarget\n"
+        "from k3deploy.executors.target import SshTarget\n"
         "from tests.polling import wait_for\n"
         "url, mgmt, cfg, kh, key = sys.argv[1:6]\n"
-        "ex = SshExecutor(ExecTarget(kind='ssh', host=mgmt, user='root', key=key, known_hosts=kh, ssh_config=cfg))\n"
+        "ex = SshExecutor(SshTarget(host=mgmt, user='root', key=key, known_hosts=kh, ssh_config=cfg))\n"
         "with NodeHttp(url, timeout_s=2) as direct:\n"
         "    try:\n"
         "        direct.get('/direct'); print('direct answered')\n"

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from k3deploy.engines.render import render_nodes
-from k3deploy.executors import ExecTarget, open_executor
+from k3deploy.executors import RayTarget, SshTarget, open_executor
 from k3deploy.executors.base import Executor
-from k3deploy.launch.jobs import jobs_for
-from k3deploy.launch.targets import ExecOverrides
+from k3deploy.nodeplan.jobs import jobs_for
+from k3deploy.nodeplan.targets import ExecOverrides
 from tests.integration.test_launch_ray import nothing_left, tagged
 from tests.polling import wait_for
 from tests.rig import HostRig
@@ -48,7 +48,7 @@ def node(request: pytest.FixtureRequest, make_rig: Callable[..., HostRig]) -> It
     rig = make_rig(1)
     host = rig.hosts[0]
     if request.param == "ssh":
-        target = ExecTarget(kind="ssh", host=host.mgmt_ip, user="root", key=str(rig.key_path),
+        target = SshTarget(host=host.mgmt_ip, user="root", key=str(rig.key_path),
                             known_hosts=str(rig.known_hosts_path), ssh_config=None)
         executor = open_executor(target)
         yield "ssh", rig, executor
@@ -58,7 +58,7 @@ def node(request: pytest.FixtureRequest, make_rig: Callable[..., HostRig]) -> It
     os.environ.update(RAY_ENV)  # this process is a Ray driver
     try:
         with RayRig(rig) as cluster:
-            executor = open_executor(ExecTarget(kind="ray", host=host.name, node_ip=host.priv_ip,
+            executor = open_executor(RayTarget(host=host.name, node_ip=host.priv_ip,
                                                 ray_address=cluster.address))
             yield "ray", rig, executor
             executor.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import ExecTarget, open_executor
+from k3deploy.executors import SshTarget, open_executor
 from k3deploy.launch.state import StateStore
 from tests import figures
 from tests.integration.sim_deployments import SimDeployments
@@ -297,7 +297,7 @@ def test_unknown_host_key_is_refused_with_how_to_trust_it(deployments: Deploymen
     assert hosts_empty(rig4)
 
     host = rig4.hosts[0]
-    target = ExecTarget(kind="ssh", host=host.mgmt_ip, user="root", key=str(rig4.key_path),
+    target = SshTarget(host=host.mgmt_ip, user="root", key=str(rig4.key_path),
                         known_hosts=str(empty), ssh_config=None)
     trusting = open_executor(target.model_copy(update={"accept_new_host_keys": True}))
     trusting.connect()

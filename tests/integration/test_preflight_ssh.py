@@ -24,9 +24,8 @@ import pytest
 
 from k3deploy.engines.flag_tables import DATA_DIR, TABLE_FILES
 from k3deploy.launch.deploy import fleet_of
-from k3deploy.launch.jobs import jobs_for
+from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
-from k3deploy.preflight.nodes import node_inputs
 from k3deploy.preflight.rendezvous import collective_check
 from tests.integration.sim_deployments import SimDeployments
 from tests.k3deploy_cli import run_k3deploy as cli
@@ -244,7 +243,7 @@ def test_the_gloo_probe_names_the_node_with_a_wrong_interface_variable(
     cat = catalog_for(None)
     plan = require_feasible(deployments.topology(f"pf-gloo-{ifname}"), cat)
     jobs = jobs_for(plan, None, cat)
-    nodes = node_inputs(plan, jobs, cat)
+    nodes = {j.rank: j for j in jobs}
     t0 = time.monotonic()
     with fleet_of(jobs) as fleet:
         verdicts, measured = collective_check(fleet, nodes, PORT, nbytes=1 << 20, timeout_s=10.0,

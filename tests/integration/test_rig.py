@@ -298,11 +298,11 @@ def test_thirty_two_hosts_up_and_down(
 @pytest.mark.timeout(60)
 def test_ssh_executor_sockets_send_at_once_and_ack_at_once(rig4: HostRig) -> None:
     """Without these, sshd's reply to the first channel open waits out our delayed ACK (40 ms per stall)."""
-    from k3deploy.executors import ExecTarget, open_executor
+    from k3deploy.executors import SshTarget, open_executor
     from k3deploy.executors.tcp import QuickAckSocket
 
     host = rig4.hosts[1]
-    ex = open_executor(ExecTarget(kind="ssh", host=host.name, ssh_config=str(rig4.ssh_config_path),
+    ex = open_executor(SshTarget(host=host.name, ssh_config=str(rig4.ssh_config_path),
                                   known_hosts=str(rig4.known_hosts_path)))
     try:
         assert ex.run("hostname").stdout.strip() == host.name

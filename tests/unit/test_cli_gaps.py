@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import k3deploy
-from k3deploy.launch.jobs import jobs_for
-from k3deploy.launch.targets import ExecOverrides
+from k3deploy.nodeplan.jobs import jobs_for
+from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import catalog_for, require_feasible
 from tests.k3deploy_cli import run_k3deploy
 from tests.unit.test_launch_local import name  # noqa: F401 - the fixture checks nothing is left running

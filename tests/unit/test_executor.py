@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import ExecTarget, Executor, NodeFleet
+from k3deploy.executors import ExecTarget, Executor, LocalTarget, NodeFleet, RayTarget, SshTarget
 from k3deploy.executors.base import exit_record
 from k3deploy.executors.fleet import require_all
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.ssh import SshExecutor
 from k3deploy.executors.ssh_config import resolve, split_hop
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.topology.loader import parse_topology
 from tests.ports import closed_port
 from tests.unit.test_launch_support import tagged_pids
@@ -80,7 +80,7 @@ def test_fleet_map_is_concurrent_per_rank_and_keeps_errors_per_node() -> None:
             raise ExecError("boom", host=ex.host)
         return rank * 10
 
-    targets = {r: ExecTarget(kind="local", host=f"h{r}") for r in range(8)}
+    targets = {r: LocalTarget(host=f"h{r}") for r in range(8)}
     with NodeFleet(targets, factory) as fleet:
         t0 = time.monotonic()
         outs = fleet.map(work)
@@ -112,18 +112,23 @@ def test_targets_precedence_node_then_cli_then_topology_defaults() -> None:
     assert [plain[r].host for r in sorted(plain)] == ["c", "a", "b"]  # explicit rank 0 first
     assert (plain[2].user, plain[2].port, plain[2].key) == ("ops", 2222, "/k")
     assert (plain[1].user, plain[1].key, plain[1].connect_timeout_s) == ("deploy", "~/.ssh/k3", 4)
-    cli = targets_for(t, ExecOverrides(executor="local", ssh_user="cli", known_hosts="/kh",  # type: ignore[arg-type]
+    cli = targets_for(t, ExecOverrides(executor="ssh", ssh_user="cli", known_hosts="/kh",  # type: ignore[arg-type]
                                        connect_timeout_s=1, accept_new_host_keys=True))
-    assert {x.kind for x in cli.values()} == {"local"}
+    assert all(isinstance(x, SshTarget) for x in cli.values())
     assert (cli[1].user, cli[1].known_hosts, cli[1].connect_timeout_s) == ("cli", "/kh", 1)
     assert cli[2].user == "ops" and cli[1].accept_new_host_keys
+    # Each kind gets its own target, with only its own settings.
+    local = targets_for(t, ExecOverrides(executor="local", ssh_user="cli"))  # type: ignore[arg-type]
+    assert local[2] == LocalTarget(host="b")
+    ray = targets_for(t, ExecOverrides(executor="ray", ray_address="10.0.0.9:6379"))  # type: ignore[arg-type]
+    assert ray[2] == RayTarget(host="b", node_ip="10.0.0.2", ray_address="10.0.0.9:6379")
 
 
 def test_ssh_config_aliases_fill_what_the_topology_leaves_open(tmp_path: Path) -> None:
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host h01\n  HostName 10.9.0.1\n  User root\n  Port 2200\n  IdentityFile /keys/h01\n"
                    "  UserKnownHostsFile /kh/extra /kh/main\n")
-    base = ExecTarget(kind="ssh", host="h01", ssh_config=str(cfg), known_hosts="/kh/main")
+    base = SshTarget(host="h01", ssh_config=str(cfg), known_hosts="/kh/main")
     ep = resolve(base)
     assert (ep.hostname, ep.user, ep.port, ep.key_files) == ("10.9.0.1", "root", 2200, ("/keys/h01",))
     assert ep.extra_known_hosts == ("/kh/extra",) and ep.known_hosts == "/kh/main"
@@ -137,13 +142,13 @@ def test_jump_hosts_from_the_topology_the_cli_or_ssh_config(tmp_path: Path) -> N
     cfg = tmp_path / "ssh_config"
     cfg.write_text("Host gpu-*\n  ProxyJump ops@bastion:2222,inner\n"
                    "Host legacy\n  ProxyCommand ssh -W %h:%p gate\n  HostName 10.2.0.9\n")
-    via_config = resolve(ExecTarget(kind="ssh", host="gpu-a", ssh_config=str(cfg)))
+    via_config = resolve(SshTarget(host="gpu-a", ssh_config=str(cfg)))
     assert via_config.jump == ("ops@bastion:2222", "inner") and via_config.proxy_command is None
-    legacy = resolve(ExecTarget(kind="ssh", host="legacy", ssh_config=str(cfg)))
+    legacy = resolve(SshTarget(host="legacy", ssh_config=str(cfg)))
     assert legacy.jump == () and legacy.proxy_command == "ssh -W 10.2.0.9:22 gate"
-    explicit = resolve(ExecTarget(kind="ssh", host="legacy", ssh_config=str(cfg), jump="root@[fd00::1]:2200"))
+    explicit = resolve(SshTarget(host="legacy", ssh_config=str(cfg), jump="root@[fd00::1]:2200"))
     assert explicit.jump == ("root@[fd00::1]:2200",) and explicit.proxy_command is None  # -J wins, like ssh
-    off = resolve(ExecTarget(kind="ssh", host="gpu-a", ssh_config=str(cfg), jump="none"))
+    off = resolve(SshTarget(host="gpu-a", ssh_config=str(cfg), jump="none"))
     assert off.jump == () and off.proxy_command is None
     assert split_hop("ops@bastion:2222") == ("ops", "bastion", 2222)
     assert split_hop("root@[fd00::1]:2200") == ("root", "fd00::1", 2200)
@@ -168,7 +173,7 @@ def test_a_jump_that_is_not_user_at_host_port_is_refused_at_load(bad: str) -> No
 
 def test_unreachable_ssh_host_is_one_exec_error_naming_it() -> None:
     port = closed_port()
-    ex = SshExecutor(ExecTarget(kind="ssh", host="127.0.0.1", port=port, user="nobody", ssh_config=None,
+    ex = SshExecutor(SshTarget(host="127.0.0.1", port=port, user="nobody", ssh_config=None,
                                 connect_timeout_s=1))
     t0 = time.monotonic()
     with pytest.raises(ExecError) as err:

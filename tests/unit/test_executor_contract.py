@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.executors.target import ExecTarget
+from k3deploy.executors.target import LocalTarget
 from tests.executor_contract import *  # the shared behaviour tests
 from tests.executor_contract import ContractNode, http_server
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> ContractNode:
-    return ContractNode(kind="local", target=ExecTarget(kind="local", host="nodeL"), scratch=tmp_path,
+    return ContractNode(kind="local", target=LocalTarget(host="nodeL"), scratch=tmp_path,
                         serve_http=lambda ip, port: http_server(ip, port, "nodeL"), node_ip="127.0.0.1")

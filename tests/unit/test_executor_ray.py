@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import ExecError
-from k3deploy.executors import ExecTarget, open_executor, ray_agent
+from k3deploy.executors import RayTarget, open_executor, ray_agent
 from k3deploy.executors.base import exit_record
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.launch.procs import start_ticks
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
-from k3deploy.executors.ray_exec import RayExecutor, watchdog
+from k3deploy.executors.ray_actors import watchdog
+from k3deploy.executors.ray_exec import RayExecutor
 from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
 from k3deploy.topology.loader import parse_topology
 from tests.ports import closed_port
@@ -99,7 +100,7 @@ def test_each_way_ray_init_fails_is_one_message(raised: Exception, expected: str
 
 def test_an_unreachable_gcs_fails_at_once_naming_the_address() -> None:
     port = closed_port()
-    ex = RayExecutor(ExecTarget(kind="ray", host="h1", node_ip="10.0.0.1", ray_address=f"127.0.0.1:{port}"))
+    ex = RayExecutor(RayTarget(host="h1", node_ip="10.0.0.1", ray_address=f"127.0.0.1:{port}"))
     t0 = time.monotonic()
     with pytest.raises(ExecError) as err:
         ex.connect()  # ray.init itself would wait minutes here
@@ -215,3 +216,14 @@ def test_a_watchdog_with_a_stale_start_time_fires_at_once(tmp_path: Path) -> Non
         ex.signal(h, signal.SIGKILL)
     finally:
         kill_tagged(tag)
+
+
+def test_the_agent_of_a_handle_follows_from_its_tag_as_old_records_named_it() -> None:
+    """Handles no longer carry the agent's name; the name derived from the tag is the one records of 0.2
+    kept in `container`, so `status`, `logs` and `stop` still find the agents those launches started."""
+    from k3deploy.executors.ray_actors import agent_name
+    from k3deploy.launch.state import StateStore
+
+    old = StateStore(Path(__file__).resolve().parents[1] / "assets" / "state").require("old-ray")
+    handles = [n.handle for n in old.nodes if n.handle is not None]
+    assert handles and all(agent_name(h.tag) == h.container for h in handles)

@@ -10,9 +10,9 @@ from k3deploy.executors.base import CommandResult
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.target import ExecTarget
 from k3deploy.launch.gang import GroupFailed
-from k3deploy.launch.jobs import NodeJob, jobs_for
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.state import Failure
+from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from tests.unit.test_render_support import plan_of, sim_doc
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,9 +21,9 @@ from k3deploy.executors.target import ExecTarget
 from k3deploy.launch import deploy
 from k3deploy.launch.events import NodeEvent
 from k3deploy.launch.gang import GroupFailed
-from k3deploy.launch.jobs import jobs_for
 from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
+from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from tests import figures
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy

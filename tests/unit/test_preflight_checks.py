@@ -3,7 +3,6 @@ four local nodes: table, --json, --junit, exit codes; launch records whether pre
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -12,12 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from k3deploy.launch.jobs import jobs_for
+from k3deploy.nodeplan.jobs import engine_python, jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from k3deploy.preflight.checks_host import HOST_CHECKS
 from k3deploy.preflight.checks_stack import STACK_CHECKS
 from k3deploy.preflight.context import Context
-from k3deploy.preflight.nodes import engine_python, node_inputs
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.unit.test_launch_support import fake_topology, kill_tagged
 
@@ -64,7 +62,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Context:
     cat = catalog_for(None)
     plan = require_feasible(topo, cat)
     jobs = jobs_for(plan, None, cat)
-    return Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs, cat), executor="local")
+    return Context(plan=plan, catalog=cat, nodes={j.rank: j for j in jobs})
 
 
 def healthy(check: str, status: str, detail: str) -> bool:
@@ -80,7 +78,7 @@ def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str,
     c.facts = {r: facts(n.ip, **(dict(odd) if r == 2 else {})) for r, n in ctx.nodes.items()}
     c.errors = {}
     if check == "hostname":  # a loopback hostname is only wrong where the node's ip is not loopback itself
-        c.nodes = {**ctx.nodes, 2: dataclasses.replace(ctx.nodes[2], ip="10.0.0.3")}
+        c.nodes = {**ctx.nodes, 2: ctx.nodes[2].model_copy(update={"ip": "10.0.0.3"})}
     return {v.rank: (v.status, v.detail, v.fix) for v in CHECKS[check].run(c).verdicts}
 
 
@@ -129,14 +127,14 @@ def h100_ctx() -> Context:
 
     cat = catalog_for(None)
     plan = plan_of(topology_dict())
-    c = Context(plan=plan, catalog=cat, nodes=node_inputs(plan, jobs_for(plan, None, cat), cat), executor="ssh")
+    c = Context(plan=plan, catalog=cat, nodes={j.rank: j for j in jobs_for(plan, None, cat)})
     c.facts = {r: {**facts(n.ip), "tools": {"nvidia": IDLE_H100S}} for r, n in c.nodes.items()}
     return c
 
 
 def test_checks_that_skip_here_pass_where_they_apply(ctx: Context, h100_ctx: Context) -> None:
     on_ray = copy.copy(ctx)
-    on_ray.executor = "ray"
+    on_ray.ray_runtime = True
     on_ray.facts = {r: facts(n.ip) for r, n in ctx.nodes.items()}
     for check, c in (("accelerators", h100_ctx), ("driver", h100_ctx), ("ray", on_ray)):
         verdicts = CHECKS[check].run(c).verdicts

@@ -260,7 +260,7 @@ def test_render_and_plan_cli(tmp_path: Path) -> None:
 
 def test_launch_of_replicas_is_refused_before_anything_starts(tmp_path: Path) -> None:
     r = run_k3deploy("launch", str(LOCAL), "--dry-run")
-    assert r.returncode == 2 and "launching replicas or a router is not built yet" in r.stderr, r.stderr
+    assert r.returncode == 2 and "launch and preflight of replicas or a router are not built yet" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 

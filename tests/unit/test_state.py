@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import StateError
-from k3deploy.executors.target import ExecTarget
-from k3deploy.launch.jobs import NodeJob, ReadyCheck
+from k3deploy.executors.target import SshTarget
 from k3deploy.launch.procs import Identity
 from k3deploy.launch.state import Attempt, Deployment, NodeState, StateStore, default_state_dir
+from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
 
 
 def record(name: str = "demo") -> Deployment:
     job = NodeJob(rank=0, host="h01", ip="10.0.0.1", head=True, command="exec sleep 1", log_path="/tmp/x.log",
                   ready=ReadyCheck(kind="http", url="http://10.0.0.1:8000", paths=("/health",)),
-                  target=ExecTarget(kind="ssh", host="h01"))
+                  target=SshTarget(host="h01"))
     return Deployment(name=name, file="/t.yaml", plan_digest="abc", executor="ssh", status="starting",
                       created_at=time.time(), stop_grace_s=1, ready_timeout_s=5, jobs=(job,),
                       nodes=(NodeState(rank=0, host="h01"),), owner=Identity.me("launch"),
@@ -144,3 +144,40 @@ def test_lock_of_a_name_without_record_leaves_no_file_and_still_excludes(tmp_pat
     assert errors == [] and done[0] == 3 * rounds  # every round of every waiter got the lock
     assert most[0] == 1  # a waiter that locked a removed file re-opened instead of sharing the name
     assert list(tmp_path.iterdir()) == []
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "state"
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh", "ray"])
+def test_records_written_before_the_per_kind_targets_still_load(tmp_path: Path, kind: str) -> None:
+    """Records written by 0.2 (one flat target with every kind's fields; Ray's agent name in the handle's
+    `container`) load as the target of their kind, with the settings they had, and save in the new shape."""
+    from k3deploy.executors.target import LocalTarget, RayTarget
+
+    store = StateStore(tmp_path)
+    store.path(f"old-{kind}").write_text((ASSETS / f"old-{kind}.json").read_text())
+    dep = store.require(f"old-{kind}")
+    targets = [j.target for j in dep.jobs]
+    if kind == "local":
+        assert targets == [LocalTarget(host="h01"), LocalTarget(host="h02")]
+    elif kind == "ssh":
+        assert targets == [SshTarget(host="h01", user="deploy", jump="bastion"),
+                           SshTarget(host="h02", user="deploy", port=2222, jump="bastion")]
+    else:
+        assert targets == [RayTarget(host="h01", node_ip="10.0.0.1", ray_address="10.0.0.9:6379"),
+                           RayTarget(host="h02", node_ip="10.0.0.2", ray_address="10.0.0.9:6379")]
+    # Fields the records of 0.2 did not have take the defaults preflight used for them then.
+    assert all(j.argv == () and j.env == {} and j.engine_python == "python3" for j in dep.jobs)
+    store.save(dep)
+    saved = json.loads(store.path(f"old-{kind}").read_text())
+    assert set(saved["jobs"][0]["target"]) == {"kind", "host", *type(targets[0]).model_fields} - {"capabilities"}
+    assert store.require(f"old-{kind}") == dep
+
+
+def test_a_target_with_a_field_no_kind_has_is_refused() -> None:
+    """Dropping other kinds' fields (for old records) does not make the targets accept anything."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no_such_field"):
+        SshTarget.model_validate({"kind": "ssh", "host": "h", "no_such_field": 1})

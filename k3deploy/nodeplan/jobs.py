@@ -1,14 +1,16 @@
-"""NodeJob: what runs where (rendered command, log path, readiness, executor target), JSON-able."""
+"""NodeJob, the one per-node record: what runs where (argv, env, the shell text, the engine's interpreter, log
+path, readiness, executor target), made once by launch's preparation, JSON-able (it is in the state file)."""
 from __future__ import annotations
 
 import posixpath
 import sys
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.target import ExecTarget
-from k3deploy.launch.targets import ExecOverrides, targets_for
+from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
 
 
@@ -33,6 +35,11 @@ class NodeJob(BaseModel):
     iface: str = Field("", description="the private interface `ip` must be on (empty in records before 0.2)")
     head: bool
     command: str = Field(description="POSIX shell text from the renderer (every topology value quoted)")
+    argv: tuple[str, ...] = Field((), description="the engine's argv (empty in records before 0.3)")
+    env: dict[str, str] = Field(default_factory=dict, description="plain environment values the engine gets "
+                                "(secrets stay references, in `command`)")
+    engine_python: str | None = Field("python3", description="the engine's interpreter on the node; None: it is "
+                                      "inside a container image")
     log_path: str
     container: str | None = None
     ready: ReadyCheck
@@ -48,6 +55,18 @@ def log_path(log_dir: str, deployment: str, rank: int) -> str:
     return posixpath.join(log_dir, f"{deployment}-rank{rank}.log")
 
 
+def engine_python(argv: Sequence[str]) -> str | None:
+    """The interpreter of the engine's argv: a python itself, the python beside a console script, or the
+    first python3 on PATH for a bare command; None for docker (the interpreter is inside the image)."""
+    first = argv[0] if argv else "python3"
+    base = posixpath.basename(first)
+    if base == "docker":
+        return None
+    if base.startswith("python"):
+        return first
+    return posixpath.join(posixpath.dirname(first), "python3") if "/" in first else "python3"
+
+
 def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
              catalog: Catalog | None = None) -> tuple[NodeJob, ...]:
     """Render every node (rank 0 first) and pair it with its executor target."""
@@ -57,11 +76,13 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
     t = plan.topology
     targets = targets_for(t, overrides)
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
-    # Local nodes are this machine: the stand-in runs under this interpreter, not the first python3 on PATH.
-    python = sys.executable if all(tg.kind == "local" for tg in targets.values()) else "python3"
+    # Nodes that are this machine run the stand-in under this interpreter, not the first python3 on PATH.
+    here = all(tg.capabilities.node_is_here for tg in targets.values())
+    python = sys.executable if here else "python3"
     return tuple(
         NodeJob(
             rank=s.rank, host=s.host, ip=s.ip, iface=s.node.iface, head=s.head, command=node_shell(s),
+            argv=s.argv, env=dict(s.env), engine_python=engine_python(s.argv),
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )

@@ -1,0 +1,41 @@
+"""Launch's preparation, shared by `launch` and `preflight`: plan the file (feasible), and make every node's
+record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data."""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.diagnostics import Issue
+from k3deploy.errors import InputError
+from k3deploy.nodeplan.jobs import NodeJob, jobs_for
+from k3deploy.nodeplan.targets import ExecOverrides
+from k3deploy.planning.plan import Plan
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A feasible plan, every node's record (rank 0 first), the catalog, and warnings for the user."""
+
+    plan: Plan
+    jobs: tuple[NodeJob, ...]
+    catalog: Catalog
+    warnings: tuple[Issue, ...]
+
+
+def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOverrides,
+            environ: Mapping[str, str] | None = None) -> Prepared:
+    """Plan `file` (InfeasibleError when it cannot run), warn about secrets the nodes will not get, and make
+    the per-node records with the executor targets the topology and `overrides` give."""
+    from k3deploy.engines.secret_refs import secret_warnings
+    from k3deploy.planning.files import catalog_for, require_feasible
+
+    cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
+    plan = require_feasible(file, cat)
+    if plan.topology.replicas > 1 or plan.topology.router is not None:
+        raise InputError(f"{plan.file}: launch and preflight of replicas or a router are not built yet (issue 26)",
+                         hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
+    warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
+    return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
