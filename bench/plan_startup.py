@@ -1,8 +1,8 @@
 """Wall time of `k3deploy plan` against bare `import typer, pydantic, yaml, rich`, in one run.
 
-Usage: python bench/plan_startup.py [--runs N] [--topology FILE]
+Usage: python bench/plan_startup.py [--runs N] [--topology FILE] [--workload SPEC]
 Runs the commands alternately (so machine noise hits each alike) and prints medians and ratios.
-Target: within 1.5x of the baseline.
+Target: within 1.5x of the baseline, for `plan FILE` and for `plan FILE --workload SPEC` (the prediction).
 
 Two floors are timed in the same run (bench/plan_floor.py): the least a plan-like command can do with the
 mandated stack - read the YAML, validate it into one strict pydantic model, print one rich table - parsed
@@ -32,12 +32,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--topology", default=str(ROOT / "topologies" / "h100-4x8-sglang.yaml"))
+    ap.add_argument("--workload", default="in=8192,out=1024,concurrency=16,effort=high")
     args = ap.parse_args()
     cmds = {
         "baseline  import typer, pydantic, yaml, rich": [sys.executable, "-c", "import typer, pydantic, yaml, rich"],
         "floor     argparse + 1 model + 1 rich table": [sys.executable, str(FLOOR), args.topology],
         "floor     typer + 1 model + 1 rich table": [sys.executable, str(FLOOR), "--typer", args.topology],
         f"k3deploy plan {Path(args.topology).name}": [sys.executable, "-m", "k3deploy", "plan", args.topology],
+        "k3deploy plan ... --workload": [sys.executable, "-m", "k3deploy", "plan", args.topology, "--workload",
+                                         args.workload],
     }
     # An installed package has its bytecode compiled (pip does it); an editable checkout under
     # PYTHONDONTWRITEBYTECODE=1 would recompile every module on every run, so compile it once here.
@@ -52,10 +55,12 @@ def main() -> int:
     base = next(iter(med.values()))
     for name, m in med.items():
         print(f"{name:<46}: median {m * 1000:7.1f} ms  {m / base:5.2f}x  (n={args.runs})")
-    plan = list(med.values())[-1]
+    plan, with_workload = list(med.values())[-2:]
     floor = list(med.values())[1]
     print(f"ratio plan / baseline: {plan / base:.2f}x  (target <= 1.50x); "
           f"floor / baseline: {floor / base:.2f}x; plan / floor: {plan / floor:.2f}x")
+    print(f"ratio plan --workload / baseline: {with_workload / base:.2f}x  (target <= 1.50x); "
+          f"plan --workload / plan: {with_workload / plan:.2f}x")
     return 0
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from k3deploy.extras import require
+
 if TYPE_CHECKING:
     from k3deploy.launch.events import NodeEvent
     from k3deploy.launch.state import Deployment
@@ -73,6 +75,7 @@ def run_demo(workdir: Path, *, keep: bool = False, on_event: Callable[[NodeEvent
     from k3deploy.validate.nodes import fleet_runner
     from k3deploy.validate.run import resolve_target, validate
 
+    require("sim", "validate", what="the demo (the stand-in engine and every validation stage)")
     on_step(f"checkpoint and topology in {workdir}")
     path = prepare(workdir)
     catalog = catalog_for(None)

@@ -52,6 +52,16 @@ class StateError(K3Error):
     exit_code = 5
 
 
+class MissingDependency(K3Error):
+    """An optional package the command needs is not installed here (k3deploy.extras names the install): exit 6."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, *, hint: str | None = None, module: str | None = None) -> None:
+        self.module = module
+        super().__init__(message, hint=hint)
+
+
 EXIT_CODES = {
     0: "success (plan feasible, deployment ready, validation passed)",
     1: "plan infeasible, or a validation stage failed",
@@ -60,6 +70,7 @@ EXIT_CODES = {
     4: "launch failed: a node exited, readiness deadline passed, or the deployment was torn down; "
        "`status` of a deployment that failed",
     5: "state error: no such deployment, one is already running, or the state directory cannot be written",
+    6: "missing dependency: a package this command needs is not installed here (the message names the install)",
     70: "internal error: a bug in k3deploy (rerun with --debug for the traceback and report it)",
     130: "interrupted (Ctrl-C); every node that was started has been stopped",
 }

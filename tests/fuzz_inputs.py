@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from functools import cache
@@ -27,12 +28,25 @@ HOSTILE_STRINGS = ("$(id)", "`id`", "a; rm -rf /", "a && b", "a\nb", "'", '"', "
                    "\t", "\ufeffname", "\u202etxt", "${HOME}", "~root", "*", "%s%n", "..", "/dev/zero",
                    "é" * 40, "x" * 100_000, "", " ", "null", "~", "0x10", "1e400", ".nan", "-.inf", "yes")
 HUGE_NUMBERS = (2**63, -(2**63) - 1, 10**30, -1, 0, 2**31, float("inf"), float("-inf"), float("nan"), 1e308)
+# Plain scalars Python itself will not read or that overflow: integers past the int-string limit (4,300 digits;
+# no Python value of them can be dumped, so they travel as sentinels that dump_text swaps for the text),
+# floats past float range (inf, or a string), dates that do not exist (YAML 1.1 timestamps).
+PAST_LIMITS = ("9" * 5000, "-" + "1" * 4301, "+" + "7" * 4400, "1_" * 4400 + "1", "1.0e+999", "-1.0e+999", "1e999",
+               "1" * 400 + ".5", "2026-13-45", "0x" + "f" * 5000)
+RAW_TEXTS = (*PAST_LIMITS, "0." + "0" * 400 + "1e-99999")  # and one that underflows to 0.0, a valid number
+_SENTINEL = re.compile(r"""(["']?)K3RAWNUM_(\d+)_\1""")
+RAW_NUMBERS = tuple(f"K3RAWNUM_{i}_" for i in range(len(RAW_TEXTS)))
+
+
+def unraw(text: str) -> str:
+    """Text with each past-limit sentinel (quoted or not) replaced by the number it stands for."""
+    return _SENTINEL.sub(lambda m: RAW_TEXTS[int(m.group(2))], text)
 
 
 def scalars() -> st.SearchStrategy[Any]:
     """A value of any YAML scalar kind, biased to the ones that break things."""
     return st.one_of(
-        st.sampled_from(HOSTILE_STRINGS), st.sampled_from(HUGE_NUMBERS),
+        st.sampled_from(HOSTILE_STRINGS), st.sampled_from(HUGE_NUMBERS), st.sampled_from(RAW_NUMBERS),
         st.integers(min_value=-(2**80), max_value=2**80), st.floats(), st.booleans(), st.none(),
         st.text(max_size=40),  # any code point but surrogates: control characters, RTL marks, emoji
     )
@@ -95,9 +109,14 @@ def mutated_documents(draw: st.DrawFn, bases: list[Any]) -> Any:
 
 def _dump(doc: Any, style: str) -> str:
     if style == "json":
-        return json.dumps(doc, ensure_ascii=False)
-    return yaml.dump(doc, Dumper=yaml.CSafeDumper, allow_unicode=style == "unicode",
-                     default_flow_style=style == "flow", width=60)
+        return unraw(json.dumps(doc, ensure_ascii=False))
+    return unraw(yaml.dump(doc, Dumper=yaml.CSafeDumper, allow_unicode=style == "unicode",
+                           default_flow_style=style == "flow", width=60))
+
+
+def dump_yaml(doc: Any) -> str:
+    """A document as block YAML, past-limit numbers written out."""
+    return _dump(doc, "unicode")
 
 
 TEXT_EDITS = st.integers(0, 2)
@@ -180,6 +199,11 @@ def attacks() -> dict[str, bytes]:
         "huge-line": b"name: " + b"x" * 5_000_000 + b"\n",
         "many-keys": ("\n".join(f"k{i}: {i}" for i in range(200_000)) + "\n").encode(),
         "python-tag": b"name: !!python/object/apply:os.system ['id']\n",
+        "int-past-limit": demo.replace("tp: 4", "tp: " + "4" * 5000).encode(),
+        "int-key-past-limit": (demo + "9" * 4400 + ": x\n").encode(),
+        "float-past-range": demo.replace("context_length: 32768", "context_length: 1.0e+999").encode(),
+        "float-past-range-in-timeout": demo.replace("dist_timeout_s: 60", "dist_timeout_s: 1.0e+999").encode(),
+        "date-that-is-not": demo.replace("revision: tiny-r1", "revision: 2026-13-45").encode(),
         "merge-keys": ("base: &b {tp: 4}\n" + demo.replace("parallel: {", "parallel: {<<: *b, ")).encode(),
     }
 

@@ -15,7 +15,7 @@ from k3deploy.topology.source import YamlSyntaxError, load_yaml
 
 DATA_DIR = Path(__file__).parent / "data"
 _LIST_SECTIONS = ("models", "hardware")
-_MAP_SECTIONS = ("vendors", "engines", "planner")
+_MAP_SECTIONS = ("vendors", "engines", "planner", "performance")
 
 try:  # the C loader is several times faster on the `plan` start-up path
     _Loader: Any = yaml.CSafeLoader
@@ -52,7 +52,8 @@ def _read(path: Path) -> dict[str, Any]:
         if not isinstance(data.get(section) or [], list):
             raise InputError(f"{path}: `{section}` must be a list of entries with an `id`")
     for section in _MAP_SECTIONS:
-        if not isinstance(data.get(section) or {}, dict):
+        # Only an absent or null section is empty: `planner: []` is a mistake, not nothing.
+        if data.get(section) is not None and not isinstance(data[section], dict):
             raise InputError(f"{path}: `{section}` must be a mapping")
     return data
 
@@ -63,7 +64,7 @@ def _merge(raw: dict[str, Any], data: dict[str, Any], path: Path) -> None:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 raise InputError(f"{path}: {section}[{i}] needs an `id` (a string)")
             raw[section][entry["id"]] = entry
-    for section in ("vendors", "engines"):
+    for section in ("vendors", "engines", "performance"):
         raw[section].update(data.get(section) or {})
     if "planner" in data:
         raw["planner"] = {**raw["planner"], **data["planner"]}
@@ -89,7 +90,8 @@ def load_catalog(extra_dirs: tuple[Path, ...] = ()) -> Catalog:
 
 def validate_catalog(files: list[Path]) -> Catalog:
     """Merge catalog files in order (later ids win) and validate the result; errors name the file."""
-    raw: dict[str, Any] = {"models": {}, "hardware": {}, "vendors": {}, "engines": {}, "planner": {}}
+    raw: dict[str, Any] = {"models": {}, "hardware": {}, "vendors": {}, "engines": {}, "planner": {},
+                           "performance": {}}
     origin: dict[tuple[str, str], Path] = {}
     for path in files:
         data = _read(path)

@@ -14,7 +14,8 @@ class Spec(BaseModel):
     """Strict, immutable base for catalog entries."""
 
     # Built on first validation: a run that takes the validated catalog from the cache never validates.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    # No number is infinite or NaN: 1e999 reads as inf, and inf passes every `ge`/`gt` bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)
 
 
 class Sourced(Spec):
@@ -69,13 +70,29 @@ class Architecture(Sourced):
     moe_intermediate_size: int
     routed_expert_hidden_size: int
     max_position_embeddings: int
+    attention: Literal["mla", "gqa"] = Field(
+        "mla", description="how full-attention layers cache a token: MLA's one latent (kv_lora_rank + "
+        "qk_rope_head_dim), or GQA's K and V per KV head (num_key_value_heads x head_dim)")
+    head_dim: int | None = Field(None, description="GQA: the size of one attention head (needed for gqa)")
+    config_keys: dict[str, str | None] = Field(
+        default_factory=dict, description="field -> its dotted key in config.json where it differs from "
+        "K3's layout (text_config.<field>); null: config.json has no such key (the shards stage skips it)")
 
     @model_validator(mode="after")
     def _layout_consistent(self) -> Architecture:
         layers = sorted(self.kda_layers + self.full_attn_layers)
         if layers != list(range(1, self.num_hidden_layers + 1)):
             raise ValueError("kda_layers and full_attn_layers must partition 1..num_hidden_layers")
+        if self.attention == "gqa" and self.head_dim is None:
+            raise ValueError("attention gqa needs head_dim")
+        unknown = sorted(set(self.config_keys) - set(type(self).model_fields))
+        if unknown:
+            raise ValueError(f"config_keys names no architecture field: {', '.join(unknown)}")
         return self
+
+    def config_fields(self) -> dict[str, Any]:
+        """The fields that describe config.json (not how we read it), as plain values."""
+        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys"})
 
     @property
     def moe_layers(self) -> int:
@@ -122,6 +139,9 @@ class ModelSpec(Sourced):
     weights: Weights
     cache: CacheDtypes
     quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+    draft_acceptance_length: dict[int, float] = Field(
+        default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
+        "by draft tokens proposed per step")
 
 
 class HardwareSpec(Sourced):
@@ -129,7 +149,7 @@ class HardwareSpec(Sourced):
 
     id: str
     name: str
-    vendor: Literal["nvidia", "amd", "huawei", "sim"]
+    vendor: Literal["nvidia", "amd", "huawei", "sim", "cpu"]
     arch: str
     memory_gib: float
     usable_gib: float
@@ -138,6 +158,17 @@ class HardwareSpec(Sourced):
     native_mxfp4: bool
     typical_gpus_per_node: int
     runtime_reserve_gib: float | None = None
+    fp4_tflops: float | None = Field(None, description="dense FP4 (MXFP4) tensor throughput, TFLOP/s; none: FP4 "
+                                     "weights are upcast and run at the BF16 rate (Marlin on Hopper)")
+    scaleup_domain_gpus: int | None = Field(None, description="GPUs one scale-up fabric joins (NVLink domain): "
+                                            "collectives inside it use scaleup_gbps")
+    scaleup_gbps: float | None = Field(None, description="scale-up bandwidth per GPU, one direction, GB/s")
+    scaleup_latency_us: float | None = Field(None, description="latency of one small collective inside the "
+                                             "scale-up domain, microseconds")
+    scaleout_gbps: float | None = Field(None, description="scale-out (network) bandwidth per GPU, one direction, "
+                                        "GB/s")
+    scaleout_latency_us: float | None = Field(None, description="latency of one small collective across nodes "
+                                              "over the scale-out network, microseconds")
 
     @property
     def usable_bytes(self) -> int:
@@ -178,6 +209,24 @@ class EngineDefaults(Sourced):
     block_multiple_tokens: int | None = None
 
 
+class EnginePerformance(Sourced):
+    """How one engine kind turns the accelerator's figures into decode steps and prefills (the performance
+    model's efficiency factors; each calibrated once or documented, never fitted per case)."""
+
+    hbm_efficiency: float = Field(gt=0, le=1, description="share of peak HBM bandwidth a decode step's reads reach")
+    compute_efficiency: float = Field(gt=0, le=1, description="share of peak tensor throughput a forward step "
+                                      "reaches (calibrated on prefill, where compute binds)")
+    layer_overhead_us: float = Field(ge=0, description="time per layer per forward step beyond its reads, "
+                                     "compute and collectives (kernel launches, norms, routing), microseconds")
+    collectives: bool = Field(description="whether the engine runs the TP/EP/DCP collectives of each layer")
+    prefill_stalls_decode: bool = Field(description="whether a prefill holds up the running batch's decode "
+                                        "steps (SGLang, vLLM) or runs beside them (the stand-in)")
+    kda_state_passes: int = Field(ge=1, description="times a decode step moves each request's KDA state "
+                                  "through HBM (2: read and written back)")
+    speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
+                                  "stand-in's K3SIM_SPEED); none for real engines")
+
+
 class PlannerDefaults(Sourced):
     """Planner-wide defaults."""
 
@@ -192,6 +241,8 @@ class Catalog(Spec):
     vendors: dict[str, VendorSpec]
     engines: dict[str, EngineDefaults]
     planner: PlannerDefaults
+    performance: dict[str, EnginePerformance] = Field(default_factory=dict, description="engine kind -> its "
+                                                      "performance-model factors")
 
     def model(self, model_id: str) -> ModelSpec:
         """Look up a model by id."""

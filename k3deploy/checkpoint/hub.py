@@ -9,8 +9,6 @@ from typing import Any, Protocol
 from k3deploy.checkpoint.manifest import CONFIG_FILE, INDEX_FILE, FileDigest, Manifest
 from k3deploy.errors import ExecError, InputError
 
-HUB_EXTRA_HINT = "install the hub extra: pip install 'k3deploy[hub]' (or python3 -m pip install huggingface_hub)"
-
 
 class HubApi(Protocol):
     """The two calls of huggingface_hub.HfApi this module makes (tests pass a recorded stand-in)."""
@@ -25,10 +23,7 @@ class HubApi(Protocol):
 
 
 def _default_api() -> HubApi:
-    try:
-        from huggingface_hub import HfApi
-    except ImportError as exc:
-        raise InputError("manifest from-hub needs huggingface_hub", hint=HUB_EXTRA_HINT) from exc
+    from huggingface_hub import HfApi
     api: HubApi = HfApi()
     return api
 

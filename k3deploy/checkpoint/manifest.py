@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3deploy.errors import InputError
 from k3deploy.probes import shard_inventory as probe
-from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE
+from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE, SINGLE_FILE
+from k3deploy.probes.shard_structure import is_single_file, read_weight_map
 
 FORMAT: Literal["k3deploy-manifest/1"] = "k3deploy-manifest/1"
 
@@ -74,8 +75,10 @@ def _weight_map(text: bytes, where: str) -> dict[str, str]:
 def create_manifest(directory: Path | str, revision: str | None = None, threads: int = 0) -> Manifest:
     """Hash every file under a checkpoint directory (dot-directories and k3-manifest.json aside)."""
     root = Path(directory)
-    if not (root / INDEX_FILE).is_file():
-        raise InputError(f"{root}: no {INDEX_FILE}; is this a safetensors checkpoint directory?")
+    single = is_single_file(str(root))
+    if not (root / INDEX_FILE).is_file() and not single:
+        raise InputError(f"{root}: no {INDEX_FILE} and no single {SINGLE_FILE}; is this a safetensors "
+                         "checkpoint directory?")
     names = probe.local_files(str(root))
     digests = probe.sha256_files([str(root / n) for n in names], threads)
     missing = [n for n in names if str(root / n) not in digests]
@@ -86,7 +89,15 @@ def create_manifest(directory: Path | str, revision: str | None = None, threads:
         revision = probe.revision_hint(str(root))[0]
     return Manifest(revision=revision, source=f"dir:{root.resolve()}", files=files,
                     config_sha256=files[CONFIG_FILE].sha256 if CONFIG_FILE in files else None,
-                    weight_map=_weight_map((root / INDEX_FILE).read_bytes(), str(root / INDEX_FILE)))
+                    weight_map=_single_map(root) if single else
+                    _weight_map((root / INDEX_FILE).read_bytes(), str(root / INDEX_FILE)))
+
+
+def _single_map(root: Path) -> dict[str, str]:
+    try:
+        return read_weight_map(str(root))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{root / SINGLE_FILE}: unreadable safetensors header ({exc})") from exc
 
 
 def verify_directory(directory: Path | str, manifest: Manifest) -> list[str]:

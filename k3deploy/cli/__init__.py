@@ -11,7 +11,8 @@ from k3deploy.cli.common import run_app
 
 HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "Exit codes: 0 ok; 1 infeasible plan, failed preflight check or failed validation; 2 invalid input; 3 host error; "
-        "4 launch failed, or `status` of a failed deployment; 5 state error; 70 a bug in k3deploy ("
+        "4 launch failed, or `status` of a failed deployment; 5 state error; 6 a package the command needs is not "
+        "installed (the message names the install); 70 a bug in k3deploy ("
         "rerun with --debug and report it); 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.

@@ -85,13 +85,7 @@ def run_app(app: Any) -> int:
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except K3Error as exc:
-        if debug_enabled():
-            traceback.print_exc()
-        msg = f"error: {exc}"
-        if exc.hint:
-            msg += f"\nhint: {exc.hint}"
-        print(msg, file=sys.stderr)
-        return exc.exit_code
+        return _report(exc)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -99,11 +93,40 @@ def run_app(app: Any) -> int:
         code = _parser_error(exc)
         if code is not None:
             return code
+        missing = _missing_dependency(exc)
+        if missing is not None:
+            return _report(missing, exc)
         if debug_enabled():
             traceback.print_exc()
         print(f"internal error: {type(exc).__name__}: {exc}\n(rerun with --debug for a traceback and report it)",
               file=sys.stderr)
         return 70
+
+
+def _report(exc: K3Error, cause: BaseException | None = None) -> int:
+    """Print a user error (and with --debug the traceback of what raised it); its exit code."""
+    if debug_enabled():
+        traceback.print_exception(cause or exc)
+    msg = f"error: {exc}"
+    if exc.hint:
+        msg += f"\nhint: {exc.hint}"
+    print(msg, file=sys.stderr)
+    return exc.exit_code
+
+
+def _missing_dependency(exc: BaseException) -> K3Error | None:
+    """An optional package that is not installed, as a user error naming its install: the ImportError
+    itself, or the cause of an error a library raised from it."""
+    from k3deploy.extras import missing_dependency
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ImportError):
+            return missing_dependency(cur)
+        cur = cur.__cause__
+    return None
 
 
 def _parser_error(exc: Exception) -> int | None:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
     from k3deploy.catalog.specs import Catalog
     from k3deploy.planning.files import FileResult
+    from k3deploy.planning.prediction import Prediction
+    from k3deploy.planning.workload import Workload
 
 
 def plan(
@@ -27,28 +29,43 @@ def plan(
     gpus_per_node: Annotated[int | None, typer.Option(help="accelerators per node (with --search)")] = None,
     engine: Annotated[str, typer.Option(help="sglang | vllm | vllm-ascend (with --search)")] = "sglang",
     model: Annotated[str, typer.Option(help="model id (with --search)")] = "kimi-k3",
+    workload: Annotated[str | None, typer.Option(
+        help="predict TTFT, TPOT and throughput for in=TOKENS,out=TOKENS,concurrency=N[,effort=E][,prompts=N]; "
+        "with --search, rank the shapes by it")] = None,
+    objective: Annotated[str, typer.Option(help="throughput | latency (with --search --workload)")] = "throughput",
+    tpot_max: Annotated[float | None, typer.Option(help="TPOT limit in ms (with --search --workload)")] = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """Check legality and the per-GPU memory budget of topology files. Exit 0 feasible, 1 infeasible, 2 invalid."""
     from k3deploy.planning.files import catalog_for, plan_path
 
     cat = catalog_for(catalog)
+    load = _workload(workload, search, objective, tpot_max)
     if search:
-        _search(cat, hardware, gpus, gpus_per_node, engine, model, as_json)
+        if load is not None:
+            _ranked(cat, hardware, gpus, gpus_per_node, engine, model, as_json, load, objective, tpot_max)
+        else:
+            _search(cat, hardware, gpus, gpus_per_node, engine, model, as_json)
         return
     if not files:
         raise InputError("no topology files given", hint="k3deploy plan topologies/*.yaml, or --search")
     results = [plan_path(f, cat) for f in files]
+    predictions = _predictions(results, cat, load)
     if as_json:
         from k3deploy.planning.document import invalid_json, plan_json
 
         docs = [plan_json(r.plan) if r.plan and not r.load_issues else invalid_json(r.file, list(r.issues))
                 for r in results]
+        if load is not None:
+            from k3deploy.planning.perf_report import prediction_json
+
+            for doc, p in zip(docs, predictions):
+                doc["prediction"] = prediction_json(p) if p is not None else None
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
     elif check:
         _check_lines(results)
     else:
-        _show(results)
+        _show(results, predictions, load is not None)
     codes = {r.exit_code for r in results}
     raise typer.Exit(2 if 2 in codes else 1 if 1 in codes else 0)
 
@@ -60,18 +77,58 @@ def _console() -> "Console":
     return Console(highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
-def _show(results: "list[FileResult]") -> None:
+def _workload(text: "str | None", search: bool, objective: str, tpot_max: "float | None") -> "Workload | None":
+    from k3deploy.planning.workload import parse_workload
+
+    if text is None:
+        if objective != "throughput" or tpot_max is not None:
+            raise InputError("--objective and --tpot-max rank shapes by a prediction: they need --workload",
+                             hint="e.g. --search --hardware b300 --gpus 8 --workload in=8192,out=1024,concurrency=16")
+        return None
+    if tpot_max is not None and not tpot_max > 0:
+        raise InputError(f"--tpot-max {tpot_max:g}: expected milliseconds > 0")
+    if not search and (objective != "throughput" or tpot_max is not None):
+        raise InputError("--objective and --tpot-max rank the shapes of --search", hint="add --search")
+    return parse_workload(text)
+
+
+def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | None") -> "list[Prediction | None]":
+    """One prediction per feasible plan (None for the others); a catalog that cannot time one is exit 2."""
+    if load is None:
+        return [None] * len(results)
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.prediction import predict_plan
+
+    out: list[Prediction | None] = []
+    for r in results:
+        if r.plan is None or r.load_issues or not r.plan.feasible:
+            out.append(None)
+            continue
+        try:
+            out.append(predict_plan(r.plan, cat, load))
+        except PerfUnknown as exc:
+            raise InputError(f"{r.file}: cannot predict --workload: {exc}") from None
+    return out
+
+
+def _show(results: "list[FileResult]", predictions: "list[Prediction | None]", asked: bool) -> None:
     from rich.text import Text
 
     from k3deploy.planning.report import issue_lines, plan_renderable
 
     console = _console()
-    for r in results:
+    for r, p in zip(results, predictions):
         if r.plan is None or r.load_issues:
             console.print(Text.assemble(f"{r.file}: ", ("INVALID", "bold red")))
             console.print(issue_lines(r.file, r.issues))
         else:
             console.print(plan_renderable(r.plan))
+            if p is not None:
+                from k3deploy.planning.perf_report import prediction_renderable
+
+                console.print(prediction_renderable(p))
+            elif asked:
+                console.print(Text("no prediction for --workload: the plan is not feasible", style="yellow"))
         console.print()
 
 
@@ -113,3 +170,26 @@ def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: in
         from k3deploy.planning.report import search_table
 
         _console().print(search_table(hardware, gpus, engine, rows))
+
+
+def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node: "int | None", engine: str,
+            model: str, as_json: bool, load: "Workload", objective: str, tpot_max: "float | None") -> None:
+    from k3deploy.engines.kinds import FLAVOURS, engine_family
+    from k3deploy.planning.ranking import rank_shapes, why_top
+
+    if hardware is None or gpus is None:
+        raise InputError("--search needs --hardware and --gpus", hint="e.g. --search --hardware b300 --gpus 8")
+    if engine not in FLAVOURS:
+        raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
+    rows = rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
+                       engine_id=engine, workload=load, objective=objective,  # type: ignore[arg-type]
+                       tpot_max_ms=tpot_max, gpus_per_node=per_node)
+    why = why_top(rows, objective)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps({"hardware": hardware, "gpus": gpus, "engine": engine, "workload": load.model_dump(),
+                          "objective": objective, "tpot_max_ms": tpot_max, "why": why,
+                          "shapes": [r.model_dump() for r in rows]}, indent=2))
+    else:
+        from k3deploy.planning.ranking_report import ranked_table
+
+        _console().print(ranked_table(hardware, gpus, engine, load, objective, rows, why))

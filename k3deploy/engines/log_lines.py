@@ -26,6 +26,8 @@ class LogLines:
     args: re.Pattern[str]
     world: re.Pattern[str] | None
     experts: re.Pattern[str] | None
+    rank_line: re.Pattern[str] | None  # any rank-assignment line, read by rank_prefix or not
+    prefix_cache_off: tuple[re.Pattern[str], ...]  # the engine turned its prefix cache off itself
     moe_kinds: dict[str, frozenset[str]]
 
     def moe_kind(self, name: str) -> str:
@@ -45,9 +47,10 @@ def log_lines(family: Family) -> LogLines:
     doc = yaml.safe_load(LOG_LINES_FILE.read_text(encoding="utf-8"))
     version = VERSIONS[family]
     data = doc[version]
-    one = {k: re.compile(data[k], re.IGNORECASE) if data.get(k) else None for k in ("world", "experts")}
+    one = {k: re.compile(data[k], re.IGNORECASE) if data.get(k) else None for k in ("world", "experts", "rank_line")}
     return LogLines(version=version, moe=_compile(data["moe"]), attention=_compile(data["attention"]),
                     fallback=_compile(data["fallback"]), marlin_warning=_compile(data["marlin_warning"]),
                     rank_prefix=re.compile(data["rank_prefix"], re.IGNORECASE),
                     args=re.compile(data["args"]), world=one["world"], experts=one["experts"],
+                    rank_line=one["rank_line"], prefix_cache_off=_compile(data.get("prefix_cache_off") or []),
                     moe_kinds={k: frozenset(n.lower() for n in v) for k, v in doc["moe_kinds"].items()})

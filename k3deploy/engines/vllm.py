@@ -28,10 +28,13 @@ def multinode_opts(inp: Inputs, place: Place) -> list[Opt]:
         o.append(_o("--data-parallel-size", s.dp))
         if place.nnodes > 1:
             local = dp_size_local(inp)
-            o += [_o("--data-parallel-size-local", local),
-                  _o("--data-parallel-start-rank", place.rank * local),
-                  _o("--data-parallel-address", place.head_ip),
+            o += [_o("--data-parallel-size-local", local), _o("--data-parallel-address", place.head_ip),
                   _o("--data-parallel-rpc-port", t.launch.port)]
+            if not place.head:
+                # Only headless nodes take a start rank: on the head it turns on hybrid load balancing, and vLLM
+                # then refuses the headless nodes at start ("Remote engine 1 must not use --headless in
+                # external or hybrid dp lb mode", vllm/engine/arg_utils.py).
+                o.append(_o("--data-parallel-start-rank", place.rank * local))
     elif place.nnodes > 1:
         o += [_o("--nnodes", place.nnodes), _o("--node-rank", place.rank),
               _o("--master-addr", place.head_ip), _o("--master-port", t.launch.port)]

@@ -19,11 +19,6 @@ def open_executor(target: ExecTarget) -> Executor:
         from k3deploy.executors.ssh import SshExecutor
 
         return SshExecutor(target)
-    from k3deploy.errors import InputError
+    from k3deploy.executors.ray_exec import RayExecutor  # without Ray: the CLI names the install
 
-    try:
-        from k3deploy.executors.ray_exec import RayExecutor
-    except ImportError as exc:
-        raise InputError(f"executor 'ray' needs Ray installed here ({exc})",
-                         hint="pip install 'k3deploy[ray]' (the cluster's Ray version)") from None
     return RayExecutor(target)

@@ -69,8 +69,10 @@ class NodeFleet:
         """The executor of one node."""
         return self._executors[rank]
 
-    def map(self, fn: Callable[[int, Executor], R], ranks: Iterable[int] | None = None) -> dict[int, NodeOutcome[R]]:
-        """`fn(rank, executor)` on every chosen node at once; never raises for a node."""
+    def map(self, fn: Callable[[int, Executor], R], ranks: Iterable[int] | None = None, *,
+            in_pool: bool = False) -> dict[int, NodeOutcome[R]]:
+        """`fn(rank, executor)` on every chosen node at once; never raises for a node. One node runs in the
+        calling thread unless `in_pool` (then an interrupt of the caller never cuts `fn` short)."""
         chosen = list(self.ranks if ranks is None else ranks)
 
         def one(rank: int) -> NodeOutcome[R]:
@@ -79,7 +81,7 @@ class NodeFleet:
             except Exception as exc:  # noqa: BLE001 - the caller decides what a node's failure means
                 return NodeOutcome(rank, self.host(rank), error=exc)
 
-        if len(chosen) == 1:  # no thread hop for the common single-node call
+        if len(chosen) == 1 and not in_pool:  # no thread hop for the common single-node call
             return {chosen[0]: one(chosen[0])}
         futures = [self._pool.submit(one, rank) for rank in chosen]
         return {f.result().rank: f.result() for f in futures}

@@ -199,6 +199,30 @@ def serving(http: NodeHttp, paths: tuple[str, ...], timeout_s: float = 2.0) -> t
     return True, ""
 
 
+def completes(http: NodeHttp, timeout_s: float = 60.0) -> tuple[bool, int, str]:
+    """(answered, HTTP status, why not): a one-token completion of the model /v1/models lists. Engines answer
+    /health and /v1/models on deployments that cannot serve one request (vLLM on CPU with an unsupported
+    head_dim, or after a worker node was lost): only a completion proves serving. Status 0: no answer."""
+    try:
+        models = http.get("/v1/models", 10.0)
+        listed = models.json().get("data") if models.ok else None
+        if not listed or not isinstance(listed, list) or not isinstance(listed[0], dict):
+            return False, models.status, f"/v1/models lists no model (HTTP {models.status})"
+        body = {"model": listed[0].get("id"), "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        reply = http.post("/v1/completions", body, timeout_s)
+    except (ExecError, ValueError, AttributeError) as exc:
+        return False, 0, f"/v1/completions: {str(exc).split(': ', 1)[-1]}"
+    if not reply.ok:
+        return False, reply.status, f"/v1/completions: HTTP {reply.status}: {reply.text[:300]}"
+    try:
+        choices = reply.json().get("choices")
+    except (ValueError, AttributeError):
+        choices = None
+    if not choices:
+        return False, reply.status, f"/v1/completions answered without choices: {reply.text[:300]}"
+    return True, reply.status, ""
+
+
 def _why(exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect ({exc})"

@@ -25,6 +25,11 @@ class LocalExecutor(ShellExecutor):
 
     def __init__(self, host: str = "localhost") -> None:
         self.host = host
+        # Commands under way, ended by close() as closing an SSH connection ends its sessions: a start
+        # stalled on this host then starts nothing once the launch that asked for it has given up.
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._closed_during: set[subprocess.Popen[bytes]] = set()
 
     def connect(self) -> None:
         """Nothing to open."""
@@ -38,6 +43,20 @@ class LocalExecutor(ShellExecutor):
             )  # fmt: skip
         except OSError as exc:
             raise ExecError(f"cannot run a command: {exc}", host=self.host) from exc
+        with self._lock:
+            self._running.add(proc)
+        try:
+            res = self._collect(proc, timeout_s, on_line)
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+                cut = proc in self._closed_during
+                self._closed_during.discard(proc)
+        if cut:
+            raise ExecError("command failed: the executor was closed while it ran", host=self.host)
+        return res
+
+    def _collect(self, proc: subprocess.Popen[bytes], timeout_s: float, on_line: LineSink | None) -> CommandResult:
         assert proc.stdout is not None and proc.stderr is not None
         out, err = bytearray(), bytearray()
         lines = LineSplitter(on_line)
@@ -100,7 +119,15 @@ class LocalExecutor(ShellExecutor):
         return DirectEndpoint(remote_host, remote_port)
 
     def close(self) -> None:
-        """Nothing to release."""
+        """End every command still running (its whole session)."""
+        with self._lock:
+            running = [proc for proc in self._running if proc.poll() is None]
+            self._closed_during.update(running)
+        for proc in running:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @dataclass

@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -23,6 +23,11 @@ from k3deploy.errors import ExecError
 NAMESPACE = "k3deploy"
 GCS_PROBE_TIMEOUT_S = 5.0
 SEEN_MAX = 32
+# The Ray client server starts one server process per client, and answers "Initialization failure from
+# server" when that process dies or is not ready within 30 s (ray/util/client/server/proxier.py), as on a
+# busy head node: the next client is given a new one, so the connect is tried again, a bounded number of times.
+CLIENT_INIT_TRIES = 3
+CLIENT_INIT_BACKOFF_S = 2.0
 
 
 def node_for_ip(ip: str | None, host: str, address: str) -> str:
@@ -134,13 +139,31 @@ def connect(address: str, host: str) -> None:
     level = worker_log.level
     worker_log.setLevel(logging.ERROR)  # "SIGTERM handler is not set" when connecting from a pool thread
     try:
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
-    except Exception as exc:  # noqa: BLE001 - ray.init raises plain RuntimeError/ConnectionError/ValueError
-        raise init_error(exc, address, host) from None
+        init_retrying(lambda: ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR,
+                                       log_to_driver=False), address, host)
     finally:
         worker_log.setLevel(level)
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)  # ray.init installs sys.exit on SIGTERM: keep ours
+
+
+def init_retrying(init: Callable[[], object], address: str, host: str, backoff_s: float = CLIENT_INIT_BACKOFF_S) -> None:
+    """`init()`, tried again (up to CLIENT_INIT_TRIES in all) while the Ray client server fails to set up
+    this client's server; any failure translated (init_error)."""
+    for attempt in range(1, CLIENT_INIT_TRIES + 1):
+        try:
+            init()
+            return
+        except Exception as exc:  # noqa: BLE001 - ray.init raises plain RuntimeError/ConnectionError/ValueError
+            transient = isinstance(exc, ConnectionAbortedError) and "Initialization failure from server" in str(exc)
+            if not transient or attempt == CLIENT_INIT_TRIES:
+                err = init_error(exc, address, host)
+                if transient:
+                    err = ExecError(f"{str(err).removeprefix(f'{host}: ')} ({attempt} tries)", host=host,
+                                    hint="the Ray client server on the head could not start a server for "
+                                    "this client: see ray_client_server_*.err in the head's Ray session logs")
+                raise err from None
+        time.sleep(backoff_s * attempt)
 
 
 def probe(address: str, host: str) -> None:

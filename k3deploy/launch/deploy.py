@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import Catalog
@@ -18,14 +17,12 @@ from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
+from k3deploy.launch.preflight_gate import preflight_gate
 from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
-
-if TYPE_CHECKING:
-    from k3deploy.preflight.report import Report
 
 LOCAL_LOG_LINES = 5000
 OWNER_EXIT_EXTRA_S = 15.0
@@ -183,6 +180,7 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     head = min(jobs, key=lambda j: j.rank)
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
     gang = Gang(name, jobs, fleet, on_event, probe_from=probe_from)
+    ready = False
     try:
         with store.lock(name):
             old = store.load(name)
@@ -193,55 +191,50 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
         gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
         bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate)
+        ready = True
     finally:
-        gang.close()
+        try:
+            gang.close()
+        except BaseException:
+            # Ctrl-C while the connections close after ready: nobody would watch the nodes.
+            if ready:
+                _unwatched(store, name, factory, on_event, "interrupted; every started node was stopped")
+            raise
     if not background:
         return store.update(name, lambda d: d.model_copy(update={"owner": Identity.me("attach")}))
-    with store.lock(name):
-        try:
-            proc = spawn_supervisor(store, name)
-        except OSError as exc:
-            proc = None
-            error = exc
-        if proc is not None:
-            dep = store.require(name).model_copy(update={"owner": Identity(
-                pid=proc.pid, start_ticks=start_ticks(proc.pid), role="supervisor")})
-            store.save(dep)
-            return dep
-    # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
-    gang = open_gang(store.require(name), factory, on_event)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        teardown(gang, store, Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}"),
-                 status="failed", release_owner=True)
-    finally:
-        gang.close()
+        with store.lock(name):
+            try:
+                proc = spawn_supervisor(store, name)
+            except OSError as exc:
+                error = exc
+            if proc is not None:
+                dep = store.require(name).model_copy(update={"owner": Identity(
+                    pid=proc.pid, start_ticks=start_ticks(proc.pid), role="supervisor")})
+                store.save(dep)
+                return dep
+    except BaseException:
+        # Ctrl-C between ready and the supervisor owning the record: the supervisor (which waits to be
+        # recorded as owner) is ended, and the nodes are stopped, as for a Ctrl-C at any earlier moment.
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        _unwatched(store, name, factory, on_event, "interrupted; every started node was stopped")
+        raise
+    # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
+    _unwatched(store, name, factory, on_event, f"cannot start the supervisor: {error}", status="failed")
     raise LaunchError(f"cannot start the supervisor of {name}: {error}; every node was stopped")
 
 
-class PreflightFailed(GroupFailed):
-    """Launch refused to start: a preflight check failed (exit 4, nothing was started)."""
-
-    def __init__(self, report: Report) -> None:
-        found = report.first_failure()
-        assert found is not None
-        check, v = found
-        super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
-        self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
-        self.hint = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
-
-
-def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
-    """The preflight launch runs on the connected gang's fleet before anything starts; records the verdict."""
-    def gate(gang: Gang) -> None:
-        from k3deploy.preflight.runner import run_preflight
-
-        report = run_preflight(plan, catalog, jobs, gang.fleet)
-        verdict: Literal["passed", "failed"] = "failed" if report.exit_code else "passed"
-        store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
-        if report.exit_code:
-            raise PreflightFailed(report)
-
-    return gate
+def _unwatched(store: StateStore, name: str, factory: ExecutorFactory, on_event: EventSink, cause: str,
+               status: Status = "stopped") -> None:
+    """Stop a ready gang that no supervisor will watch, recording why."""
+    gang = open_gang(store.require(name), factory, on_event)
+    try:
+        teardown(gang, store, Failure(rank=None, host=None, cause=cause), status=status, release_owner=True)
+    finally:
+        gang.close()
 
 
 def spawn_supervisor(store: StateStore, name: str) -> subprocess.Popen[bytes]:

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from k3deploy.errors import LaunchError
 from k3deploy.executors.base import exit_record
-from k3deploy.launch.readiness import fatal_line
+from k3deploy.launch.readiness import cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.nodeplan.jobs import NodeJob
+
+ENDED_CAUSE = "; its log says: "  # before the line that says why an engine ended
 
 
 class GroupFailed(LaunchError):
@@ -49,6 +51,11 @@ def first_failure(probes: Sequence[Probe], unreachable_counts: bool = True) -> F
         rec = exit_record(p.log)
         cause = (f"exited with status {rec[0]}" + _signal_note(rec[0]) if rec is not None
                  else "its process is gone (killed; no exit status was recorded)")
+        if rec is not None and rec[0] == 0:  # vLLM's headless node exits 0 after its worker died
+            cause += " (a serving engine never ends on its own: it failed)"
+        why = cause_line(p.log)
+        if why:
+            cause += ENDED_CAUSE + why
         return Failure(rank=p.job.rank, host=p.job.host, cause=cause, log_tail=p.log)
     for p in probes:
         line = fatal_line(p.log) if p.alive else None

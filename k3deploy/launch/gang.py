@@ -11,11 +11,12 @@ from collections.abc import Callable, Sequence
 from k3deploy.errors import ExecError
 from k3deploy.executors.base import Executor, ProcessHandle, exit_record
 from k3deploy.executors.fleet import NodeFleet, require_all
-from k3deploy.executors.http import NodeHttp, serving
+from k3deploy.executors.http import NodeHttp, completes, serving
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
-from k3deploy.launch.failures import GroupFailed, Probe, first_failure
+from k3deploy.launch.failures import ENDED_CAUSE, GroupFailed, Probe, first_failure
+from k3deploy.launch.ipc import remove_ipc_dir, with_ipc_dir
 from k3deploy.launch.links import blame_link
-from k3deploy.launch.readiness import ProbeFrom, fatal_line
+from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 from k3deploy.nodeplan.jobs import NodeJob
@@ -29,6 +30,12 @@ READY_POLL_MAX_S = 0.5
 END_CHECKS = 20
 END_CHECK_WAIT_S = 0.1
 LOG_TAIL_LINES = 40
+# Where an ended engine's cause is looked for: vLLM's shutdown prints dozens of lines after it (leak reports).
+CAUSE_TAIL_LINES = 400
+# Readiness ends with a one-token completion (a real engine answers /health on deployments that serve nothing);
+# this many server errors in a row from it, while every process runs, fail the start.
+COMPLETION_TIMEOUT_S = 60.0
+SERVER_ERRORS_FAIL = 3
 
 
 def new_run_id() -> str:
@@ -48,7 +55,12 @@ class Gang:
         self.emit = on_event
         self.handles: dict[int, ProcessHandle] = {}
         self.final_logs: dict[int, str] = {}  # each node's log end, read by `stop` right after stopping it
+        # A stop and a start that returns at the same moment agree under this lock on who stops the node.
+        self._handles_lock = threading.Lock()
+        self._stopping = threading.Event()  # set by stop(): starts still under way stop what they started
+        self._grace_s = 0.0
         self._head_http: NodeHttp | None = None
+        self._server_errors = 0  # consecutive 5xx answers to the readiness completion
         self._watches: list[NodeWatch] = []
 
     def executor(self, rank: int) -> Executor:
@@ -88,20 +100,35 @@ class Gang:
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
         jobs = {j.rank: j for j in self.jobs}
+        self._stopping.clear()
 
         def one(rank: int, ex: Executor) -> ProcessHandle:
             job = jobs[rank]
+            if self._stopping.is_set():
+                raise ExecError("not started: the group is being stopped", host=job.host)
             self._event(job, "starting")
-            handle = ex.start(job.command, job.log_path, workdir=posixpath.dirname(job.log_path) or "/",
-                              tag=job.tag(self.name, run_id))
-            self.handles[rank] = handle
+            tag = job.tag(self.name, run_id)
+            handle = ex.start(with_ipc_dir(job.command, tag), job.log_path,
+                              workdir=posixpath.dirname(job.log_path) or "/", tag=tag)
+            with self._handles_lock:
+                self.handles[rank] = handle
+                late = self._stopping.is_set()  # the stop has gone by without this node: stop it here
             if on_started is not None:
                 on_started(job, handle)
+            if late:
+                gone = ex.terminate(handle, self._grace_s)
+                self._event(job, "stopped" if gone else "failed", "" if gone else "processes survived SIGKILL")
+                raise ExecError("started as the group was being stopped; stopped again", host=job.host)
             self._event(job, "started", f"pid {handle.pid}")
             return handle
 
         head, workers = self.jobs[0], [j.rank for j in self.jobs[1:]]
-        one(head.rank, self.executor(head.rank))
+        # In a pool thread even alone: a Ctrl-C lands in this thread's wait, never between a start that
+        # has happened and its handle being kept (the stop could not find that node).
+        failed = [o for o in self.fleet.map(one, [head.rank], in_pool=True).values() if not o.ok]
+        if failed:
+            err = failed[0].error
+            raise err if isinstance(err, ExecError) else ExecError(f"start failed: {err}", host=failed[0].host)
         # The readiness client (or tunnel) is made while the workers start, not when rank 0 may already serve.
         warm = threading.Thread(target=self._warm_readiness, daemon=True, name="k3ready")
         warm.start()
@@ -130,8 +157,16 @@ class Gang:
                 raise o.error  # a bug, not a host problem: ExecError became a Probe above
         return [o.value for _, o in sorted(outs.items()) if o.value is not None]
 
-    # Which node failed first, of one polling round (failures.first_failure).
-    first_failure = staticmethod(first_failure)
+    def first_failure(self, probes: Sequence[Probe], unreachable_counts: bool = True) -> Failure | None:
+        """Which node failed first, of one polling round (failures.first_failure); an ended engine's cause is
+        looked for further back in its log when its tail does not say (vLLM's shutdown prints dozens of lines)."""
+        failure = first_failure(probes, unreachable_counts)
+        ended = failure is not None and failure.cause.startswith(("exited with status", "its process is gone"))
+        if failure is None or not ended or ENDED_CAUSE in failure.cause:
+            return failure
+        job = next(j for j in self.jobs if j.rank == failure.rank)
+        why = cause_line(self._tail(job, CAUSE_TAIL_LINES))
+        return failure.model_copy(update={"cause": f"{failure.cause}{ENDED_CAUSE}{why}"}) if why else failure
 
     def wait_ready(self, timeout_s: float, interrupt: threading.Event | None = None) -> None:
         """Until rank 0 serves every readiness path (asked every READY_POLL_S), following every node's log on
@@ -150,6 +185,8 @@ class Gang:
                 asked = time.monotonic()
                 if asked >= next_ask:
                     ok, why = self.head_serving()
+                    if ok:
+                        ok, why = self._head_completes(head)
                     if ok:
                         for job in self.jobs:
                             self._event(job, "ready")
@@ -219,12 +256,12 @@ class Gang:
             time.sleep(END_CHECK_WAIT_S)
         watch.refollow(rank, delay_s=REFOLLOW_DELAY_S)
 
-    def _tail(self, job: NodeJob) -> str:
+    def _tail(self, job: NodeJob, lines: int = LOG_TAIL_LINES) -> str:
         handle = self.handles.get(job.rank)
         if handle is None:
             return ""
         try:
-            return self.executor(job.rank).read_log(handle, LOG_TAIL_LINES)
+            return self.executor(job.rank).read_log(handle, lines)
         except ExecError:
             return ""
 
@@ -232,10 +269,14 @@ class Gang:
         """Stop every started group, one command per node (SIGTERM, up to grace_s, SIGKILL, all on the node),
         each node reported as it is done; with `log_lines`, the end of its log is read right after (into
         `final_logs`). Rank -> outcome."""
-        jobs = {j.rank: j for j in self.jobs if j.rank in self.handles}
+        with self._handles_lock:
+            self._grace_s = grace_s
+            self._stopping.set()  # a start that returns from now on stops its node itself
+            handles = dict(self.handles)
+        jobs = {j.rank: j for j in self.jobs if j.rank in handles}
 
         def one(rank: int, ex: Executor) -> str:
-            job, handle = jobs[rank], self.handles[rank]
+            job, handle = jobs[rank], handles[rank]
             try:
                 gone = ex.terminate(handle, grace_s)
                 if job.container:
@@ -244,6 +285,11 @@ class Gang:
                 what = f"unreachable: {exc}"
                 self._event(job, "failed", what)
                 return what
+            if gone:  # the sockets of processes that survived stay with them
+                try:
+                    ex.run(remove_ipc_dir(handle.tag), timeout_s=60)
+                except ExecError:
+                    pass  # stopped all the same; a later launch uses a new directory
             what = "stopped" if gone else "processes survived SIGKILL"
             self._event(job, "stopped") if gone else self._event(job, "failed", what)
             if log_lines:
@@ -281,6 +327,22 @@ class Gang:
             via = self.executor(head.rank) if self.probe_from == "head" else None
             self._head_http = NodeHttp(head.ready.url or "", via=via)
         return self._head_http
+
+    def _head_completes(self, head: NodeJob) -> tuple[bool, str]:
+        """Rank 0 answers a one-token completion (an engine that answers /health may serve nothing); the group
+        fails when it keeps answering with a server error while every process still runs."""
+        if head.ready.kind != "http" or not head.ready.url:
+            return True, ""
+        try:
+            ok, status, why = completes(self._readiness_client(), COMPLETION_TIMEOUT_S)
+        except ExecError as exc:
+            return False, str(exc)
+        self._server_errors = self._server_errors + 1 if status >= 500 and status != 503 else 0
+        if self._server_errors >= SERVER_ERRORS_FAIL:
+            self._fail(Failure(rank=head.rank, host=head.host, log_tail=self._tail(head),
+                               cause=f"answers /health but cannot serve: {SERVER_ERRORS_FAIL} completions in a row "
+                                     f"failed ({why})"))
+        return ok, f"health answers, but not a completion yet: {why}" if not ok else ""
 
     def head_serving(self) -> tuple[bool, str]:
         """Rank 0 answers every readiness path, asked from here or as rank 0 itself sees it (`probe_from`:

@@ -27,6 +27,23 @@ _FATAL_RE = re.compile("|".join(f"(?:{p})" for p in FATAL_PATTERNS))
 _STACK_FRAME_RE = re.compile(r"^\s*frame #\d+: ")
 
 
+# Why an engine process ended, in the engine's own words: vLLM's multiproc executor names the worker that died
+# (`Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor.`, then exits 0), else the
+# exception line a traceback ends with (`RuntimeError: Remote engine 1 must not use --headless ...`).
+_DIED_RE = re.compile(r"\bWorker proc \S+ died unexpectedly\b|\bprocess \S+ died unexpectedly\b", re.IGNORECASE)
+_EXCEPTION_RE = re.compile(r"(?:^|[\s\]|)])(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Interrupt): \S")
+
+
+def cause_line(log_text: str) -> str | None:
+    """The line of a node's log end that says why its engine ended: a worker's death, else the first exception
+    line (the root: vLLM's worker raises, then its engine core and API server re-raise around it)."""
+    lines = [line.strip() for line in log_text.splitlines()]
+    died = next((line for line in lines if _DIED_RE.search(line)), None)
+    if died is not None:
+        return died
+    return next((line for line in lines if _EXCEPTION_RE.search(line) and not _STACK_FRAME_RE.match(line)), None)
+
+
 def fatal_line(log_text: str) -> str | None:
     """The first log line matching a known fatal error text, if any (C++ stack frames never count)."""
     for line in log_text.splitlines():

@@ -73,6 +73,7 @@ class Supervisor:
         next_round = time.monotonic() + self.poll_s
         for _ in range(10**9):  # ends on stop_event or when the restart budget is spent
             if self.stop_event.is_set():
+                self.emit(NodeEvent(GROUP, "", "asked to stop"))
                 return
             ended = {s.rank for s in watch.wait(min(WAKE_S, max(0.0, next_round - time.monotonic())))
                      if s.ends_process}
@@ -175,16 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop_event.set())
 
+    def stamp(at: float) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+
     def log(event: NodeEvent) -> None:
         who = "group" if event.rank == GROUP else f"rank {event.rank} {event.host}"
-        stamp = time.strftime("%H:%M:%S", time.localtime(event.at)) + f".{int(event.at * 1000) % 1000:03d}"
-        print(f"{stamp} {who}: {event.phase} {event.detail}".rstrip(), flush=True)
+        print(f"{stamp(event.at)} {who}: {event.phase} {event.detail}".rstrip(), flush=True)
 
     me = Identity.me("supervisor")
     if not _wait_for_ownership(store, name, me):
         print(f"{name}: not recorded as owner; exiting", flush=True)
         return 1
-    print(f"supervising {name} (pid {os.getpid()})", flush=True)
+    print(f"{stamp(time.time())} supervising {name} (pid {os.getpid()})", flush=True)
     try:
         dep = Supervisor(store, name, on_event=log, stop_event=stop_event).run()
     except (K3Error, ExecError) as exc:
@@ -192,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         store.update(name, lambda d: d.model_copy(update={"failure": failure, "owner": None}))
         print(f"supervisor error: {exc}", flush=True)
         return 1
-    print(f"supervisor exits; deployment {dep.status}", flush=True)
+    print(f"{stamp(time.time())} supervisor exits; deployment {dep.status}", flush=True)
     return 0
 
 

@@ -78,8 +78,12 @@ class NodeWatch:
                 delay_s: float) -> None:
         if stop.wait(delay_s):
             return
+        ex = self.fleet.executor(rank)
         try:
-            for line in self.fleet.executor(rank).follow(handle, tail_lines, stop):
+            ex.connect()
+            if stop.is_set():  # closed while connecting (a stop soon after start-up): no stream to open
+                return
+            for line in ex.follow(handle, tail_lines, stop):
                 self.queue.put(Seen(rank, "line", line))
         except ExecError as exc:
             if not stop.is_set():

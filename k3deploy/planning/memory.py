@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
+from k3deploy.errors import InputError
 from k3deploy.planning.arith import stage_layers
 
 BF16_BYTES = 2
@@ -22,9 +23,15 @@ def bf16_bytes(elems: int) -> int:
     return elems * BF16_BYTES
 
 
-def mla_kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, mla_layers: int | None = None, dcp: int = 1) -> float:
-    """MLA KV bytes per token per GPU: layers x (kv_lora_rank + rope dim) x dtype, sharded only by DCP."""
+def mla_kv_bytes_per_token(arch: Architecture, kv_dtype: str, *, mla_layers: int | None = None, dcp: int = 1,
+                           attn_tp: int = 1) -> float:
+    """KV bytes per token per GPU of the full-attention layers. MLA: layers x (kv_lora_rank + rope dim) x
+    dtype, sharded only by DCP. GQA: layers x K and V x the KV heads one TP rank holds (replicated when
+    fewer than TP) x head_dim x dtype."""
     layers = len(arch.full_attn_layers) if mla_layers is None else mla_layers
+    if arch.attention == "gqa":
+        heads = math.ceil(arch.num_key_value_heads / attn_tp)
+        return layers * 2 * heads * (arch.head_dim or 0) * DTYPE_BYTES[kv_dtype] / dcp
     return layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * DTYPE_BYTES[kv_dtype] / dcp
 
 
@@ -76,8 +83,9 @@ def sglang_pool_ratio(slots: int, state_bytes: int, kv_bytes_per_token: float, a
 
 
 def vllm_block_tokens(kda_page_bytes: float, attn_bytes_per_token: float, multiple: int) -> int:
-    """vLLM hybrid block: the attention block grows until its page covers one KDA state page."""
-    return multiple * math.ceil(kda_page_bytes / (multiple * attn_bytes_per_token))
+    """vLLM hybrid block: the attention block grows until its page covers one KDA state page (a model
+    without KDA layers keeps the base block)."""
+    return multiple * max(1, math.ceil(kda_page_bytes / (multiple * attn_bytes_per_token)))
 
 
 class MemoryBudget(NamedTuple):
@@ -128,13 +136,18 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     stage = heaviest_stage(arch, shape.pp)
     routed, rest = weights_bytes_per_gpu(model, shape, experts_bf16=inp.experts_bf16)
     weights = routed + rest
-    kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp)
+    kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp,
+                                    attn_tp=shape.attn_tp)
     state = kda_state_bytes_per_slot(arch, shape.attn_tp, inp.ssm_dtype, model.cache.conv_state_dtype,
                                      kda_layers=stage.kda_layers)
     slots_key = inp.prefix_cache_strategy if inp.prefix_cache else "disabled"
     if inp.family == "vllm":
         slots_key = "enabled" if inp.prefix_cache else "disabled"
-    slots = inp.engine.slots_per_request[slots_key]
+    slots = inp.engine.slots_per_request.get(slots_key)
+    if slots is None:  # only a --catalog file overriding the engine's defaults can drop a key
+        have = ", ".join(sorted(inp.engine.slots_per_request)) or "none"
+        raise InputError(f"catalog: engine {inp.family}: slots_per_request has no '{slots_key}' entry (it has "
+                         f"{have})", hint="give every cache strategy of the engine its slots in the --catalog file")
     ratio: float | None = None
     block: int | None = None
     if inp.family == "sglang":
@@ -163,7 +176,9 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         mla_kv_bytes_per_token=kv_tok, kda_state_bytes_per_slot=state, slots_per_request=slots,
         pool_ratio=ratio, block_tokens=block,
         kv_tokens=int(kv_pool // kv_tok) if kv_tok else 0,
-        state_requests=int(state_pool // state_per_request) if state_per_request else 0,
+        # A model without KDA layers keeps no recurrent state: only the KV pool bounds its requests.
+        state_requests=int(state_pool // state_per_request) if state_per_request else
+        (inp.max_running_requests if not arch.kda_layers else 0),
     )
 
 

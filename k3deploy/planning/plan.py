@@ -32,9 +32,11 @@ READS = {
     "pairing": ("engine.kind", "model.revision"),
     "engine": ("engine", "parallel", "serving", "launch", "model.path"),
     "memory": ("parallel", "serving", "hardware", "engine.kind", "engine.mimic"),
+    "budgets": ("validate", "serving.context_length"),
 }
 CHECKS = {"node": "node checks (ranks, addresses)", "legality": "parallel legality",
-          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget"}
+          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget",
+          "budgets": "validate request budgets"}
 
 
 class Capacity(NamedTuple):
@@ -138,7 +140,7 @@ def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
                          f"{fmt_gib(need - m.usable_bytes)}",
                          hint="shard wider (more GPUs, higher tp/ep) or use a larger accelerator; "
                          "`k3deploy plan --search` lists shapes that fit"))
-    elif m.kv_pool_bytes <= 0 or m.state_pool_bytes <= 0:
+    elif m.kv_pool_bytes <= 0 or (m.state_pool_bytes <= 0 and m.kda_state_bytes_per_slot > 0):
         out.append(Issue(code="MEM_NO_CACHE", severity="error", path="serving.mem_fraction",
                          message=f"mem_fraction {m.mem_fraction} x usable {fmt_gib(m.usable_bytes)} leaves no cache "
                          f"memory after weights {fmt_gib(m.weights_bytes)}"
@@ -210,6 +212,8 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     if "node" not in blocked:
         issues += list(rules.node_rules(whole))
     issues += policy_issues(whole)
+    if "budgets" not in blocked:
+        issues += list(rules.budget_rules(t))
     if model is None:
         issues.append(_not_checked([g for g in ("legality", "pairing", "engine", "memory") if g not in blocked],
                                    "until model.id names a known model", "model.id"))

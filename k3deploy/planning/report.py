@@ -41,6 +41,7 @@ def budget_table(plan: Plan) -> Table:
     t.add_column("how")
     s = plan.shape
     assert s is not None
+    kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
     kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"]
     kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
     kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
@@ -49,7 +50,7 @@ def budget_table(plan: Plan) -> Table:
          [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
         ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
         ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
-        ("MLA KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token", f"x {m.kv_tokens:,} tokens"]),
+        (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token", f"x {m.kv_tokens:,} tokens"]),
         ("KDA state pool", m.state_pool_bytes, kda),
         ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]

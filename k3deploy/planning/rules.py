@@ -124,3 +124,26 @@ def pairing_rules(t: Topology, model: ModelSpec, hw: HardwareSpec) -> Iterator[I
     if t.model.revision is None:
         yield _warn("REVISION_UNPINNED", "no model revision pinned; several revisions circulate",
                     "model.revision", "pin the hub commit sha")
+
+
+def budget_rules(t: Topology) -> Iterator[Issue]:
+    """Validate's request budgets that cannot fit serving.context_length (a small test model's context):
+    the stages would send requests the engine refuses (HTTP 400) instead of checking anything."""
+    v, ctx = t.validate_, t.serving.context_length
+    hint = "lower the validate.* budgets named, or raise serving.context_length"
+    if ctx - v.answer_max_tokens < v.cache_block_tokens:
+        yield _warn("VALIDATE_LONG_ROOM", f"validate.answer_max_tokens {v.answer_max_tokens:,} leaves "
+                    f"{max(ctx - v.answer_max_tokens, 0):,} of serving.context_length {ctx:,} for the long "
+                    f"stage's prompt (less than one cache block of {v.cache_block_tokens:,})",
+                    "validate.answer_max_tokens", hint)
+    if 2 * v.answer_max_tokens + 2 * v.cache_block_tokens > ctx:
+        yield _warn("VALIDATE_PREFIX_ROOM", f"the prefix-cache stage needs 2 x validate.answer_max_tokens "
+                    f"{v.answer_max_tokens:,} + two cache blocks of {v.cache_block_tokens:,} = "
+                    f"{2 * v.answer_max_tokens + 2 * v.cache_block_tokens:,} tokens, more than "
+                    f"serving.context_length {ctx:,}", "validate.answer_max_tokens", hint)
+    prompt = max(v.effort_prompt_tokens, 2 * v.cache_block_tokens)
+    if prompt + v.effort_max_tokens > ctx:
+        yield _warn("VALIDATE_EFFORT_ROOM", f"an effort request's prompt ({prompt:,} tokens: "
+                    f"validate.effort_prompt_tokens, at least 2 x cache_block_tokens) + validate.effort_max_tokens "
+                    f"{v.effort_max_tokens:,} exceed serving.context_length {ctx:,}", "validate.effort_max_tokens",
+                    hint)

@@ -6,12 +6,12 @@ from typing import Any, NamedTuple
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import fmt_gib
 from k3deploy.engines.kinds import Family as EngineFamily
-from k3deploy.engines.shape import make_shape
+from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.errors import InputError
 from k3deploy.planning import rules
 from k3deploy.planning.arith import divisors
-from k3deploy.planning.memory import MemoryInputs, memory_budget
-from k3deploy.planning.plan import memory_issues
+from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
+from k3deploy.planning.plan import Capacity, memory_issues
 from k3deploy.topology.settings import Serving
 
 
@@ -54,9 +54,20 @@ def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int,
     return out
 
 
-def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
-                  gpus_per_node: int | None = None, engine_id: str | None = None) -> list[ShapeRow]:
-    """Legal shapes for `gpus` accelerators: feasible first, most cache memory first."""
+class Candidate(NamedTuple):
+    """A legal shape with its budget, capacity and the first memory error (None: it fits)."""
+
+    shape: Shape
+    memory: MemoryBudget
+    capacity: Capacity
+    error: str | None
+
+
+def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
+               gpus_per_node: int | None = None, engine_id: str | None = None, serving: Serving | None = None,
+               dcp_options: bool = False) -> list[Candidate]:
+    """Every legal shape for `gpus` accelerators with its memory budget under `serving` (default settings
+    when None); with `dcp_options`, each shape also with decode-context parallel over its attention TP."""
     if model_id not in catalog.models:
         raise InputError(f"unknown model '{model_id}'", hint=f"known: {', '.join(catalog.models)}")
     if hardware_id not in catalog.hardware:
@@ -73,24 +84,39 @@ def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: in
     eng = catalog.engines[engine_id or family]
     reserve = round((hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None
                      else catalog.planner.runtime_reserve_gib) * (1 << 30))
-    serving = Serving()
-    rows = []
+    serving = serving or Serving()
+    out = []
     for tp, ep, dp, pp, adp in _candidates(family, gpus, model.architecture.num_hidden_layers):
-        shape = make_shape(family, tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attention_dp=adp, nnodes=nnodes,
-                           gpus_per_node=per_node, num_experts=model.architecture.num_experts)
-        if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
-            continue
-        inp = MemoryInputs(family=family, engine=eng, reserve_bytes=reserve, mem_fraction=eng.default_mem_fraction,
-                           kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype,
-                           prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
-                           max_running_requests=serving.max_running_requests)
-        m = memory_budget(model, hw.usable_bytes, shape, inp)
+        base = make_shape(family, tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attention_dp=adp, nnodes=nnodes,
+                          gpus_per_node=per_node, num_experts=model.architecture.num_experts)
+        for dcp in sorted({1, base.attn_tp} if dcp_options else {1}):
+            shape = base._replace(dcp=dcp)
+            if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
+                continue
+            inp = MemoryInputs(family=family, engine=eng, reserve_bytes=reserve,
+                               mem_fraction=serving.mem_fraction or eng.default_mem_fraction,
+                               kv_dtype=serving.kv_cache_dtype or model.cache.kv_cache_dtype,
+                               ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
+                               prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
+                               max_running_requests=serving.max_running_requests)
+            m = memory_budget(model, hw.usable_bytes, shape, inp)
+            issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
+            errors = [i for i in issues if i.severity == "error"]
+            out.append(Candidate(shape, m, cap, errors[0].message if errors else None))
+    return out
+
+
+def search_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
+                  gpus_per_node: int | None = None, engine_id: str | None = None) -> list[ShapeRow]:
+    """Legal shapes for `gpus` accelerators: feasible first, most cache memory first."""
+    rows = []
+    for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
+                        gpus_per_node=gpus_per_node, engine_id=engine_id):
+        m, shape = c.memory, c.shape
         cache = max(m.kv_pool_bytes, 0) + max(m.state_pool_bytes, 0)
-        errors = [i for i in memory_issues(m, family, serving.context_length, serving.max_running_requests)[0]
-                  if i.severity == "error"]
-        reason = errors[0].message if errors else (f"{fmt_gib(cache)} for the KV and state caches per GPU, "
-                                                   f"{fmt_gib(m.headroom_bytes)} headroom")
-        rows.append(ShapeRow(tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attn_tp=shape.attn_tp, feasible=not errors,
-                             reason=reason, weights_bytes=m.weights_bytes, headroom_bytes=m.headroom_bytes,
-                             cache_bytes=cache))
+        reason = c.error or (f"{fmt_gib(cache)} for the KV and state caches per GPU, "
+                             f"{fmt_gib(m.headroom_bytes)} headroom")
+        rows.append(ShapeRow(tp=shape.tp, ep=shape.ep, dp=shape.dp, pp=shape.pp, dcp=1, attn_tp=shape.attn_tp,
+                             feasible=c.error is None, reason=reason, weights_bytes=m.weights_bytes,
+                             headroom_bytes=m.headroom_bytes, cache_bytes=cache))
     return sorted(rows, key=lambda r: (not r.feasible, -r.cache_bytes, r.pp, -r.ep))

@@ -93,7 +93,8 @@ def _checkpoint(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
         return ("fail", f"no checkpoint at {c['path']} ({free}{room})",
                 f"download the checkpoint to {t.model.path} on this node (the path must be the same on every node)")
     if not c["index"]:
-        return ("fail", f"{c['path']} has no readable model.safetensors.index.json ({c.get('index_error', '')})",
+        return ("fail", (f"{c['path']} has no readable model.safetensors.index.json and no single "
+                         f"model.safetensors ({c.get('index_error', '')})"),
                 "re-download the checkpoint (the index lists every shard)")
     if c["missing_shards"]:
         return ("fail", (f"{len(c['missing_shards'])} shard(s) listed in the index are missing, e.g. "
@@ -103,6 +104,8 @@ def _checkpoint(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
         return ("fail", f"checkpoint revision {', '.join(c['revision'])} but model.revision pins {pinned}",
                 f"download revision {pinned} (hf download --revision {pinned} --local-dir {t.model.path})")
     rev = f", revision {c['revision'][0]}" if c["revision"] else ""
+    if c.get("single_file"):
+        return ("pass", f"one model.safetensors (the single-file form, no index){rev}", "")
     return ("pass", f"{c['shards']} shards indexed, all present{rev}", "")
 
 

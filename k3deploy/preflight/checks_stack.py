@@ -31,9 +31,10 @@ def inventory(ctx: Context, f: dict[str, Any]) -> acc.Inventory | str:
 
 
 def _sim(ctx: Context) -> tuple[Verdict, ...] | None:
-    if ctx.vendor != "sim":
+    if ctx.vendor not in ("sim", "cpu"):
         return None
-    return per_node(ctx, lambda r, f: ("skip", "hardware is sim: no accelerators or vendor tool to ask", ""))
+    return per_node(ctx, lambda r, f: ("skip", f"hardware is {ctx.vendor}: no accelerators or vendor tool to ask",
+                                       ""))
 
 
 def _accelerators(ctx: Context) -> tuple[Verdict, ...]:
@@ -89,6 +90,12 @@ def engine_answer(f: dict[str, Any]) -> dict[str, Any] | str:
         return f"the engine's python printed no answer: {run['out'][-200:]!r}"
 
 
+def release(version: str) -> str:
+    """The public release of a PEP 440 version: a local label (`0.32.0+cpu`, a build of the same source
+    for CPU) names the same release as `0.32.0`."""
+    return version.split("+", 1)[0]
+
+
 def expected_engine_version(ctx: Context) -> str | None:
     """engine.version, else the catalog's pinned version of the engine the command line is for."""
     e = ctx.plan.topology.engine
@@ -122,7 +129,8 @@ def _engine(ctx: Context) -> tuple[Verdict, ...]:
         return _image(ctx)
     answers = {r: engine_answer(f) for r, f in ctx.facts.items()}
     want = expected_engine_version(ctx)
-    versions = agree({r: a.get("version") for r, a in answers.items() if isinstance(a, dict)}, "version", want)
+    versions = agree({r: a.get("version") for r, a in answers.items() if isinstance(a, dict)}, "version", want,
+                     key=release)
     fix_version = f"install {ctx.plan.topology.engine.kind} {want} on every node (or set engine.version)"
 
     def judge(rank: int, f: dict[str, Any]) -> Judged:

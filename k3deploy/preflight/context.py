@@ -52,17 +52,19 @@ def per_node(ctx: Context, judge: Callable[[int, dict[str, Any]], Judged]) -> tu
     return tuple(out)
 
 
-def agree(values: Mapping[int, str | None], what: str, expected: str | None = None) -> dict[int, Judged]:
+def agree(values: Mapping[int, str | None], what: str, expected: str | None = None,
+          key: Callable[[str], str] = str) -> dict[int, Judged]:
     """Nodes whose value differs from `expected` (when given) or from the most common value fail, each
-    told what the others have; nodes without a value are left out (their own check says why)."""
+    told what the others have; nodes without a value are left out (their own check says why). `key` says
+    which values are the same (an engine release with or without a local label)."""
     known = {r: v for r, v in values.items() if v is not None}
     if not known:
         return {}
-    common = Counter(known.values()).most_common(1)[0][0]
+    common = Counter(key(v) for v in known.values()).most_common(1)[0][0]
     want = expected if expected is not None else common
     out: dict[int, Judged] = {}
     for rank, v in known.items():
-        if v == want:
+        if key(v) == key(want):
             out[rank] = ("pass", f"{what} {v}", "")
             continue
         others = sorted({o for r, o in known.items() if r != rank})

@@ -11,6 +11,7 @@ import sys
 # The stand-in engine (kind sim) is the engine under test here, like SGLang or vLLM: loaded by name in the
 # engine's interpreter, never a part of this probe (a probe ships alone and imports nothing of k3deploy).
 SIM_MODEL_INFO, SIM_ENGINE_ARGS = "k3deploy.sim.model_info", "k3deploy.sim.engine_args"
+SIM_EXTRAS = "k3deploy.extras"  # what the stand-in needs installed, checked where it runs
 
 
 def dist_version(name):
@@ -28,6 +29,8 @@ def supported_archs(kind, mimic):
     if kind in ("vllm", "vllm-ascend"):
         from vllm import ModelRegistry
         return list(ModelRegistry.get_supported_archs())
+    # its packages (numpy, torch, ...), which the engine's modules above do not import
+    importlib.import_module(SIM_EXTRAS).require("sim", what="the stand-in engine")
     return list(importlib.import_module(SIM_MODEL_INFO).SUPPORTED_ARCHITECTURES)
 
 
@@ -48,7 +51,8 @@ def main():
         known = set(supported_archs(kind, mimic))
         out["known_archs"] = [a for a in archs if a in known]
     except Exception as exc:  # noqa: BLE001 - any import failure is the finding
-        out["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        hint = getattr(exc, "hint", None)
+        out["error"] = (f"{type(exc).__name__}: {exc}" + (f"; {hint}" if hint else ""))[:500]
     print(json.dumps(out))
 
 

@@ -15,6 +15,7 @@ import time
 TOOL_TIMEOUT_S = 20.0
 ENGINE_TIMEOUT_S = 60.0
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
 
 
 def run(argv, timeout_s):
@@ -67,8 +68,12 @@ def checkpoint_facts(path):
     if not out["is_dir"]:
         return out
     try:
-        with open(os.path.join(path, INDEX_FILE)) as fh:
-            files = sorted(set(json.load(fh).get("weight_map", {}).values()))
+        if not os.path.exists(os.path.join(path, INDEX_FILE)) and os.path.isfile(os.path.join(path, SINGLE_FILE)):
+            files = [SINGLE_FILE]  # the single-file form: the engines load it without an index
+            out["single_file"] = True
+        else:
+            with open(os.path.join(path, INDEX_FILE)) as fh:
+                files = sorted(set(json.load(fh).get("weight_map", {}).values()))
         out["index"] = True
         out["shards"] = len(files)
         out["missing_shards"] = [f for f in files if not os.path.isfile(os.path.join(path, f))][:20]

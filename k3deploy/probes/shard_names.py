@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"  # the single-file form: no index (small models ship so)
 CONFIG_FILE = "config.json"
 MANIFEST_FILE = "k3-manifest.json"
 SHARD_RE = re.compile(r"-(\d{5})-of-\d{5}\.safetensors$")

@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from k3deploy.probes.fast_json import Loads
-from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, label, listed
+from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, SINGLE_FILE, label, listed
 
 HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
 DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "I16": 16,
@@ -61,13 +61,17 @@ class Layout:
 
     def __init__(self, config: dict[str, Any]) -> None:
         t = config.get("text_config") or config
+        self.layers, hidden, vocab = int(t["num_hidden_layers"]), int(t["hidden_size"]), int(t["vocab_size"])
+        self.expert_shapes: dict[str, list[int]] = {}
+        if "text_config" not in config:  # not K3's layout (a flat config: Llama, DeepSeek): BF16 tensors only
+            self.experts, self.first_moe = 0, 0
+            self.exact = {n: [vocab, hidden] for n in ("model.embed_tokens.weight", "lm_head.weight")}
+            return
         group = int((config.get("quantization_config") or {}).get("group_size", 32))
         inter, latent = int(t["moe_intermediate_size"]), int(t["routed_expert_hidden_size"])
         self.experts, self.first_moe = int(t["num_experts"]), int(t.get("first_k_dense_replace", 0))
-        self.layers, hidden, vocab = int(t["num_hidden_layers"]), int(t["hidden_size"]), int(t["vocab_size"])
         # w1 = gate, w3 = up: latent -> inter; w2 = down: inter -> latent. Two E2M1 per byte, one scale per group.
         dims = {"w1": (inter, latent), "w2": (latent, inter), "w3": (inter, latent)}
-        self.expert_shapes: dict[str, list[int]] = {}
         for w, (rows, cols) in dims.items():
             self.expert_shapes[f"{w}.weight_packed"] = [rows, cols // 2]
             self.expert_shapes[f"{w}.weight_scale"] = [rows, cols // group]
@@ -200,6 +204,21 @@ class _Done:
         return self.value
 
 
+def is_single_file(root: str) -> bool:
+    """The single-file form: one model.safetensors and no index (the engines load it as it is)."""
+    return not os.path.exists(os.path.join(root, INDEX_FILE)) and os.path.isfile(os.path.join(root, SINGLE_FILE))
+
+
+def read_weight_map(root: str, loads: Loads = json.loads) -> dict[str, str]:
+    """Tensor -> file: the index's weight_map, or every tensor of the single file's header."""
+    if is_single_file(root):
+        header = read_header(os.path.join(root, SINGLE_FILE))[1]
+        header.pop("__metadata__", None)
+        return dict.fromkeys(header, SINGLE_FILE)
+    with open(os.path.join(root, INDEX_FILE), "rb") as f:
+        return dict(loads(f.read())["weight_map"])
+
+
 def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads) -> list[Problem]:
     """Index, config and every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
     global _LAYOUT, _LOADS
@@ -221,13 +240,15 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads 
     # Workers start on the headers while this process parses the index.
     pool, futures = _map_shards([os.path.join(root, f) for f in on_disk], workers or os.cpu_count() or 1)
     try:
+        single = is_single_file(root)
         try:
-            with open(os.path.join(root, INDEX_FILE), "rb") as f:
-                weight_map = loads(f.read())["weight_map"]
+            weight_map = read_weight_map(root, loads)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            add(INDEX_FILE, f"cannot read the weight map: {exc}")
-            return problems
-        by_shard: dict[str, list[str]] = {}
+            if not single:
+                add(INDEX_FILE, f"cannot read the weight map: {exc}")
+                return problems
+            weight_map = {}  # the file's own check below says what is wrong with its header
+        by_shard: dict[str, list[str]] = {SINGLE_FILE: []} if single else {}
         for tensor, shard in weight_map.items():
             by_shard.setdefault(shard, []).append(tensor)
         results = dict(zip(on_disk, (fut.result() for fut in futures)))

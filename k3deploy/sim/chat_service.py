@@ -21,11 +21,18 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens default in th
 class ApiError(Exception):
     """An HTTP error the engine would return, with its status and OpenAI error type."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
+        self.param = param
+
+
+def validation_error(message: str, param: str, value: Any) -> ApiError:
+    """vLLM's VLLMValidationError as its API answers it: the message ends with the parameter and value
+    (vllm/exceptions.py), and `param` names it."""
+    return ApiError(400, f"{message} (parameter={param}, value={value})", param=param)
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class ChatService(EngineCore):
                 "param": None,
                 "code": err.status,
             }
-        return {"error": {"message": err.message, "type": err.kind, "param": None, "code": err.status}}
+        return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.status}}
 
     def models(self) -> dict[str, Any]:
         """The /v1/models body."""
@@ -99,20 +106,18 @@ class ChatService(EngineCore):
                     f"({limit} tokens). Use a shorter input or enable --allow-auto-truncate.",
                 )
             return min(int(asked), ctx - prompt_tokens) if asked else ctx - prompt_tokens
+        # vLLM 0.32.0 (vllm/renderers/params.py, entrypoints/serve/utils/api_utils.py get_max_tokens): a
+        # prompt past the context and max_tokens past it are refused; otherwise max_tokens is clamped to the
+        # room the prompt leaves. (A prompt of exactly the context leaves none: refused here too.)
         if prompt_tokens >= ctx:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, your request has "
-                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-            )
-        if asked and prompt_tokens + int(asked) > ctx:
-            raise ApiError(
-                400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {asked}. This model's "
-                f"maximum context length is {ctx} tokens and your request has {prompt_tokens} input "
-                f"tokens ({asked} > {ctx} - {prompt_tokens}).",
-            )
-        return int(asked) if asked else ctx - prompt_tokens
+            raise validation_error(
+                f"This model's maximum context length is {ctx} tokens. However, your prompt contains "
+                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.", "input_tokens", prompt_tokens)
+        if asked and int(asked) > ctx:
+            raise validation_error(f"max_tokens={asked} cannot be greater than max_model_len={ctx}. Please "
+                                   "request fewer output tokens.", "max_tokens", asked)
+        return min(int(asked), ctx - prompt_tokens) if asked else ctx - prompt_tokens
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
@@ -121,7 +126,8 @@ class ChatService(EngineCore):
             and model
             and model not in (self.cfg.served_model_name, self.cfg.model_path)
         ):
-            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+            raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {self.cfg.served_model_name}.",
+                           "NotFoundError", "model")
 
     def _validate(self, body: Any) -> tuple[list[dict[str, Any]], Any, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:

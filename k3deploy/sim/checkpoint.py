@@ -28,9 +28,11 @@ __all__ = [
     "payload_bytes",
     "shard_name",
     "shard_ranges",
+    "tensor_bytes",
     "tensor_specs",
     "tiny_config",
     "write_checkpoint",
+    "write_safetensors",
 ]
 
 Corruption = Literal["truncate", "flip", "missing-tensor", "wrong-dtype"]
@@ -39,7 +41,8 @@ CORRUPTIONS: tuple[Corruption, ...] = ("truncate", "flip", "missing-tensor", "wr
 WRONG_DTYPE = "F16"
 
 
-def _tensor_bytes(spec: TensorSpec, rng: np.random.Generator) -> bytes:
+def tensor_bytes(spec: TensorSpec, rng: np.random.Generator) -> bytes:
+    """Random contents for one tensor: BF16 weights of std 0.02, norms 1.0, E8M0 scales, packed bytes."""
     n = math.prod(spec.shape)
     if spec.name.endswith("_scale"):
         # E8M0 exponents near 2^-8, the magnitude a 0.02-std weight group needs.
@@ -72,7 +75,7 @@ def shard_ranges(specs: list[TensorSpec], shards: int) -> list[range]:
     return [range(bounds[k], bounds[k + 1]) for k in range(shards)]
 
 
-def _write_safetensors(path: Path, specs: list[TensorSpec], blobs: list[bytes],
+def write_safetensors(path: Path, specs: list[TensorSpec], blobs: list[bytes],
                        dtypes: dict[str, str] | None = None) -> int:
     """Write one shard (dtype labels overridden by `dtypes`) and return the offset where tensor data starts."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -115,8 +118,8 @@ def write_checkpoint(
     for k, idx in enumerate(shard_ranges(specs, shards)):
         path = out / shard_name(k, shards)
         shard_specs = [specs[i] for i in idx]
-        blobs = [_tensor_bytes(s, rng) for s in shard_specs]
-        written.append((path, shard_specs, blobs, _write_safetensors(path, shard_specs, blobs)))
+        blobs = [tensor_bytes(s, rng) for s in shard_specs]
+        written.append((path, shard_specs, blobs, write_safetensors(path, shard_specs, blobs)))
         weight_map.update({s.name: path.name for s in shard_specs})
     index = {
         "metadata": {"total_size": sum(s.nbytes for s in specs)},
@@ -151,7 +154,7 @@ def _corrupt(how: Corruption, path: Path, specs: list[TensorSpec], blobs: list[b
         # The shard loses one tensor (an expert scale when it has one) that the index still names.
         scales = [i for i, s in enumerate(specs) if s.name.endswith("weight_scale")]
         drop = scales[-1] if scales else len(specs) - 1
-        _write_safetensors(path, specs[:drop] + specs[drop + 1:], blobs[:drop] + blobs[drop + 1:])
+        write_safetensors(path, specs[:drop] + specs[drop + 1:], blobs[:drop] + blobs[drop + 1:])
     else:
         victim = next(s for s in specs if s.dtype == "BF16")
-        _write_safetensors(path, specs, blobs, {victim.name: WRONG_DTYPE})
+        write_safetensors(path, specs, blobs, {victim.name: WRONG_DTYPE})

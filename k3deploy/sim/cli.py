@@ -117,6 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.extra = extra
     try:
         code: int = args.handler(args)
+    except ImportError as exc:  # the stand-in's own packages (the sim extra) missing: name the install
+        from k3deploy.extras import missing_dependency
+
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        print(f"error: {missing}\nhint: {missing.hint}", file=sys.stderr)
+        return missing.exit_code
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 from collections.abc import Generator
 from contextlib import closing
@@ -24,6 +25,13 @@ MAX_BODY_BYTES = 64 << 20
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset or closed mid-request) is routine, as uvicorn treats it: no line.
+        socketserver's default prints a traceback, which a log scan for "Traceback" takes for a crash."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Server6(_Server):

@@ -138,7 +138,7 @@ def model_spec(config: dict[str, Any]) -> ModelSpec:
         raise ModelError(f"config.json is not a Kimi K3 config (missing {', '.join(missing)})")
     name, fmt = config.get("_name_or_path"), _expert_format(config)
     matches = [
-        m for m in load_catalog().models.values() if m.architecture.model_dump(exclude={"sources"}) == fields
+        m for m in load_catalog().models.values() if m.architecture.config_fields() == fields
     ]
     matches.sort(key=lambda m: (name not in (m.id, m.hub_repo), m.weights.expert_format != fmt))
     return matches[0] if matches else _ad_hoc(config, fields)

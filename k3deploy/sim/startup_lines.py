@@ -101,10 +101,14 @@ def vllm_rank_lines(cfg: ServeConfig, ranks: Ranks, init_method: str) -> list[st
         f"world_size={ranks.world_size} rank={ranks.world_rank} local_rank=0 "
         f"distributed_init_method={init_method} backend=gloo"
     )
+    # vLLM gives every MoE model an EP group spanning DP x TP, expert parallelism on or not (its ranks are
+    # DP-major); a dense model gets none and logs `EP rank N/A`. The stand-in's models are all MoE. ETP equals
+    # the TP rank as real vLLM 0.32 logs it at EP 1; EPLB has a group only with --enable-eplb (never here).
+    ep_rank = ranks.dp * cfg.tp + ranks.tp
     assigned = (
         f"rank {ranks.world_rank} in world size {ranks.world_size} is assigned as DP rank {ranks.dp}, "
-        f"PP rank {ranks.pp}, PCP rank 0, TP rank {ranks.tp}, ETP rank 0, EP rank {ranks.ep}, "
-        f"EPLB rank {ranks.ep}"
+        f"PP rank {ranks.pp}, PCP rank 0, TP rank {ranks.tp}, ETP rank {ranks.tp}, EP rank {ep_rank}, "
+        "EPLB rank N/A"
     )
     return [world, assigned]
 

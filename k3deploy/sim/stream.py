@@ -63,13 +63,15 @@ class ChatParser:
     def message(self, mimic: str) -> dict[str, Any]:
         """The assistant message the deltas so far add up to."""
         calls = [{k: v for k, v in c.items() if k != "index"} for c in self.calls]
-        return {
-            "role": "assistant",
-            "content": self.content or None,
-            self.reasoning_key: self.reasoning or None,
-            # vLLM always lists tool calls; SGLang leaves the field null when there are none.
-            "tool_calls": calls if calls else ([] if mimic == "vllm" else None),
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or None,
+                                   self.reasoning_key: self.reasoning or None}
+        # SGLang leaves the field null when there are none; vLLM drops an empty list (its ChatMessage
+        # serializer, vllm/entrypoints/openai/chat_completion/protocol.py).
+        if calls or mimic == "sglang":
+            message["tool_calls"] = calls or None
+        if mimic == "vllm":  # the OpenAI fields vLLM's ChatMessage always carries, null here
+            message |= {"refusal": None, "annotations": None, "audio": None, "function_call": None}
+        return message
 
 
 @dataclass(frozen=True)

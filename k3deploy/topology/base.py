@@ -12,4 +12,5 @@ class Strict(BaseModel):
     """Unknown keys are errors; values are immutable after load."""
 
     # Sections are built as part of Topology on its first validation, not each on its own at import.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    # No number is infinite or NaN: 1e999 reads as inf, and inf passes every `ge`/`gt` bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False)

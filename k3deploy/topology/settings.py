@@ -91,6 +91,8 @@ class ValidateSettings(Strict):
                                          "serving.context_length when long_request_tokens is not set")
     answer_max_tokens: int = Field(2048, ge=16, description="max_tokens of the long and prefix-cache requests "
                                    "(K3 reasons first; asked at low effort); kept free of the context")
+    short_max_tokens: int = Field(2048, ge=1, description="max_tokens of the short stage's requests (a short "
+                                  "question at low effort thinks for far fewer)")
     retrieval_depths: list[float] = Field([0.1, 0.5, 0.9], min_length=1, description="where facts are planted "
                                           "in the long and prefix-cache prompts (0 = start, 1 = end)")
     prefix_cache_tokens: int = Field(8192, ge=1, description="shared prefix of the prefix-cache stage's "
@@ -103,6 +105,10 @@ class ValidateSettings(Strict):
                                          "stage (none: not checked)")
     max_mean_tpot_ms: float | None = Field(None, gt=0, description="maximum mean time per output token in the "
                                            "effort stage (none: not checked)")
+    min_share_of_prediction: float = Field(0.33, ge=0, le=1, description="the effort stage fails a cold "
+                                           "workload whose decode speed (1/TPOT) or prefill speed (1/TTFT, when "
+                                           "100 ms or more is predicted) is below this share of what `k3deploy "
+                                           "plan --workload` predicts for the deployed shape (0: not checked)")
     concurrency: int = Field(8, ge=1, description="concurrent requests in the effort stage")
     effort_requests: int | None = Field(None, ge=1, description="requests per effort workload (default: 2 x "
                                         "concurrency)")

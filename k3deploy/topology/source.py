@@ -1,6 +1,7 @@
 """YAML with positions: every value's file:line:col, so errors point at the offending text."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +19,8 @@ PathKey = tuple[str | int, ...]
 MAX_DEPTH = 64
 MAX_VALUES = 50_000
 MAX_CHARS = 2**20
+_INT_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
+_INT_LIMIT = 10**_INT_DIGITS
 
 
 class Position(NamedTuple):
@@ -64,6 +67,26 @@ def _pos(mark: Any) -> Position:
     return Position(mark.line + 1, mark.column + 1)
 
 
+def _construct(loader: Any, node: yaml.Node) -> Any:
+    """One scalar (or key) as Python; a number Python refuses to read is a located input error."""
+    text = str(node.value) if isinstance(node, yaml.ScalarNode) else ""
+    shown = text if len(text) <= 40 else f"{text[:12]}...{text[-4:]} ({len(text):,} characters)"
+    try:
+        value = loader.construct_object(node, deep=True)
+    except ValueError as exc:
+        if "digits" not in str(exc):  # e.g. a date that does not exist (2026-13-45): YAML 1.1 timestamps
+            raise YamlSyntaxError(f"cannot read {shown!r}: {exc} (quote it to make it a string)",
+                                  _pos(node.start_mark)) from None
+        value = _INT_LIMIT
+    # int() refuses decimal text past sys.get_int_max_str_digits() (4,300 digits by default, against
+    # quadratic-time conversion), and a hex or octal one that long reads but then cannot be printed in a
+    # message: no topology or catalog value needs a fraction of that.
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
+        raise YamlSyntaxError(f"the integer {shown} has more than the {_INT_DIGITS:,} digits Python reads; "
+                              "no setting needs one this large", _pos(node.start_mark))
+    return value
+
+
 def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: list[tuple[PathKey, Position]]) -> Any:
     if len(smap.positions) >= MAX_VALUES:
         raise YamlSyntaxError(f"the document holds more than {MAX_VALUES:,} values (a topology has hundreds; "
@@ -73,7 +96,7 @@ def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: li
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = loader.construct_object(key_node, deep=True)
+            key = _construct(loader, key_node)
             if isinstance(key, (list, dict)):  # `? [a]: b` or a stray comma in flow style: YAML allows it, we cannot
                 kind = "list" if isinstance(key, list) else "mapping"
                 raise YamlSyntaxError(f"a key here is a {kind}, not a name (a misplaced ':' or ','?)",
@@ -86,7 +109,7 @@ def _walk(node: yaml.Node, loader: Any, path: PathKey, smap: SourceMap, dups: li
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_walk(item, loader, path + (i,), smap, dups) for i, item in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    return _construct(loader, node)
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError) -> YamlSyntaxError:

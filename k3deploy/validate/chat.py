@@ -74,6 +74,22 @@ class Chat:
         """One request for messages (see send)."""
         return self.send(self.body(messages, max_tokens, **extra))
 
+    def count(self, messages: Sequence[dict[str, Any]]) -> int | str:
+        """The prompt tokens of messages as a chat request would have them, by the engine's own tokenizer:
+        vLLM's /tokenize (no generation, so no context limit), else a 1-token request's usage; or the error."""
+        if self.dialect == "vllm":
+            try:
+                reply = self.http.post("/tokenize", {"model": self.model, "messages": list(messages)}, self.timeout_s)
+                count = reply.json().get("count") if reply.ok else None
+                if isinstance(count, int):
+                    return count
+            except (ExecError, ValueError, AttributeError):
+                pass  # counted by a request below, whose error is the one to show
+        rec = self.ask(messages, 1)
+        if rec.error is not None:
+            return rec.error
+        return rec.prompt_tokens if rec.prompt_tokens is not None else "the answer has no usage.prompt_tokens"
+
     def send(self, body: dict[str, Any]) -> StreamRecord:
         """One request; an HTTP error or a broken stream is the record's error, never an exception."""
         rec = StreamRecord()

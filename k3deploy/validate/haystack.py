@@ -92,13 +92,19 @@ class Sizing:
         return round(self.overhead + self.per_sentence * sentences)
 
 
-CALIBRATION_SENTENCES = 48
+# Pairs of filler lengths (multiples of the sentence rotation) to fit the line from: the longer pair first,
+# the shorter where the longer does not fit a small context.
+CALIBRATION_SENTENCES = (48, 8)
 
 
-def calibrate(count: Callable[[int], int | None]) -> Sizing | None:
-    """Fit the line from two prompts (the engine's own tokenizer counts them); None if either is not counted."""
-    small, large = count(CALIBRATION_SENTENCES), count(2 * CALIBRATION_SENTENCES)
-    if small is None or large is None or large <= small:
-        return None
-    per = (large - small) / CALIBRATION_SENTENCES
-    return Sizing(overhead=small - per * CALIBRATION_SENTENCES, per_sentence=per)
+def calibrate(count: Callable[[int], int | str]) -> Sizing | str:
+    """Fit the line from two prompts counted by the engine's own tokenizer; else why not (the engine's error)."""
+    why = ""
+    for n in CALIBRATION_SENTENCES:
+        small, large = count(n), count(2 * n)
+        if isinstance(small, int) and isinstance(large, int) and large > small:
+            per = (large - small) / n
+            return Sizing(overhead=small - per * n, per_sentence=per)
+        why = next((c for c in (small, large) if isinstance(c, str)), f"{n} and {2 * n} filler sentences "
+                   f"counted {small} and {large} tokens (not growing)")
+    return why

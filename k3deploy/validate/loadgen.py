@@ -150,6 +150,7 @@ def summarize(run: LoadRun, gpus: int) -> dict[str, Any]:
         "output_throughput_per_gpu": total_out / duration / max(gpus, 1),
         **_stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]),
         **_stats("ttfa", [r.first_answer_s for r in ok if r.first_answer_s is not None]),
+        "answered": sum(1 for r in ok if r.first_answer_s is not None),  # ttfa figures are of these only
         **_stats("tpot", tpot),
         **_stats("itl", [gap for r in ok for gap in r.itl_s]),
         **_stats("e2el", [r.latency_s for r in ok]),

@@ -19,8 +19,8 @@ class Found:
     line: str
 
     def group(self, name: str) -> str:
-        """A named group of the match ('' when it did not take part)."""
-        return self.match.group(name) or ""
+        """A named group of the match ('' when it did not take part, or the pattern has no such group)."""
+        return self.match.groupdict().get(name) or ""
 
     @property
     def evidence(self) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3deploy.errors import ExecError, InputError
+from k3deploy.validate import reach
 from k3deploy.validate.stage import STAGE_NAMES, Stage, StageResult, ValidateContext
 from k3deploy.verdicts.model import exit_code
 from k3deploy.verdicts.timing import timed
@@ -65,17 +66,33 @@ def run_pipeline(ctx: ValidateContext, stages: Sequence[Stage], *, fail_fast: bo
     """Run stages in order; `on_stage(name, None)` as one starts and `(name, result)` when it ends."""
     results: list[StageResult] = []
     stopped: str | None = None
+    died: str | None = None  # the stage whose run (or whose start) found the deployment dead
     for stage in stages:
         on_stage(stage.name, None)
+        live = stage.needs_deployment and ctx.deployment is not None
         if stopped is not None:
             result = StageResult(name=stage.name, status="skip", detail=f"not run: --fail-fast after {stopped}")
         elif stage.needs_deployment and ctx.deployment is None:
             result = StageResult(name=stage.name, status="skip",
                                  detail="needs a running deployment: none is recorded for "
                                         f"{ctx.name} (start one with `k3deploy launch`)")
+        elif live and died is not None:
+            result = StageResult(name=stage.name, status="skip",
+                                 detail=f"not run: the deployment failed (found by {died})")
+        elif live and (gone := reach.deployment_failure(ctx)) is not None:
+            died = f"the check before {stage.name}"
+            result = StageResult(name=stage.name, status="fail", evidence=gone,
+                                 detail=f"the deployment failed before this stage: {gone}")
         else:
             found, seconds = timed(_run, stage, ctx)
             result = found.model_copy(update={"seconds": seconds})
+            if live and result.status in ("fail", "error") and (gone := reach.deployment_failure(ctx)) is not None:
+                # What the stage saw (a 500, a refused connection) is a symptom: say what happened first.
+                died = stage.name
+                result = result.model_copy(update={
+                    "status": "fail", "detail": f"the deployment failed during this stage: {gone} "
+                                                f"(the stage saw: {result.detail})",
+                    "evidence": f"{gone}\n{result.evidence}".rstrip()})
         results.append(result)
         on_stage(stage.name, result)
         if fail_fast and stopped is None and result.status in ("fail", "error"):

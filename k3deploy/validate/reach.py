@@ -40,3 +40,33 @@ def node_logs(ctx: ValidateContext, lines: int = LOG_LINES) -> dict[int, str]:
         except Exception:  # noqa: BLE001 - a node whose log cannot be read is judged on what is there
             out[node.rank] = ""
     return out
+
+
+def deployment_failure(ctx: ValidateContext) -> str | None:
+    """Why the deployment no longer serves when any of its engines has ended, asked on each node (rank 0's
+    /health answers 200 long after a worker node is gone, and the supervisor's record may lag); the node that
+    ended first is named (the supervisor stops the others after it). None while every node that answers runs."""
+    from k3deploy.errors import ExecError
+    from k3deploy.executors.base import exit_record
+    from k3deploy.launch.readiness import cause_line
+
+    dep = ctx.deployment
+    if dep is None:
+        return None
+    dead: list[tuple[tuple[int, float], str]] = []
+    for node in sorted(dep.nodes, key=lambda n: n.rank):
+        if node.handle is None:
+            continue
+        try:
+            ex = ctx.fleet.executor(node.rank)
+            if ex.alive(node.handle):
+                continue
+            tail = ex.read_log(node.handle, 400)  # vLLM's shutdown prints dozens of lines after the cause
+        except ExecError:
+            continue  # a node that cannot be asked is not called dead
+        rec = exit_record(tail)
+        why = f"its engine exited with status {rec[0]}" if rec is not None else "its engine process is gone"
+        line = cause_line(tail)
+        order = (0, 0.0) if rec is None else (1, rec[1])  # killed outright (no exit line) first, then by time
+        dead.append((order, f"rank {node.rank} ({node.host}): {why}" + (f"; its log says: {line}" if line else "")))
+    return min(dead)[1] if dead else None

@@ -15,6 +15,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from tests.polling import wait_for
 from tests.rig import HostRig, RigHost, cleanup_stale, pid_alive, procs
 from tests.rig.netns import owned_links, owned_netns
 from tests.rig.registry import registry_path
@@ -136,7 +137,9 @@ def test_detached_process_is_seen_and_gone_after_teardown(make_rig: Callable[...
     assert pid in rig.pids(host)
     assert pid not in rig.pids("h01")
     root_pid = next(p for p in rig.pids(host, root_ns=True) if procs.ns_local_pid(p) == pid)
-    assert str(procs.exe_path(root_pid)).endswith("sleep")
+    # `$!` is the forked shell: it becomes setsid, then nohup, then sleep, each an exec that a busy machine
+    # may not have reached yet when the PID is printed.
+    assert wait_for(lambda: str(procs.exe_path(root_pid)).endswith("sleep"), 60), procs.exe_path(root_pid)
     assert str(pid) in rig.exec(host, ["ps", "-eo", "pid="]).stdout.split()
     rig.close()
     assert not pid_alive(root_pid)

@@ -18,6 +18,8 @@ from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, nod
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
 pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
+# Each test's bound, the module fixture's start-up (4 stand-ins importing torch on 2 busy cores) included.
+BOUND_S = 300
 
 VLLM_FULL = [
     "--max-model-len",
@@ -118,8 +120,12 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
             ],
             {"VLLM_HOST_IP": "127.0.0.6", "GLOO_SOCKET_IFNAME": "lo"},
         )
-        for node in ns.nodes:
-            node.wait_for(r"Starting vLLM server on|fired up and ready|GPU KV cache size", 90)
+        # Each node's own last start-up line: the head serves only once the headless worker has loaded
+        # (and that worker logs nothing after its KV cache line); one pattern for all would let the head
+        # pass on its KV cache line, before its server is up.
+        for node, last_line in zip(ns.nodes, ("Application startup complete", "GPU KV cache size",
+                                              "fired up and ready", "Application startup complete")):
+            node.wait_for(last_line, 120)
         yield Nodes(
             ns.nodes[0],
             ns.nodes[1],
@@ -132,7 +138,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
         )
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(BOUND_S)
 def test_vllm_data_parallel_nodes_rendezvous(nodes: Nodes) -> None:
     for rank, node in enumerate((nodes.vllm_head, nodes.vllm_worker)):
         log = node.text()
@@ -153,7 +159,7 @@ def test_vllm_data_parallel_nodes_rendezvous(nodes: Nodes) -> None:
     assert "Starting vLLM server on http://127.0.0.1:" in nodes.vllm_head.text()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BOUND_S)
 def test_vllm_headless_node_serves_no_http(nodes: Nodes) -> None:
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://{node_ip(1)}:{nodes.vllm_port}/health", timeout=3)
@@ -164,7 +170,7 @@ def test_vllm_headless_node_serves_no_http(nodes: Nodes) -> None:
     assert [m.id for m in client(nodes.vllm_port).models.list().data] == ["kimi-k3"]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BOUND_S)
 def test_vllm_reasoning_tools_cache_and_metrics(nodes: Nodes) -> None:
     c = client(nodes.vllm_port)
     reply = c.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Why?"}])
@@ -208,7 +214,7 @@ def test_vllm_reasoning_tools_cache_and_metrics(nodes: Nodes) -> None:
         assert f"\n{name}{{" in text
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BOUND_S)
 def test_sglang_without_parsers_cache_report_or_metrics(nodes: Nodes) -> None:
     c = client(nodes.sglang_bare_port, "127.0.0.5")
     reply = c.chat.completions.create(model="x", messages=[{"role": "user", "content": "Why?"}])
@@ -232,7 +238,7 @@ def test_sglang_without_parsers_cache_report_or_metrics(nodes: Nodes) -> None:
     assert httpx.get(f"http://127.0.0.5:{nodes.sglang_bare_port}/metrics", timeout=5).status_code == 404
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BOUND_S)
 def test_vllm_without_parsers_auto_tool_choice_or_prefix_caching(nodes: Nodes) -> None:
     c = client(nodes.vllm_bare_port, "127.0.0.6")
     model = str(nodes.model)
@@ -264,13 +270,13 @@ def test_vllm_without_parsers_auto_tool_choice_or_prefix_caching(nodes: Nodes) -
     assert second.usage.prompt_tokens_details.cached_tokens == 0  # K3 on vLLM needs --enable-prefix-caching
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(BOUND_S)
 def test_vllm_head_reports_a_dead_worker(nodes: Nodes) -> None:
     assert all(n.popen.poll() is None for n in (nodes.vllm_head, nodes.sglang_bare, nodes.vllm_bare))
     nodes.vllm_worker.kill()
     # Usually Gloo reports the closed connection at once; under load the head may instead notice the
     # silence after WORKER_SILENCE_S, with a timeout as the cause. Either way it must say which node died.
-    nodes.vllm_head.wait_for(r"Worker on node rank 1 died unexpectedly \(", 30)
+    nodes.vllm_head.wait_for(r"Worker on node rank 1 died unexpectedly \(", 90)
     # vLLM's engine core is dead: /health turns 503 and requests fail, while the process waits to be stopped.
     assert httpx.get(f"http://127.0.0.1:{nodes.vllm_port}/health", timeout=5).status_code == 503
     with pytest.raises(openai.InternalServerError, match="EngineCore encountered an issue"):

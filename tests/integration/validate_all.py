@@ -21,10 +21,11 @@ from tests.validate_serving import SERVING, VALIDATE
 ALL = ("shards", "kernels", "topology", "short", "long", "prefix-cache", "effort")
 GPU = "h100-80gb"
 # kimi-k3-tiny on an H100 roofline steps ~1,700x faster than on the `sim` GPU (its steps would be nothing but
-# Python overhead): 0.005 paces it as the `sim` GPU at K3SIM_SPEED=8, so slow_decode has a step to slow down.
-SPEED = "0.005"
+# Python overhead): 0.001 paces it as the `sim` GPU at K3SIM_SPEED~1.7, so slow_decode has a step to slow down
+# and a step outweighs the stand-in's own cost per token (the effort stage holds it against its prediction).
+SPEED = "0.001"
 # TP4 decodes ~4x faster than one node: slow_decode's factor and the threshold are set for the rig.
-MIN_THROUGHPUT = 600.0
+MIN_THROUGHPUT = 300.0
 Expect = dict[str, dict[str, str]]  # stage -> {dialect or "*": pattern searched in its detail and evidence}
 # fault -> what fails; every stage not named must pass.
 FAULTS: dict[str, Expect] = {
@@ -45,7 +46,9 @@ FAULTS: dict[str, Expect] = {
                 r"--enable-prompt-tokens-details"}},
     "wrong_cache_state": {"prefix-cache": {"*": r"a cache hit changed the answer: token \d+ is .* on the hit"}},
     "short_context:2600": {"long": {"*": r"rank 0 serves max_model_len 2,600 < serving.context_length"}},
-    "slow_decode:200": {"effort": {"*": r"cold: [\d,]+ output tokens/s < validate.min_throughput_tok_s 600"}},
+    "slow_decode:20": {"effort": {"*": r"cold: [\d,]+ output tokens/s < validate.min_throughput_tok_s 300(.|\n)*"
+                                     r"cold: far below the prediction for this shape .*the decode step runs at "
+                                     r"\d+% of its predicted speed"}},
     # issue 19: the linear-attention state lost; fluent answers, facts gone
     "kda_state_zeroed": {"long": {"*": r"^facts lost at 10%, 50%, 90% \(retrieved at none\)"},
                          "prefix-cache": {"*": r"on the cache hit, facts lost at 10%, 50%, 90%"}},

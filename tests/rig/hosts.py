@@ -296,13 +296,14 @@ class HostRig:
                 procs.send([rt.sshd_pid])
             elif rt.proc.poll() is None:
                 rt.proc.kill()
-        deadline = time.monotonic() + 2.0
+        # Bounds for a loaded machine: the wait ends as soon as the kernel has emptied the namespace.
+        deadline = time.monotonic() + 20.0
         for rt in runtimes:
             try:
                 rt.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 rt.proc.kill()  # unshare ignores SIGTERM; --kill-child takes the sshd with it
-                rt.proc.wait(timeout=5.0)
+                rt.proc.wait(timeout=30.0)
 
     def close(self) -> None:
         """Tear everything down; idempotent, safe after a partial setup."""

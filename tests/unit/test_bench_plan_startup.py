@@ -25,4 +25,5 @@ def test_plan_startup_bench_reports_every_ratio() -> None:
                          capture_output=True, text=True, timeout=180, cwd=ROOT, check=False)
     assert run.returncode == 0, run.stderr
     assert "ratio plan / baseline:" in run.stdout and "floor / baseline:" in run.stdout
-    assert run.stdout.count("median") == 4
+    assert "ratio plan --workload / baseline:" in run.stdout
+    assert run.stdout.count("median") == 5

@@ -150,3 +150,30 @@ def test_catalog_cache_unwritable_still_loads(tmp_path: Path, monkeypatch: pytes
     validate = CountingValidate()
     assert cached_catalog(_catalog_files(tmp_path), validate).model("kimi-k3").id == "kimi-k3"
     assert validate.calls == 1
+
+
+@pytest.mark.parametrize("section", ["planner", "performance", "engines", "vendors"])
+@pytest.mark.parametrize("empty", ["[]", "''", "0"])
+def test_a_mapping_section_given_an_empty_non_mapping_is_an_input_error(tmp_path: Path, section: str,
+                                                                       empty: str) -> None:
+    """`planner: []` (found by the catalog fuzzer) was an internal error: only absent or null is empty."""
+    (tmp_path / "mine.yaml").write_text(f"{section}: {empty}\n")
+    with pytest.raises(InputError, match=rf"mine\.yaml: `{section}` must be a mapping"):
+        load_catalog((tmp_path,))
+
+
+def perf_yaml(hbm_efficiency: float) -> str:
+    """A user catalog overriding SGLang's performance factors."""
+    factors = (f"hbm_efficiency: {hbm_efficiency}, compute_efficiency: 0.3, layer_overhead_us: 20, "
+               "collectives: true, prefill_stalls_decode: true, kda_state_passes: 2")
+    sources = "hbm_efficiency: a, compute_efficiency: b, layer_overhead_us: c, kda_state_passes: d"
+    return f"performance:\n  sglang: {{{factors},\n    sources: {{{sources}}}}}\n"
+
+
+def test_a_user_catalog_can_set_the_performance_factors_of_an_engine(tmp_path: Path) -> None:
+    (tmp_path / "perf.yaml").write_text(perf_yaml(0.7))
+    assert load_catalog((tmp_path,)).performance["sglang"].hbm_efficiency == 0.7
+    (tmp_path / "bad").mkdir()  # another folder: load_catalog caches by folder
+    (tmp_path / "bad" / "perf.yaml").write_text(perf_yaml(1.5))
+    with pytest.raises(InputError, match=r"performance\.sglang\.hbm_efficiency"):
+        load_catalog((tmp_path / "bad",))

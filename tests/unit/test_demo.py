@@ -15,7 +15,7 @@ from k3deploy.demo import DEMO_NAME
 from k3deploy.validate.stages import IMPLEMENTED
 from tests.k3deploy_cli import run_k3deploy
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.torch]  # four stand-in nodes rendezvous over Gloo
 
 
 def k3(*args: str) -> subprocess.CompletedProcess[str]:

@@ -74,18 +74,18 @@ def test_fleet_map_is_concurrent_per_rank_and_keeps_errors_per_node() -> None:
         made.append(target.host)
         return LocalExecutor(target.host)
 
+    all_in = threading.Barrier(8)  # passed only once all eight calls run at the same time (never if serial)
+
     def work(rank: int, ex: Executor) -> int:
-        time.sleep(0.3)
+        all_in.wait(timeout=60)
         if rank == 3:
             raise ExecError("boom", host=ex.host)
         return rank * 10
 
     targets = {r: LocalTarget(host=f"h{r}") for r in range(8)}
     with NodeFleet(targets, factory) as fleet:
-        t0 = time.monotonic()
         outs = fleet.map(work)
-        took = time.monotonic() - t0
-        assert took < 1.5  # serial would be 2.4 s
+        assert not all_in.broken
         assert sorted(outs) == list(range(8)) and made == [f"h{r}" for r in range(8)]
         assert {r: o.value for r, o in outs.items() if o.ok} == {r: r * 10 for r in range(8) if r != 3}
         assert outs[3].host == "h3" and str(outs[3].error) == "h3: boom"
@@ -180,7 +180,7 @@ def test_unreachable_ssh_host_is_one_exec_error_naming_it() -> None:
         ex.connect()
     assert err.value.host == "127.0.0.1" and err.value.exit_code == 3
     assert "after 3 attempts" in str(err.value) and "connection refused" in str(err.value)
-    assert time.monotonic() - t0 < 5  # retries with backoff, bounded
+    assert time.monotonic() - t0 < 30  # retries with 2 s of backoff, bounded (a loaded machine adds seconds)
 
 
 def test_cli_help_and_plan_paths_do_not_import_paramiko() -> None:

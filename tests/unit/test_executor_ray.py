@@ -23,7 +23,14 @@ from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
 from k3deploy.executors.ray_actors import watchdog
 from k3deploy.executors.ray_exec import RayExecutor
-from k3deploy.executors.ray_session import describe_nodes, init_error, match_node, probe
+from k3deploy.executors.ray_session import (
+    CLIENT_INIT_TRIES,
+    describe_nodes,
+    init_error,
+    init_retrying,
+    match_node,
+    probe,
+)
 from k3deploy.topology.loader import parse_topology
 from tests.ports import closed_port
 from tests.unit.test_launch_support import kill_tagged, tagged_pids
@@ -98,13 +105,50 @@ def test_each_way_ray_init_fails_is_one_message(raised: Exception, expected: str
     assert isinstance(err, ExecError) and expected in str(err) and "\n" not in str(err)
 
 
+SERVER_INIT_FAILED = ConnectionAbortedError(
+    "Initialization failure from server:\nTraceback (most recent call last):\n  ...\nRuntimeError: Starting Ray "
+    "client server failed. See ray_client_server_23000.err for detailed logs.")  # Ray's client, worker.py
+
+
+def _failing_init(failures: list[Exception]) -> tuple[Callable[[], None], list[int]]:
+    """An init that raises the given exceptions in turn, then succeeds; and the list of its calls."""
+    calls: list[int] = []
+
+    def init() -> None:
+        calls.append(1)
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
+
+    return init, calls
+
+
+def test_a_client_server_that_fails_to_set_up_this_client_is_asked_again() -> None:
+    init, calls = _failing_init([SERVER_INIT_FAILED] * (CLIENT_INIT_TRIES - 1))
+    init_retrying(init, "ray://h:10001", "h1", backoff_s=0)
+    assert len(calls) == CLIENT_INIT_TRIES
+
+
+def test_the_client_server_retry_is_bounded_and_other_failures_are_not_retried() -> None:
+    init, calls = _failing_init([SERVER_INIT_FAILED] * (CLIENT_INIT_TRIES + 1))
+    with pytest.raises(ExecError) as err:
+        init_retrying(init, "ray://h:10001", "h1", backoff_s=0)
+    assert len(calls) == CLIENT_INIT_TRIES
+    assert str(err.value) == ("h1: cannot connect to the Ray cluster at ray://h:10001: ConnectionAbortedError: "
+                              f"Initialization failure from server: ({CLIENT_INIT_TRIES} tries)")
+    assert "ray_client_server" in (err.value.hint or "")
+    init, calls = _failing_init([ConnectionError("Could not find any running Ray instance.")])
+    with pytest.raises(ExecError, match="no Ray cluster found"):
+        init_retrying(init, "auto", "h1", backoff_s=0)
+    assert len(calls) == 1
+
+
 def test_an_unreachable_gcs_fails_at_once_naming_the_address() -> None:
     port = closed_port()
     ex = RayExecutor(RayTarget(host="h1", node_ip="10.0.0.1", ray_address=f"127.0.0.1:{port}"))
     t0 = time.monotonic()
     with pytest.raises(ExecError) as err:
         ex.connect()  # ray.init itself would wait minutes here
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # the probe's 5 s at most, on a busy machine too
     assert str(err.value) == f"h1: cannot reach the Ray cluster at 127.0.0.1:{port}: connection refused"
     assert "ray status --address" in (err.value.hint or "")
     with pytest.raises(ExecError, match="is not auto, HOST:PORT or ray://HOST:PORT"):
@@ -142,7 +186,7 @@ def test_agent_shell_runs_scripts_and_times_out() -> None:
     assert agent.run("echo out; echo err >&2; exit 3", 10) == (3, "out\n", "err\n")
     t0 = time.monotonic()
     code, _, _ = agent.run("sleep 30", 0.3)
-    assert code is None and time.monotonic() - t0 < 5  # the driver raises CommandTimeout for it
+    assert code is None and time.monotonic() - t0 < 25  # not the 30 s sleep: the driver raises CommandTimeout
 
 
 def test_agent_log_stream_delivers_chunks_then_ends(tmp_path: Path) -> None:
@@ -193,9 +237,7 @@ def test_the_watchdog_stops_the_group_when_the_agent_dies(tmp_path: Path) -> Non
         assert ex.alive(handle)  # the agent lives: the watchdog only watches
         fake_agent.kill()
         fake_agent.wait()
-        t0 = time.monotonic()
-        assert _wait(lambda: not ex.alive(handle), 10)
-        assert time.monotonic() - t0 < 4
+        assert _wait(lambda: not ex.alive(handle), 30)
         log = ex.read_log(handle)
         assert "[k3deploy] the Ray agent k3-x is gone: stopping its process group" in log
         assert exit_record(log) is not None and exit_record(log)[0] == 143  # type: ignore[index]

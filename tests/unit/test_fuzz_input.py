@@ -23,12 +23,15 @@ from k3deploy.catalog.loader import DATA_DIR
 from k3deploy.planning.files import catalog_for, plan_path
 from tests import figures
 from tests.fuzz_inputs import (
+    PAST_LIMITS,
     SHIPPED,
     attacks,
+    dump_yaml,
     mutated_documents,
     run_cli,
     topology_text_sets,
     topology_texts,
+    unraw,
     values,
 )
 
@@ -146,7 +149,8 @@ def test_yaml_attacks_are_refused_quickly_with_a_position(name: str, scratch: Pa
         result = run_cli(*command, path)
         assert_clean(result, path)
         if name in ("billion-laughs", "deep-flow", "deep-map", "deep-block", "binary", "empty", "huge-line",
-                    "many-keys", "python-tag", "utf16", "latin1", "list-document"):
+                    "many-keys", "python-tag", "utf16", "latin1", "list-document", "int-past-limit",
+                    "int-key-past-limit", "float-past-range", "float-past-range-in-timeout", "date-that-is-not"):
             assert result.code == 2, result.out + result.err
             assert command[0] == "launch" or "--json" in command or str(path) in result.out + result.err
 
@@ -171,7 +175,7 @@ def test_mutated_catalog_files_are_input_errors_or_plans(name: str, data: st.Dat
     doc = data.draw(mutated_documents([CATALOG_DOCS[name]]))
     folder = scratch / f"cat{next(_n)}"
     folder.mkdir()
-    (folder / name).write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    (folder / name).write_text(dump_yaml(doc), encoding="utf-8")
     assert_clean(run_cli("plan", "--check", "--catalog", folder, DEMO))
 
 
@@ -200,4 +204,22 @@ def test_random_options_are_usage_errors_not_crashes(command: str, words: list[s
 @given(value=values())
 @counted
 def test_search_numbers_of_any_size_answer_or_refuse(value: Any) -> None:
-    assert_clean(run_cli("plan", "--search", "--hardware", "h200", "--gpus", str(value), "--json"))
+    assert_clean(run_cli("plan", "--search", "--hardware", "h200", "--gpus", unraw(str(value)), "--json"))
+
+
+HARDWARE_TEXT = (DATA_DIR / "hardware.yaml").read_text(encoding="utf-8")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("field", ["memory_gib", "usable_gib", "bandwidth_tbps", "bf16_tflops"])
+@pytest.mark.parametrize("number", PAST_LIMITS, ids=lambda n: n if len(n) < 12 else f"{n[:6]}..{len(n)}")
+def test_catalog_numbers_past_python_limits_are_input_errors(field: str, number: str, scratch: Path) -> None:
+    folder = scratch / f"cat-past{next(_n)}"
+    folder.mkdir()
+    line = next(x for x in HARDWARE_TEXT.splitlines() if x.strip().startswith(f"{field}:"))
+    (folder / "hardware.yaml").write_text(HARDWARE_TEXT.replace(line, f"{line.split(':')[0]}: {number}", 1))
+    figures.add(figures.INPUTS_FUZZED)
+    for command in (("plan", "--check"), ("plan", "--json"), ("render",), ("launch", "--dry-run")):
+        result = run_cli(*command, "--catalog", folder, DEMO)
+        assert_clean(result)
+        assert result.code == 2 and str(folder / "hardware.yaml") in result.err, result.err

@@ -119,19 +119,51 @@ def test_two_launches_at_the_same_moment_exactly_one_proceeds(tmp_path: Path, na
     assert tagged_pids(f"{name}.") == []
 
 
-@pytest.mark.parametrize("phase", ["starting", "waiting for ready"])
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's reaper here may be slow)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def stalling_mv(tmp_path: Path, name: str, ranks: list[int]) -> tuple[dict[str, str], Path]:
+    """A slow host for the local executor: a start moves an earlier log aside (`mv`), and for these ranks
+    that `mv` stalls (writing its PID to the returned file first) until something ends its session."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    for rank in ranks:
+        (logs / f"{name}-rank{rank}.log").write_text("an earlier run\n")
+    shim, gate = tmp_path / "bin", tmp_path / "stalled.pid"
+    shim.mkdir()
+    pattern = "|".join(f"*/{name}-rank{r}.log.1" for r in ranks)
+    (shim / "mv").write_text(f'#!/bin/sh\ncase "$3" in {pattern}) echo $$ > {gate}; sleep 600;; esac\n'
+                             'exec /bin/mv "$@"\n')
+    (shim / "mv").chmod(0o755)
+    return {"PATH": f"{shim}:{os.environ['PATH']}"}, gate
+
+
+@pytest.mark.parametrize("phase", ["starting the head", "starting the workers", "waiting for ready"])
 def test_ctrl_c_stops_every_started_node_and_exits_130(tmp_path: Path, name: str, phase: str) -> None:
-    delay = {"starting": "0", "waiting for ready": "60"}[phase]
-    topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": delay},
-                         launch={"ready_timeout_s": 60})
-    proc = k3("launch", str(topo), "--skip-preflight")
-    expected = 1 if phase == "starting" else 4
-    assert wait_for(lambda: len(tagged_pids(f"{name}.")) >= expected, 30), "nothing started"
+    # The Ctrl-C lands where the phase says, on a machine of any speed: while a start stalls on its host
+    # (the others started or not), or while rank 0 takes 60 s to serve.
+    delay = "60" if phase == "waiting for ready" else "0"
+    topo = fake_topology(tmp_path, name, env={"FAKE_READY_DELAY_S": delay}, launch={"ready_timeout_s": 120})
+    stalled = {"starting the head": [0], "starting the workers": [1, 2, 3], "waiting for ready": []}[phase]
+    env, gate = stalling_mv(tmp_path, name, stalled)
+    proc = k3("launch", str(topo), "--skip-preflight", env=env)
+    expected = {"starting the head": 0, "starting the workers": 1, "waiting for ready": 4}[phase]
+    if stalled:
+        assert wait_for(gate.exists, 60), "no start stalled"
+    assert wait_for(lambda: len(tagged_pids(f"{name}.")) >= expected, 60), "nothing started"
     figures.fault_injected()
     proc.send_signal(signal.SIGINT)
-    code, _, err = done(proc)
+    code, _, err = done(proc, timeout_s=120)
     assert code == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    assert wait_for(lambda: tagged_pids(f"{name}.") == [], 10), tagged_pids(f"{name}.")
+    assert wait_for(lambda: tagged_pids(f"{name}.") == [], 30), tagged_pids(f"{name}.")
+    if stalled:  # the stalled start was ended with the launch: it can never start its node later
+        assert wait_for(lambda: not running(int(gate.read_text())), 30)
     rec = json.loads(done(k3("status", str(topo), "--json"))[1])
     assert rec["status"] in ("failed", "stopped") and rec["supervised"] is False

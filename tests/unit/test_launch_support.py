@@ -12,7 +12,7 @@ import yaml
 
 from k3deploy.executors.base import TAG_VAR
 
-# A stand-in for the stand-in: starts in milliseconds. Rank 0 serves /health and /v1/models on
+# A stand-in for the stand-in: starts in milliseconds. Rank 0 serves /health, /v1/models and completions on
 # SGLANG_HOST_IP:--port; behaviour knobs come from engine.env (FAKE_*), exported on every node.
 FAKE_ENGINE = r'''
 import json, os, sys, time
@@ -23,10 +23,15 @@ def opt(name, default=None):
 rank = int(opt("--node-rank", "0")); port = int(opt("--port"))
 host = os.environ.get("SGLANG_HOST_IP", "127.0.0.1")
 print(f"fake engine rank {rank} up", flush=True)
+import socket, tempfile, uuid
+ipc = []  # as vLLM binds its ZMQ IPC sockets: $VLLM_RPC_BASE_PATH/<uuid4>, never unlinked when killed
+for _ in range(int(os.environ.get("FAKE_IPC_SOCKETS", "0"))):
+    ipc.append(socket.socket(socket.AF_UNIX))
+    ipc[-1].bind(os.path.join(os.environ.get("VLLM_RPC_BASE_PATH", tempfile.gettempdir()), str(uuid.uuid4())))
 if os.environ.get("FAKE_EXIT_RANK") == str(rank):
     time.sleep(float(os.environ.get("FAKE_EXIT_AFTER_S", "0.3")))
-    print("fake engine: worker crashed", flush=True)
-    sys.exit(3)
+    print(os.environ.get("FAKE_EXIT_LINE", "fake engine: worker crashed"), flush=True)
+    sys.exit(int(os.environ.get("FAKE_EXIT_STATUS", "3")))
 if os.environ.get("FAKE_FATAL_RANK") == str(rank):
     print("RuntimeError: [enforce fail at gloo] Unable to find address for: ens-bogus", flush=True)
     time.sleep(3600)
@@ -37,6 +42,13 @@ if rank == 0 and os.environ.get("FAKE_NEVER_READY") != "1":
             self.send_response(200 if self.path in ("/health", "/v1/models") else 404)
             self.end_headers()
             self.wfile.write(json.dumps({"data": [{"id": "kimi-k3-tiny"}]}).encode())
+        def do_POST(self):  # launch's readiness ends with a one-token completion
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            code = int(os.environ.get("FAKE_COMPLETION_STATUS", "200")) if self.path == "/v1/completions" else 404
+            self.send_response(code)
+            self.end_headers()
+            body = {"choices": [{"text": "x"}]} if code == 200 else {"error": {"message": "EngineCore died"}}
+            self.wfile.write(json.dumps(body).encode())
         def log_message(self, *a):
             pass
     ThreadingHTTPServer((host, port), H).serve_forever()

@@ -149,6 +149,7 @@ def test_engine_interpreter_from_the_argv() -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.torch  # the rendezvous probe runs torch.distributed (Gloo) on the four local nodes
 def test_preflight_and_launch_on_local_nodes(tmp_path: Path, checkpoint: Path) -> None:
     topo = fake_topology(tmp_path, "pf-local", model={"id": "kimi-k3-tiny", "path": str(checkpoint)})
     run = cli("preflight", str(topo), "--json", "--junit", str(tmp_path / "pf.xml"))

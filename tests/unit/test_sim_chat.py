@@ -194,12 +194,18 @@ def test_over_long_requests_are_rejected_like_each_engine() -> None:
         ApiError, match=r"Input length \(20\d tokens\) exceeds the maximum allowed length \(99 tokens\)"
     ):
         ask(service("sglang", context=100), messages=long)
-    with pytest.raises(
-        ApiError, match=r"maximum context length is 100 tokens\. However, your request has 20\d input"
-    ):
+    # vLLM 0.32.0's words (vllm/renderers/params.py), checked against the real engine by
+    # tests/realengine/test_vllm_conformance.py
+    with pytest.raises(ApiError, match=r"maximum context length is 100 tokens\. However, your prompt contains "
+                       r"20\d input tokens, which exceeds this limit even without any output tokens\. .* "
+                       r"\(parameter=input_tokens, value=20\d\)") as err:
         ask(service("vllm", context=100), messages=long)
-    with pytest.raises(ApiError, match="'max_tokens' or 'max_completion_tokens' is too large: 90"):
-        ask(service("vllm", context=100), max_tokens=90)
+    assert err.value.param == "input_tokens"
+    with pytest.raises(ApiError, match=r"max_tokens=190 cannot be greater than max_model_len=100"):
+        ask(service("vllm", context=100), max_tokens=190)
+    # Past the room the prompt leaves but within the context: clamped to that room, as vLLM does.
+    clamped = ask(service("vllm", context=100), max_tokens=95)
+    assert clamped["usage"]["prompt_tokens"] + clamped["usage"]["completion_tokens"] <= 100
 
 
 def test_max_tokens_cuts_the_completion() -> None:
@@ -234,7 +240,8 @@ def test_error_envelopes_and_model_name() -> None:
         ask(vllm, model="gpt-4")
     assert (
         err.value.status == 404
-        and vllm.error_body(err.value)["error"]["message"] == "The model `gpt-4` does not exist."
+        and vllm.error_body(err.value)["error"] == {"message": "The model `gpt-4` does not exist. Valid aliases: /m.",
+                                                    "type": "NotFoundError", "param": "model", "code": 404}
     )
     assert service("sglang").error_body(ApiError(400, "x"))["object"] == "error"
     assert vllm.models()["data"][0]["id"] == "/m"

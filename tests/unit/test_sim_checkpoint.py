@@ -95,6 +95,7 @@ def test_routed_expert_names_and_shapes_match_the_reference() -> None:
     assert len({s.name for s in specs}) == len(specs)
 
 
+@pytest.mark.torch  # safetensors' framework="pt" hands back torch tensors
 def test_shards_open_with_safetensors_and_match_specs(checkpoint_manifest: tuple[Path, Manifest]) -> None:
     directory, _ = checkpoint_manifest
     specs = {s.name: s for s in tensor_specs(tiny_config())}

@@ -10,7 +10,16 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.sim.generation import complete
 from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
-from k3deploy.sim.tokens import tokenize
+from k3deploy.sim.tokens import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    TOOL_ARGUMENT_BEGIN,
+    TOOL_CALL_BEGIN,
+    TOOL_CALL_END,
+    TOOL_SECTION_BEGIN,
+    TOOL_SECTION_END,
+    tokenize,
+)
 from tests.sim_requests import TOOLS
 from tests.unit.test_sim_chat import SGLANG_FULL, VLLM_FULL, service
 
@@ -48,7 +57,7 @@ def test_every_cut_streams_what_the_whole_answer_says(mimic: str, argv: str, key
         args = "".join(
             tc["function"].get("arguments", "") for d in deltas for tc in d.get("tool_calls") or []
         )
-        assert args == "".join(tc["function"]["arguments"] for tc in message["tool_calls"] or [])
+        assert args == "".join(tc["function"]["arguments"] for tc in message.get("tool_calls") or [])
         finishes = [c["choices"][0]["finish_reason"] for c in body if c["choices"][0]["finish_reason"]]
         assert finishes == [choice["finish_reason"]]
         assert chunks[-1]["usage"] == whole["usage"]
@@ -64,6 +73,54 @@ def test_every_cut_streams_what_the_whole_answer_says(mimic: str, argv: str, key
             )
             assert len(tokenize(text)) <= 1
     assert choice["finish_reason"] == ("tool_calls" if "tool-call-parser" in argv else "stop")
+
+
+def _token_chunks(chunks: list[dict[str, Any]]) -> int:
+    """Chunks that carry a token: text, reasoning or a tool-call fragment (not the role, finish or usage)."""
+    def carries(c: dict[str, Any]) -> bool:
+        choice = (c.get("choices") or [{}])[0]
+        delta = choice.get("delta") or {}
+        return bool(choice.get("text") or delta.get("content") or delta.get("reasoning")
+                    or delta.get("reasoning_content") or delta.get("tool_calls"))
+    return sum(1 for c in chunks if carries(c))
+
+
+MARKER_TOKENS = {  # the tokens a parser turns into no delta (vLLM: "a control token ... without streaming a chunk")
+    "reasoning": len(tokenize(THINK_OPEN)) + len(tokenize(THINK_CLOSE)),
+    "tool": len(tokenize(TOOL_SECTION_BEGIN + TOOL_CALL_BEGIN + TOOL_ARGUMENT_BEGIN + TOOL_CALL_END
+                         + TOOL_SECTION_END)),
+}
+
+
+@pytest.mark.parametrize("mimic", ["sglang", "vllm"])
+def test_one_chunk_per_generated_token_but_the_markers_a_parser_swallows(mimic: str) -> None:
+    ask = [{"role": "user", "content": "Hello, how are you today? Tell me: all of it."}]
+    parsers = VLLM_FULL if mimic == "vllm" else SGLANG_FULL
+    reasoning_only = parsers.replace("--tool-call-parser kimi_k3", "").replace("--enable-auto-tool-choice", "")
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    cases = [  # (argv, body, marker tokens swallowed)
+        ("", {"prompt": "Say: hello, world."}, 0),  # text completion, raw
+        ("", {"prompt": "Say: hello, world.", "max_tokens": 40}, 0),
+        ("", {"messages": ask}, 0),  # chat without parsers: the markers are content, one chunk each
+        (reasoning_only, {"messages": ask}, MARKER_TOKENS["reasoning"]),
+        (reasoning_only, {"messages": ask, "reasoning_effort": "low"}, MARKER_TOKENS["reasoning"]),
+        (parsers, {"messages": TOOL_ASK, "tools": TOOLS, "reasoning_effort": "low"},
+         MARKER_TOKENS["reasoning"] + MARKER_TOKENS["tool"]),
+    ]
+    for argv, body, swallowed in cases:
+        svc = service(mimic, argv)
+        reply = (svc.completion if "prompt" in body else svc.chat)({**body, **stream})
+        assert reply.chunks is not None
+        chunks = list(reply.chunks)
+        tokens = chunks[-1]["usage"]["completion_tokens"]
+        assert _token_chunks(chunks) == tokens - swallowed, (argv, body)
+    # The issue's case: 16 tokens on the vLLM mimic came as 13 chunks: the 3 tokens of the think opener
+    # (`<|open|>`, `think`, `<|sep|>`) that the reasoning parser swallows, as vLLM swallows them.
+    reply = service(mimic, reasoning_only).chat({"messages": ask, "max_tokens": 16, **stream})
+    assert reply.chunks is not None
+    chunks = list(reply.chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 16
+    assert _token_chunks(chunks) == 16 - len(tokenize(THINK_OPEN)) == 13
 
 
 def test_sglang_sends_finish_in_its_own_chunk_and_vllm_with_the_last_token() -> None:

@@ -66,19 +66,29 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
 
 def test_lock_excludes_other_processes(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
+    # The other process holds the lock until told to let go (a line on its stdin), on a machine of any speed.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from k3deploy.launch.state import StateStore\n"
+        "import sys; from k3deploy.launch.state import StateStore\n"
         f"s = StateStore({str(tmp_path)!r})\n"
-        "with s.lock('demo'):\n    print('held', flush=True); time.sleep(1.5)\n")],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    t0 = time.monotonic()
+        "with s.lock('demo'):\n    print('held', flush=True); sys.stdin.readline()\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    assert holder.stdin is not None and holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(StateError, match="locked by another"), store.lock("demo", timeout_s=0.3):
         pass
-    with store.lock("demo", timeout_s=10):
-        waited = time.monotonic() - t0
-    holder.wait(10)
-    assert waited > 0.8  # got it only once the other process let go
+    told = threading.Event()
+
+    def let_go() -> None:
+        told.set()
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+
+    timer = threading.Timer(0.5, let_go)
+    timer.start()
+    with store.lock("demo", timeout_s=120):
+        assert told.is_set()  # got it only once the other process was told to let go
+    timer.join()
+    assert holder.wait(60) == 0
 
 
 def test_missing_and_corrupt_records_are_state_errors(tmp_path: Path) -> None:

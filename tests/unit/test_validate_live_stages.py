@@ -156,9 +156,12 @@ def test_a_topology_mismatch_fails_topology_only(running: Running, mimic: str) -
     topology = stage(report, "topology")
     assert "ep: the engine reports 1, the plan says 2" in topology.evidence
     assert "experts_per_rank: the engine reports 32, the plan says 16" in topology.evidence
-    # node 1 logs as EP rank 0: its own lines say so
-    assert [n.status for n in topology.nodes] == ["pass", "fail"]
-    assert "logs as DP0 PP0 TP1 EP0, the plan puts DP0 PP0 TP1 EP1 here" in topology.nodes[1].detail
+    if mimic == "sglang":  # node 1 logs as EP rank 0: its own lines say so
+        assert [n.status for n in topology.nodes] == ["pass", "fail"]
+        assert "logs as DP0 PP0 TP1 EP0, the plan puts DP0 PP0 TP1 EP1 here" in topology.nodes[1].detail
+    else:  # vLLM's EP group spans DP x TP whether experts are split or not: only the [EP Rank] line tells
+        assert [n.detail for n in topology.nodes] == ["DP0 PP0 TP0 EP0", "DP0 PP0 TP1 EP1"]
+        assert "no [EP Rank] line: expert parallelism is off" in topology.evidence
     source = "/server_info: tp_size=2 ep_size=1" if mimic == "sglang" else "rank 0's non-default args: {tensor_parallel_size: 2"
     assert source in topology.evidence
 

@@ -57,6 +57,26 @@ def test_a_clean_deployment_passes_every_request_stage(clean: tuple[Path, dict[s
         assert summary["median_ttfa_ms"] > summary["median_ttft_ms"]  # the answer comes after the reasoning
     assert results["cold"]["cached_token_share"] == 0 and results["prefix_hit"]["cached_token_share"] > 0.3
     assert "load ran from here" in effort["detail"]
+    # held against the planner's prediction for the deployed shape at the measured lengths
+    predicted = results["predicted"]
+    assert predicted["workload"]["concurrency"] == 4 and predicted["workload"]["num_prompts"] == 8
+    assert predicted["workload"]["output_tokens"] == round(results["cold"]["total_output_tokens"] / 8)
+    assert predicted["bounds"]["tpot"] == "the decode step, bound by HBM reads"
+    assert min(results["share_of_predicted"]["decode"], results["share_of_predicted"]["output_throughput"]) >= 0.2
+    assert re.search(r"predicted for cold \([\d,]+ in / \d+ out, concurrency 4\): [\d,]+ tok/s out", effort["evidence"])
+
+
+def test_a_slow_decode_fails_the_effort_stage_against_its_prediction(tmp_path: Path, checkpoint: Path) -> None:
+    """Every decode step 10x longer (slow_decode): the effort stage fails and names the decode step."""
+    topo = sim_topology(tmp_path, "vr-slow", checkpoint, fault="slow_decode")
+    with launched(topo):
+        effort = stage(validate_json(topo, "effort"), "effort")
+    assert effort["status"] == "fail", effort
+    assert re.search(r"cold: far below the prediction for this shape \(validate.min_share_of_prediction 0.2\): "
+                     r"the decode step runs at \d+% of its predicted speed: mean TPOT [\d.]+ ms against [\d.]+ ms "
+                     r"predicted \(the decode step, bound by HBM reads\); output [\d,]+ tok/s against [\d,]+ "
+                     r"predicted", effort["detail"]), effort["detail"]
+    assert effort["results"]["share_of_predicted"]["decode"] < 0.2
 
 
 def test_thresholds_from_the_topology_decide_the_effort_stage(clean: tuple[Path, dict[str, Any]]) -> None:

@@ -9,19 +9,18 @@ from typing import Any
 from k3deploy.validate import haystack
 from k3deploy.validate.chat import Chat, effort_fields, effort_via
 from k3deploy.validate.loadgen import CHAT_PATH, LoadRun, run_load, run_load_on_node, summarize
+from k3deploy.validate.predicted import compare
 from k3deploy.validate.reach import rank0_http
 from k3deploy.validate.stage import StageResult, ValidateContext
+from k3deploy.validate.stages.long import sized, sizing_failed
 
-TOKENS_PER_SENTENCE = 16  # a filler sentence is ~13 words: sizes the prompts roughly, usage counts exactly
 WHERE = {"here": "from here", "forwarded": "from here through rank 0's tunnel",
          "on-node": "on the node (rank 0), by one python3 process there"}
 
 
-def _bodies(chat: Chat, ctx: ValidateContext, shared: bool) -> list[dict[str, Any]]:
+def _bodies(chat: Chat, ctx: ValidateContext, shared: bool, sentences: int) -> list[dict[str, Any]]:
     settings = ctx.topology.validate_
     count = settings.effort_requests or 2 * settings.concurrency
-    # At least two hash blocks: a shorter shared prefix could never hit on a hybrid model.
-    sentences = max(settings.effort_prompt_tokens, 2 * settings.cache_block_tokens) // TOKENS_PER_SENTENCE
     run = uuid.uuid4().hex[:12]
     effort = effort_fields(ctx.topology.serving.reasoning_effort, effort_via(ctx))
     bodies = []
@@ -51,9 +50,18 @@ def _problems(name: str, summary: dict[str, Any], ctx: ValidateContext) -> list[
     return out
 
 
+def _first_answer(s: dict[str, Any]) -> str:
+    """The first-answer-token figure, only over requests that had one (never '0 ms' for none)."""
+    answered, done = s.get("answered", s["completed"]), s["completed"]
+    if not answered:
+        return "no answer token arrived (reasoning only, or empty)"
+    part = f" ({answered} of {done} answered)" if answered < done else ""
+    return f"first answer p50 {s['median_ttfa_ms']:,.0f} ms{part}"
+
+
 def _line(name: str, s: dict[str, Any]) -> str:
     return (f"{name} {s['output_throughput']:,.0f} tok/s out ({s['output_throughput_per_gpu']:,.0f}/GPU), "
-            f"TTFT p50 {s['median_ttft_ms']:,.0f} ms, first answer p50 {s['median_ttfa_ms']:,.0f} ms, "
+            f"TTFT p50 {s['median_ttft_ms']:,.0f} ms, {_first_answer(s)}, "
             f"TPOT {s['mean_tpot_ms']:.1f} ms, ITL p99 {s['p99_itl_ms']:.1f} ms, "
             f"reasoning {s['reasoning_token_share']:.0%}")
 
@@ -72,8 +80,13 @@ class EffortStage:
         with rank0_http(ctx, settings.request_timeout_s) as http:
             chat = Chat(http, ctx)
             url = http.url_here(CHAT_PATH)
+            sizing = sized(chat, [], role="system")
+            if isinstance(sizing, str):
+                return sizing_failed(self.name, sizing)
+            # At least two hash blocks: a shorter shared prefix could never hit on a hybrid model.
+            sentences = sizing.sentences_for(max(settings.effort_prompt_tokens, 2 * settings.cache_block_tokens))
             for name, shared in (("cold", False), ("prefix_hit", True)):
-                bodies = _bodies(chat, ctx, shared)
+                bodies = _bodies(chat, ctx, shared, sentences)
                 if shared:  # the first request caches the shared prefix for the rest
                     chat.send(bodies[0])
                 run: LoadRun = (run_load(url, bodies, settings.concurrency, settings.request_timeout_s)
@@ -86,9 +99,12 @@ class EffortStage:
                                    "max_concurrency": settings.concurrency, "num_prompts": len(bodies),
                                    "route": route, "load_ran": WHERE[route], "gpus": gpus, **summaries}
         problems = [p for name, s in summaries.items() for p in _problems(name, s, ctx)]
+        off, vs_prediction, predicted = compare(ctx, summaries["cold"], len(bodies))
+        problems += off
+        results.update(vs_prediction)
         head = (f"effort {ctx.topology.serving.reasoning_effort} (as {via}), concurrency {settings.concurrency}, "
                 f"{len(bodies)} requests per workload, load ran {WHERE[route]}")
-        evidence = "\n".join(_line(n, s) for n, s in summaries.items())
+        evidence = "\n".join([*(_line(n, s) for n, s in summaries.items()), *([predicted] if predicted else [])])
         if problems:
             return StageResult(name=self.name, status="fail", detail="; ".join(problems) + f" ({head})",
                                evidence=evidence, results=results)

@@ -13,7 +13,8 @@ from k3deploy.validate import reach
 from k3deploy.validate.logscan import last_match, node_result, row
 from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext
 
-KIND_WORDS = {"marlin": "Marlin W4A16", "native_mxfp4": "native MXFP4", "upcast": "experts upcast to BF16"}
+KIND_WORDS = {"marlin": "Marlin W4A16", "native_mxfp4": "native MXFP4", "upcast": "experts upcast to BF16",
+              "unquantized": "unquantized experts"}
 
 
 def catalog_of(ctx: ValidateContext) -> Catalog:
@@ -46,8 +47,8 @@ class NodeKernels:
     summary: str
 
 
-def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds) -> NodeKernels:
-    """Judge one node's start-up log against what the accelerator needs."""
+def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds, dense: bool = False) -> NodeKernels:
+    """Judge one node's start-up log against what the accelerator needs (a dense model runs no MoE kernel)."""
     lines = text.splitlines()
     problems: list[str] = []
     seen: list[str] = []
@@ -56,15 +57,18 @@ def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds) -> NodeKerne
     marlin = last_match(lines, patterns.marlin_warning)
     if marlin is not None and needs.moe == "native_mxfp4":
         problems.append(f"Marlin weight-only FP4 on a GPU with FP4 cores ({needs.reason}): {marlin.evidence}")
-    moe = last_match(lines, patterns.moe)
+    moe = None if dense else last_match(lines, patterns.moe)
     moe_name = moe.group("name") if moe is not None else ""
-    if moe is None:
+    if dense:
+        kind = "dense"
+    elif moe is None:
         kind = "marlin" if marlin is not None else ""
         if needs.moe is not None and not kind:
             problems.append(f"no line names the MoE kernel ({len(lines)} log lines read)")
     else:
         seen.append(moe.evidence)
-        kind = patterns.moe_kind(moe_name)
+        # The backend oracle's line names the experts' quantization beside the backend.
+        kind = "unquantized" if moe.group("quant").lower() == "unquantized" else patterns.moe_kind(moe_name)
         if needs.moe == "native_mxfp4" and moe_name.lower() == "auto":  # resolves per GPU, and says so
             problems.append(f"no line says which MoE kernel 'auto' resolved to: {moe.evidence}")
         elif needs.moe is not None and kind != needs.moe:
@@ -79,8 +83,8 @@ def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds) -> NodeKerne
     elif needs.attention is not None and att_name.lower() != needs.attention:
         assert attention is not None
         problems.append(f"attention backend {att_name}, needs {needs.attention}; evidence: {attention.evidence}")
-    summary = (f"MoE {moe_name or '?'} ({KIND_WORDS.get(kind, 'unknown')}), "
-               f"attention {att_name or 'not logged'}")
+    moe_words = "no MoE kernel (a dense model)" if dense else f"MoE {moe_name or '?'} ({KIND_WORDS.get(kind, 'unknown')})"
+    summary = f"{moe_words}, attention {att_name or 'not logged'}"
     return NodeKernels(problems, seen, summary)
 
 
@@ -95,6 +99,9 @@ class KernelsStage:
         hw = hardware_of(ctx)
         family = family_of(ctx)
         needs = kernel_needs(hw, family, ctx.topology.parallel.dcp)
+        dense = ctx.model.architecture.num_experts == 0
+        if dense and needs.moe is not None:  # the MoE rule is K3's; a dense model has no experts to judge
+            needs = KernelNeeds(None, needs.attention, f"{ctx.model.id} is dense: no MoE kernel applies")
         patterns = log_lines(family)
         logs = reach.node_logs(ctx)
         rows: list[NodeRow] = []
@@ -104,10 +111,10 @@ class KernelsStage:
             if not text.strip():
                 rows.append(row(node.rank, node.host, [], "", "its engine log is empty or could not be read"))
                 continue
-            found = read_kernels(text, patterns, needs)
+            found = read_kernels(text, patterns, needs, dense)
             rows.append(row(node.rank, node.host, found.problems, found.summary))
             if not evidence and found.seen:
                 evidence = f"node {node.rank} ({node.host}): " + "\n".join(found.seen)
-        wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention) if x) or "no rule"
+        wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention) if x) or needs.reason
         passed = f"{len(rows)} nodes on {hw.id}: {rows[0].detail if rows else ''} (needs {wanted}; {patterns.version})"
         return node_result(self.name, rows, passed, evidence)

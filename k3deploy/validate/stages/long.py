@@ -18,12 +18,19 @@ def prompt_tolerance(expected: int) -> int:
     return max(32, expected // 100)
 
 
-def sized(chat: Chat, facts: list[haystack.Fact], extra: str = "") -> haystack.Sizing | None:
-    """Calibrate filler sentences -> prompt tokens with two short requests (the engine's tokenizer counts)."""
-    def count(sentences: int) -> int | None:
+def sized(chat: Chat, facts: list[haystack.Fact], extra: str = "",
+          role: str = "user") -> haystack.Sizing | str:
+    """Calibrate filler sentences -> prompt tokens with the engine's tokenizer; else the engine's error."""
+    def count(sentences: int) -> int | str:
         text = haystack.haystack(sentences, facts, uuid.uuid4().hex[:12]) + extra
-        return chat.ask([{"role": "user", "content": text}], 1).prompt_tokens
+        return chat.count([{"role": role, "content": text}])
     return haystack.calibrate(count)
+
+
+def sizing_failed(name: str, why: str) -> StageResult:
+    """The stage's result when its prompt could not be sized: the engine's own answer, not a missing field."""
+    return StageResult(name=name, status="fail",
+                       detail=f"sizing the prompt with the engine's tokenizer failed: {why[:300]}", evidence=why)
 
 
 def retrieval_line(found: dict[float, bool]) -> str:
@@ -61,10 +68,8 @@ class LongStage:
         with rank0_http(ctx, settings.request_timeout_s) as http:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts, closing)
-            if sizing is None:
-                return StageResult(name=self.name, status="fail",
-                                   detail="short calibration requests failed: no usage.prompt_tokens",
-                                   evidence="")
+            if isinstance(sizing, str):
+                return sizing_failed(self.name, sizing)
             sentences = sizing.sentences_for(target)
             expected = sizing.tokens_for(sentences)
             text = haystack.haystack(sentences, facts, uuid.uuid4().hex[:12]) + closing

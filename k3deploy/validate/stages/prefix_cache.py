@@ -12,7 +12,7 @@ from k3deploy.validate import haystack
 from k3deploy.validate.chat import CACHE_REPORT_FLAG, PREFIX_CACHE_FLAG, Chat, effort_fields, effort_via
 from k3deploy.validate.reach import rank0_http
 from k3deploy.validate.stage import StageResult, ValidateContext
-from k3deploy.validate.stages.long import RETRIEVAL_EFFORT, retrieval_line, sized
+from k3deploy.validate.stages.long import RETRIEVAL_EFFORT, retrieval_line, sized, sizing_failed
 from k3deploy.validate.streamed import StreamRecord
 
 SGLANG_CACHED_OVER_PROMPT = 2  # SGLang may report cached_tokens up to 2 above prompt_tokens (a think stub)
@@ -24,6 +24,21 @@ def first_difference(hit: list[str], cold: list[str]) -> str:
         if a != b:
             return f"token {i} is {a!r} on the hit, {b!r} cold"
     return f"the hit gave {len(hit)} tokens, the cold request {len(cold)}"
+
+
+def cache_off_line(ctx: ValidateContext) -> str | None:
+    """The engine's own line saying it runs without a prefix cache (vLLM on CPU for MLA models), from any node."""
+    from k3deploy.engines.log_lines import log_lines
+    from k3deploy.validate.logscan import last_match
+    from k3deploy.validate.reach import node_logs
+    from k3deploy.validate.stages.kernels import family_of
+
+    patterns = log_lines(family_of(ctx)).prefix_cache_off
+    for _, text in sorted(node_logs(ctx).items()):
+        found = last_match(text.splitlines(), patterns)
+        if found is not None:
+            return found.evidence
+    return None
 
 
 class PrefixCacheStage:
@@ -41,9 +56,8 @@ class PrefixCacheStage:
         with rank0_http(ctx, settings.request_timeout_s) as http:
             chat = Chat(http, ctx)
             sizing = sized(chat, facts)
-            if sizing is None:
-                return StageResult(name=self.name, status="fail",
-                                   detail="short calibration requests failed: no usage.prompt_tokens")
+            if isinstance(sizing, str):
+                return sizing_failed(self.name, sizing)
             notes = haystack.haystack(sizing.sentences_for(min(settings.prefix_cache_tokens, limit)), facts,
                                       uuid.uuid4().hex[:12])
             turn1 = [{"role": "user", "content": notes + "\n\nSummarise the notes in one sentence."}]
@@ -69,8 +83,11 @@ class PrefixCacheStage:
             problems.append(f"turn 2 cached_tokens not reported (unknown, not zero): start the engine with "
                             f"{CACHE_REPORT_FLAG[dialect]}")
         elif cached is not None and cached < predicted:
+            off = cache_off_line(ctx)
+            why = (f"the engine turned prefix caching off itself: {off}" if off
+                   else f"prefix caching is off or not hitting ({PREFIX_CACHE_FLAG[dialect]})")
             problems.append(f"turn 2 cached_tokens {cached:,} < {predicted:,} predicted (of {prompt:,} prompt "
-                            f"tokens): prefix caching is off or not hitting ({PREFIX_CACHE_FLAG[dialect]})")
+                            f"tokens): {why}")
         elif cached is not None and cached > prompt + SGLANG_CACHED_OVER_PROMPT:
             problems.append(f"turn 2 cached_tokens {cached:,} > prompt_tokens {prompt:,}")
         elif cached is not None and prompt and cached / prompt < settings.min_cache_hit_ratio:

@@ -23,9 +23,16 @@ STRUCTURE_BUDGET_S = 300.0
 
 
 def config_expectations(model: ModelSpec) -> dict[str, Any]:
-    """{dotted config.json key: value} the catalog entry implies."""
-    arch = model.architecture.model_dump(exclude={"sources"})
-    out = {CONFIG_PATHS.get(k, f"text_config.{k}"): list(v) if isinstance(v, tuple) else v for k, v in arch.items()}
+    """{dotted config.json key: value} the catalog entry implies (its config_keys override K3's layout)."""
+    keys = {**CONFIG_PATHS, **model.architecture.config_keys}
+    out = {}
+    fields = model.architecture.config_fields()
+    if model.architecture.head_dim is not None:  # GQA models: config.json's head_dim
+        fields["head_dim"] = model.architecture.head_dim
+    for field, value in fields.items():
+        key = keys.get(field, f"text_config.{field}")
+        if key is not None:  # a field the model's config.json does not carry (a catalog entry says so)
+            out[key] = list(value) if isinstance(value, tuple) else value
     if model.weights.expert_format == "mxfp4":
         out["quantization_config.format"] = "mxfp4-pack-quantized"
     return out

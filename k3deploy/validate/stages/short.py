@@ -18,7 +18,6 @@ CHAT_PATH = "/v1/chat/completions"
 # tool-call section markers); other models' <think> tags too. None of them belongs in an answer's content.
 RAW_MARKERS = re.compile(r"<\|[a-z_]+\|>|</?think>")
 REASONING_KEY = {"sglang": "reasoning_content", "vllm": "reasoning"}
-MAX_TOKENS = 2048  # a short question at low effort thinks for far fewer tokens
 TOOL = {
     "type": "function",
     "function": {
@@ -96,14 +95,14 @@ def reasoning_problems(answer: Answer, key: str) -> list[str]:
     return out
 
 
-def chat_problems(answer: Answer, key: str) -> list[str]:
+def chat_problems(answer: Answer, key: str, budget: int) -> list[str]:
     """A plain chat answer: reasoning split off, some content, finish_reason stop."""
     out = reasoning_problems(answer, key)
     if not answer.content.strip():
         out.append("empty content")
     if answer.finish_reason != "stop":
         out.append(f"finish_reason {answer.finish_reason!r}, expected 'stop'"
-                   + (f" (raise the {MAX_TOKENS}-token budget?)" if answer.finish_reason == "length" else ""))
+                   + (f" (raise validate.short_max_tokens, {budget}?)" if answer.finish_reason == "length" else ""))
     return out
 
 
@@ -146,7 +145,8 @@ class ShortStage:
         problems: list[str] = []
         seen: list[str] = []
         with reach.rank0_http(ctx, timeout_s) as http:
-            base = {"model": served_model(http, ctx.topology.model.id), "max_tokens": MAX_TOKENS, "temperature": 0,
+            budget = ctx.topology.validate_.short_max_tokens
+            base = {"model": served_model(http, ctx.topology.model.id), "max_tokens": budget, "temperature": 0,
                     "reasoning_effort": "low"}
             chat = {**base, "messages": [{"role": "user", "content": CHAT_QUESTION}]}
             tool = {**base, "messages": [{"role": "user", "content": TOOL_QUESTION}], "tools": [TOOL],
@@ -159,7 +159,7 @@ class ShortStage:
                     except (ValueError, KeyError, IndexError) as exc:
                         problems.append(f"{label}: {exc}")
                         continue
-                    found = chat_problems(answer, key) if what == "chat" else tool_problems(answer, key, TOOL)
+                    found = chat_problems(answer, key, budget) if what == "chat" else tool_problems(answer, key, TOOL)
                     problems += [f"{label}: {p}" for p in found]
                     if found or not seen:
                         seen.append(f"{label}: {excerpt}")

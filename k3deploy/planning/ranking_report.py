@@ -1,0 +1,32 @@
+"""`plan --search --workload` as a table: one line per shape, best first, and why the top one wins."""
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from k3deploy.planning.ranking import RankedShape, shape_name
+from k3deploy.planning.workload import Workload
+
+
+def ranked_table(hardware: str, gpus: int, engine: str, w: Workload, objective: str, rows: list[RankedShape],
+                 why: str) -> Group:
+    """Shape, predicted figures and the bound of TPOT; shapes that do not fit or miss --tpot-max last."""
+    t = Table(title=f"Shapes for {gpus} x {hardware} with {engine}, ranked by {objective} at {w.input_tokens:,} in"
+              f" / {w.output_tokens:,} out, concurrency {w.concurrency}", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("shape", "TTFT ms", "TPOT ms", "tok/s/GPU", "batch", "bound"):
+        t.add_column(col, justify="left" if col in ("shape", "bound") else "right", no_wrap=True)
+    for r in rows:
+        p = r.prediction
+        if p is None:
+            t.add_row(shape_name(r), "-", "-", "-", "-", Text("does not fit", style="red"))
+            continue
+        t.add_row(shape_name(r), f"{p.ttft_s * 1000:,.0f}", f"{p.tpot_s * 1000:,.2f}",
+                  f"{p.output_throughput_per_gpu:,.1f}", Text(str(p.running), style="yellow" if p.capped_by else ""),
+                  Text(p.bound("tpot", short=True) if r.meets_tpot else "over --tpot-max",
+                       style="" if r.meets_tpot else "yellow"))
+    return Group(t, Text(why, style="bold"),
+                 Text("batch: requests its caches hold at once (sized with max_running_requests = concurrency); "
+                      "`plan FILE --workload` explains one shape term by term", style="dim"))

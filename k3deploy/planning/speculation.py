@@ -1,0 +1,56 @@
+"""Speculative decoding as a topology configures it through engine.args: draft tokens proposed per step
+(SGLang `--speculative-algorithm DSPARK --speculative-dspark-block-size N`, vLLM `--speculative-config
+'{"num_speculative_tokens": N, ...}'`), and the tokens a verify step keeps (the model's catalog figure)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from k3deploy.catalog.specs import ModelSpec
+from k3deploy.planning.perf_model import PerfUnknown
+
+
+def draft_tokens(args: dict[str, Any]) -> int:
+    """Draft tokens per step the engine flags ask for (0: no speculative decoding)."""
+    algorithm = args.get("--speculative-algorithm")
+    if algorithm not in (None, False):
+        if str(algorithm).upper() != "DSPARK":
+            raise PerfUnknown(f"engine.args --speculative-algorithm {algorithm}: only DSPARK (K3's draft) is "
+                              "modelled")
+        block = args.get("--speculative-dspark-block-size")
+        if block in (None, False, True):
+            raise PerfUnknown("engine.args: DSPARK without --speculative-dspark-block-size: set it (e.g. 7) to "
+                              "predict")
+        return _count(block, "--speculative-dspark-block-size")
+    raw = args.get("--speculative-config")
+    if raw in (None, False):
+        return 0
+    try:
+        config = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise PerfUnknown(f"engine.args --speculative-config {raw!r}: not JSON") from None
+    if not isinstance(config, dict) or "num_speculative_tokens" not in config:
+        raise PerfUnknown("engine.args --speculative-config: no num_speculative_tokens to predict with")
+    return _count(config["num_speculative_tokens"], "num_speculative_tokens")
+
+
+def acceptance(model: ModelSpec, drafts: int) -> float:
+    """Mean tokens one verify step keeps (1 without speculation); PerfUnknown when the catalog has no figure."""
+    if drafts == 0:
+        return 1.0
+    value = model.draft_acceptance_length.get(drafts)
+    if value is None:
+        known = ", ".join(str(k) for k in sorted(model.draft_acceptance_length)) or "none"
+        raise PerfUnknown(f"model {model.id} has no draft_acceptance_length for {drafts} draft tokens in the "
+                          f"catalog (known: {known}); add one with --catalog DIR, with its source")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise PerfUnknown(f"engine.args {what} {value!r}: expected a whole number >= 1")
+    return n

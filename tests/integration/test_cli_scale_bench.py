@@ -1,0 +1,21 @@
+"""bench/cli_scale.py runs end to end at small sizes (the real measurement is `python bench/cli_scale.py`)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_cli_scale_bench_runs_and_cleans_up(root_only: None) -> None:
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "cli_scale.py"), "--sizes", "4,8", "--runs", "1",
+                          "--settle-s", "-1"], capture_output=True, text=True, timeout=580, cwd=ROOT, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "8 / 4 hosts: launch" in run.stdout and "k3deploy's own CPU: launch" in run.stdout
+    assert "nan" not in run.stdout  # every stop phase was found in the supervisor's log
+    assert "LEFTOVER" not in run.stdout

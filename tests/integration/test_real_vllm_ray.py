@@ -1,0 +1,88 @@
+"""The real vLLM through k3deploy's Ray executor: a Ray cluster on two namespace hosts, the dense model at TP 2
+across them (the same `vllm serve` processes, started by the agent actors), ready only after a completion,
+validated from real log lines; then the headless node's main process killed: every node stopped, the node named,
+no engine and no agent left (Ray's own processes stay)."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3deploy.launch.state import StateStore
+from tests.integration.real_vllm import RealVllm, engine_main, host_procs, kill
+from tests.polling import wait_for
+from tests.rig import HostRig
+from tests.rig.ray_cluster import RAY_ENV, RayRig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Path:
+    from tests.realengine.venv import require_vllm
+
+    return require_vllm()
+
+
+@pytest.fixture(scope="module")
+def ray2(vllm: Path) -> Iterator[tuple[HostRig, RayRig]]:
+    from tests.integration.conftest import _require_root
+
+    _require_root()
+    with HostRig(2) as rig, RayRig(rig) as cluster:
+        yield rig, cluster
+
+
+class RayRealVllm(RealVllm):
+    """What may be left on a host is Ray itself: no engine, no agent actor."""
+
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        def ours(host: str) -> list[str]:
+            return [p.args[:80] for p in host_procs(self.rig, host)
+                    if "bin/vllm" in p.args or "ray::NodeAgent" in p.args or "VLLM" in p.args]
+
+        wait_for(lambda: not any(ours(h.name) for h in self.rig.hosts), 20.0)
+        return {h.name: ours(h.name) for h in self.rig.hosts}
+
+
+@pytest.fixture
+def real(ray2: tuple[HostRig, RayRig], vllm: Path, tmp_path: Path) -> Iterator[RayRealVllm]:
+    from tests.realengine.checkpoints import write_llama
+
+    rig, cluster = ray2
+    d = RayRealVllm(rig, vllm, {"llama": write_llama(tmp_path / "tiny-llama")}, tmp_path,
+                    {"executor": "ray", "ray_address": cluster.address}, env={**os.environ, **RAY_ENV})
+    yield d
+    problems = d.cleanup()
+    assert problems == [], problems
+
+
+def test_dense_tp2_through_ray_serves_and_a_killed_headless_main_stops_the_group(
+        real: RayRealVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = real.real_topology("rvr-dense")
+    t0 = time.monotonic()
+    run = real.run("launch", str(topo), "--json", "--skip-preflight")  # as over SSH: vLLM's import outlasts it
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    rec = json.loads(run.stdout)
+    assert rec["status"] == "ready" and rec["executor"] == "ray"
+    with capsys.disabled():
+        print(f"\nRay: dense TP 2, launch to ready {time.monotonic() - t0:.0f} s")
+    stages = real.validate(topo, "--only", "kernels,topology")
+    assert stages["kernels"]["status"] == "pass" and stages["topology"]["status"] == "pass", stages
+    assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP0 PP0 TP1 EPN/A"]
+
+    worker = real.rig.hosts[1].name
+    kill(real.rig, worker, engine_main(real.rig, worker).pid)
+    t0 = time.monotonic()
+    store = StateStore(real.state_dir)  # Ray's supervisor polls (no streams); its calls are slow under load
+    assert wait_for(lambda: store.require("rvr-dense").status == "failed", 180), store.require("rvr-dense")
+    with capsys.disabled():
+        print(f"Ray: headless main killed, group stopped after {time.monotonic() - t0:.0f} s")
+    status = real.failed_status(topo, "rvr-dense", 1, real.rig.hosts[1].mgmt_ip)
+    assert "exited with status" in status["failure"]["cause"] or "gone" in status["failure"]["cause"], status
+    left = real.left_on_hosts()
+    assert not any(left.values()), left

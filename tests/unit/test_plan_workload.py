@@ -1,0 +1,195 @@
+"""`plan FILE --workload` (predicted TTFT/TPOT/throughput, term by term) and `plan --search --workload` (shapes
+ranked by the prediction): output, JSON field names, mistakes, and what they import."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.errors import InputError
+from k3deploy.planning.files import plan_path
+from k3deploy.planning.prediction import predict_plan
+from k3deploy.planning.workload import Workload, parse_workload
+from tests.cli_imports import imported_by
+from tests.unit.plan_helpers import topology_dict
+from tests.unit.test_plan_cli import ROOT, k3
+
+pytestmark = pytest.mark.timeout(120)
+B300 = ROOT / "topologies" / "b300-1x8-sglang.yaml"
+LOAD = "in=8192,out=1024,concurrency=16,effort=high"
+BENCH_FIELDS = {"max_concurrency", "num_prompts", "total_input_tokens", "total_output_tokens", "duration",
+                "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "mean_tpot_ms",
+                "mean_itl_ms", "mean_e2el_ms"}
+
+
+def test_parse_workload() -> None:
+    assert parse_workload(" in=8192, out=1_024,concurrency=16,effort=high ") == Workload(8192, 1024, 16, "high")
+    assert parse_workload("in=10,out=2,concurrency=3,prompts=7").prompts == 7
+    assert parse_workload("in=10,out=2,concurrency=3").prompts == 15  # 5 x concurrency, the cookbooks'
+
+
+@pytest.mark.parametrize("text, says", [
+    ("in=8192,concurrency=16", "missing out="),
+    ("in=8192,out=1024,concurrency=16,effort=medium", "effort='medium': expected one of low, high, max"),
+    ("in=8192,out=1,concurrency=16", "out='1': expected a whole number from 2"),
+    ("in=lots,out=10,concurrency=16", "in='lots': expected a whole number"),
+    ("in=8192,out=1024,users=16", "'users=16' is not one of in=, out=, concurrency="),
+    ("in=1,in=2,out=3,concurrency=1", "'in' given twice"),
+])
+def test_workload_mistakes_name_the_part(text: str, says: str) -> None:
+    with pytest.raises(InputError, match=__import__("re").escape(says)):
+        parse_workload(text)
+
+
+def test_json_prediction_uses_vllm_bench_serve_names_and_matches_the_library() -> None:
+    r = k3("plan", "--json", B300, "--workload", LOAD)
+    assert r.returncode == 0, r.stderr
+    pred = json.loads(r.stdout)["prediction"]
+    assert BENCH_FIELDS <= set(pred) and pred["max_concurrency"] == 16 and pred["num_prompts"] == 80
+    cat = load_catalog()
+    p = predict_plan(plan_path(B300, cat).plan, cat, parse_workload(LOAD))  # type: ignore[arg-type]
+    assert pred["mean_tpot_ms"] == pytest.approx(p.tpot_s * 1000)
+    assert pred["output_throughput"] == pytest.approx(p.output_throughput)
+    assert pred["output_throughput_per_gpu"] == pytest.approx(p.output_throughput / 8)
+    assert pred["bounds"]["tpot"] == "the decode step, bound by HBM reads"
+    assert [t["name"] for t in pred["decode_step_terms"]] == ["HBM reads", "compute", "collectives",
+                                                              "per-layer overhead"]
+    assert pred["workload"]["effort"] == "high"
+
+
+def test_plain_json_has_no_prediction_key() -> None:
+    r = k3("plan", "--json", B300)
+    assert r.returncode == 0 and "prediction" not in json.loads(r.stdout)
+
+
+def test_text_explains_every_term_and_names_the_bound() -> None:
+    r = k3("plan", B300, "--workload", LOAD)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for want in ("TTFT (mean)", "TPOT (mean)", "ITL (mean)", "output tok/s per GPU", "the decode step, bound by HBM",
+                 "experts touched", "MLA KV", "KDA state", "all-reduce over 8", "prefill stalls", "93 layers x 34 us"):
+        assert want in out, want
+
+
+def test_an_infeasible_plan_predicts_nothing() -> None:
+    r = k3("plan", "--json", ROOT / "tests" / "assets" / "invalid" / "broken-port.yaml", "--workload", LOAD)
+    assert r.returncode == 2 and json.loads(r.stdout)["prediction"] is None
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", str(B300), "--workload", "in=1"], "missing out="),
+    (["plan", str(B300), "--objective", "latency"], "need --workload"),
+    (["plan", str(B300), "--workload", LOAD, "--tpot-max", "20"], "add --search"),
+    (["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", LOAD, "--tpot-max", "0"],
+     "expected milliseconds > 0"),
+    (["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", LOAD, "--objective", "cost"],
+     "--objective cost: expected throughput or latency"),
+])
+def test_option_mistakes_exit_2_with_the_fix(argv: list[str], says: str) -> None:
+    r = k3(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_catalog_missing_a_link_figure_is_named(tmp_path: Path) -> None:
+    cat = load_catalog()
+    hw = cat.hardware["h100-80gb"].model_dump(exclude={"scaleout_gbps", "scaleout_latency_us"})
+    hw["id"] = "h100-no-net"
+    hw["sources"] = {k: v for k, v in hw["sources"].items() if not k.startswith("scaleout")}
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "mine.yaml").write_text(yaml.safe_dump({"hardware": [hw]}))
+    topo = tmp_path / "t.yaml"
+    topo.write_text(yaml.safe_dump(topology_dict(gpu="h100-no-net")))
+    r = k3("plan", topo, "--catalog", tmp_path / "cat", "--workload", LOAD)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "hardware h100-no-net has no scaleout_gbps and scaleout_latency_us in the catalog" in r.stderr
+
+
+def test_search_ranks_by_throughput_and_says_why() -> None:
+    r = k3("plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload",
+           "in=8192,out=1024,concurrency=64", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ranked = [s for s in doc["shapes"] if s["prediction"]]
+    per_gpu = [s["prediction"]["output_throughput_per_gpu"] for s in ranked]
+    assert per_gpu == sorted(per_gpu, reverse=True) and len(ranked) >= 10
+    assert {(s["tp"], s["dcp"]) for s in ranked[:2]} == {(8, 8)}  # DCP8 shards the MLA KV reads of 64 requests
+    assert doc["why"].startswith("TP8/DCP8 wins with") and "TP8: per output token its HBM reads" in doc["why"]
+    assert all(s["prediction"] is None for s in doc["shapes"][len(ranked):])  # what does not fit comes last
+
+
+def test_tpot_limit_and_latency_objective_reorder_the_shapes() -> None:
+    base = ["plan", "--search", "--hardware", "h100-80gb", "--gpus", "32", "--workload",
+            "in=8192,out=1024,concurrency=16", "--json"]
+    free = json.loads(k3(*base).stdout)["shapes"]
+    limited = json.loads(k3(*base, "--tpot-max", "20").stdout)["shapes"]
+    meets = [s["meets_tpot_max"] for s in limited if s["prediction"]]
+    assert meets == sorted(meets, reverse=True) and True in meets and False in meets
+    assert all(s["prediction"]["mean_tpot_ms"] <= 20 for s in limited if s["meets_tpot_max"])
+    latency = json.loads(k3(*base, "--objective", "latency").stdout)["shapes"]
+    uncapped = [s for s in latency if s["prediction"] and s["prediction"]["capped_by"] is None]
+    tpots = [s["prediction"]["mean_tpot_ms"] for s in uncapped]
+    assert tpots == sorted(tpots) and latency[0] in uncapped and free != latency
+
+
+def test_text_search_lists_shapes_and_the_winner() -> None:
+    r = k3("plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", "in=8192,out=1024,concurrency=64")
+    assert r.returncode == 0, r.stderr
+    assert "ranked by throughput" in r.stdout and "TP8/DCP8 wins with" in r.stdout and "does not fit" in r.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "topologies/b300-1x8-sglang.yaml", "--workload", LOAD],
+    ["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", LOAD],
+])
+def test_workload_imports_no_heavy_modules(argv: list[str]) -> None:
+    assert imported_by(argv, ["torch", "ray", "paramiko", "httpx"]) == []
+
+
+def test_json_workload_draws_no_tables() -> None:
+    assert imported_by(["plan", "--json", "topologies/b300-1x8-sglang.yaml", "--workload", LOAD],
+                       ["rich.console", "rich.table"]) == []
+
+
+def test_text_says_an_infeasible_plan_gets_no_prediction(tmp_path: Path) -> None:
+    topo = tmp_path / "small.yaml"
+    topo.write_text(yaml.safe_dump(topology_dict(nodes=1, tp=8, ep=8)))  # K3 on one H100 node does not fit
+    r = k3("plan", topo, "--workload", LOAD)
+    assert r.returncode == 1 and "no prediction for --workload: the plan is not feasible" in r.stdout
+
+
+def test_speculation_as_engine_args_configure_it() -> None:
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.speculation import acceptance, draft_tokens
+
+    assert draft_tokens({}) == 0 and draft_tokens({"--speculative-algorithm": None}) == 0
+    assert draft_tokens({"--speculative-algorithm": "DSPARK", "--speculative-dspark-block-size": 7}) == 7
+    assert draft_tokens({"--speculative-config": '{"method": "dspark", "num_speculative_tokens": 3}'}) == 3
+    for args, says in (({"--speculative-algorithm": "EAGLE"}, "only DSPARK"),
+                       ({"--speculative-algorithm": "DSPARK"}, "set it"),
+                       ({"--speculative-config": "{nope"}, "not JSON"),
+                       ({"--speculative-config": '{"method": "x"}'}, "no num_speculative_tokens")):
+        with pytest.raises(PerfUnknown, match=says):
+            draft_tokens(args)
+    k3 = load_catalog().models["kimi-k3"]
+    assert acceptance(k3, 0) == 1.0 and acceptance(k3, 7) == 3.84
+    with pytest.raises(PerfUnknown, match=r"no draft_acceptance_length for 5 draft tokens .*known: 3, 7"):
+        acceptance(k3, 5)
+
+
+def test_dspark_speeds_decode_by_its_acceptance(tmp_path: Path) -> None:
+    plain, spec = tmp_path / "plain.yaml", tmp_path / "spec.yaml"
+    doc = topology_dict(gpu="b300", nodes=1, tp=8, ep=1)
+    plain.write_text(yaml.safe_dump(doc))
+    doc["engine"]["args"] = {"--speculative-algorithm": "DSPARK", "--speculative-dspark-block-size": 7}
+    spec.write_text(yaml.safe_dump(doc))
+    one = "in=8192,out=1024,concurrency=1"
+    a, b = (json.loads(k3("plan", "--json", f, "--workload", one).stdout)["prediction"] for f in (plain, spec))
+    assert 2.5 < a["mean_tpot_ms"] / b["mean_tpot_ms"] < 3.84  # 3.84 kept per verify of 8 tokens, which reads more
+    doc["engine"]["args"]["--speculative-dspark-block-size"] = 5
+    spec.write_text(yaml.safe_dump(doc))
+    r = k3("plan", spec, "--workload", one)
+    assert r.returncode == 2 and "no draft_acceptance_length for 5 draft tokens" in r.stderr
