@@ -35,6 +35,16 @@ if [ -z "${K3DEPLOY_SKIP_REAL_ENGINE:-}" ]; then
   export K3DEPLOY_VLLM_VENV
 fi
 # --- end of the real-engine tier ---------------------------------------------------------------------------
+# --- routers (issue 26) ----------------------------------------------------------------------------------
+# The real routers (smg, sglang-router, vllm-router from PyPI) in their own cached venv, for the router tests
+# (tests/integration/test_router_tables.py); made once, reused while its ready marker names the pins.
+# Offline, the router tests skip and say why.
+if routers_venv="$(bash scripts/routers_venv.sh)"; then
+  export K3DEPLOY_ROUTERS_VENV="$routers_venv"
+else
+  echo "scripts/test.sh: the routers venv could not be made; the router tests will skip" >&2
+fi
+# --- end of the routers block ---------------------------------------------------------------------------
 # Static checks are their own step (the unit tier needs no mypy); skipped when pytest gets arguments.
 [ "$#" -gt 0 ] || bash scripts/static_checks.sh
 # The unit tier again under Python 3.10, the oldest pyproject.toml promises (also skipped when pytest gets

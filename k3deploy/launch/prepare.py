@@ -9,6 +9,7 @@ from pathlib import Path
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
+from k3deploy.errors import InputError
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
@@ -33,5 +34,8 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
 
     cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
     plan = require_feasible(file, cat)
+    if plan.topology.replicas > 1 or plan.topology.router is not None:
+        raise InputError(f"{plan.file}: launch and preflight of replicas or a router are not built yet (issue 26)",
+                         hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
     return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))

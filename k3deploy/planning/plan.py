@@ -15,13 +15,16 @@ from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.errors import InfeasibleError
 from k3deploy.planning import rules
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget, weights_bytes_per_gpu
+from k3deploy.planning.pool import Pool, RouterPlan, policy_issues, pool, router_plan
 from k3deploy.topology.loader import LoadedTopology
+from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
 
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
 INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
-                         "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST"})
+                         "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST",
+                         "ROUTER_POLICY"})
 # What each group of checks reads: a value left out by a schema error blocks the groups that read it.
 READS = {
     "node": ("nodes", "launch.executor"),
@@ -60,6 +63,8 @@ class Plan(NamedTuple):
     memory: MemoryBudget | None
     capacity: Capacity | None
     issues: tuple[Issue, ...]
+    pool: Pool | None = None  # with replicas or a router: what all replicas hold together
+    router: RouterPlan | None = None
 
     @property
     def valid(self) -> bool:
@@ -72,22 +77,28 @@ class Plan(NamedTuple):
         """No error-severity issue."""
         return self.valid and not any(i.severity == "error" for i in self.issues)
 
-    def render_inputs(self, python: str = "python3") -> Inputs:
-        """What the renderers take from a feasible plan; InfeasibleError naming the codes otherwise. `python`
-        runs the stand-in engine (kind sim without engine.launcher)."""
+    def render_inputs(self, python: str = "python3", replica: int = 0) -> Inputs:
+        """What the renderers take from a feasible plan (for one replica: its nodes and ports);
+        InfeasibleError naming the codes otherwise. `python` runs the stand-in engine (kind sim without
+        engine.launcher)."""
         if not self.feasible or self.model is None or self.hardware is None or self.shape is None \
                 or self.memory is None:
             codes = ", ".join(i.code for i in self.issues if i.severity == "error") or "incomplete plan"
             raise InfeasibleError(f"{self.file}: cannot render an infeasible plan ({codes})",
                                   hint=f"run `k3deploy plan {self.file}`")
-        return Inputs(topology=self.topology, model=self.model, hardware=self.hardware, shape=self.shape,
+        return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
                       mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
 
     def digest(self) -> str:
         """A stable hash of the topology (what a deployment record pins)."""
         import hashlib  # only launch needs it; OpenSSL's start-up cost stays off the `plan` path
 
-        blob = json.dumps(self.topology.model_dump(mode="json", by_alias=True), sort_keys=True)
+        doc = self.topology.model_dump(mode="json", by_alias=True)
+        # Sections added later enter the hash only when used, so a record made before them still matches.
+        for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None)):
+            if doc.get(key) == unset:
+                doc.pop(key)
+        blob = json.dumps(doc, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -184,7 +195,8 @@ def _not_checked(groups: list[str], why: str, path: str) -> Issue:
 def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
     """Check legality, size memory and decide feasibility; never raises on a bad shape. Values in
     `unchecked` (dotted paths a schema error left out) block only the checks that read them."""
-    t = loaded.topology
+    whole = loaded.topology
+    t = replica_topology(whole, 0)  # every replica has the same shape; its nodes decide the world size
     family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
     issues: list[Issue] = []
     model = catalog.models.get(t.model.id)
@@ -198,7 +210,8 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
         issues.append(_not_checked([g for g, b in blocked.items() if b == path], f"until {path} is fixed", path))
     shape = memory = capacity = None
     if "node" not in blocked:
-        issues += list(rules.node_rules(t))
+        issues += list(rules.node_rules(whole))
+    issues += policy_issues(whole)
     if "budgets" not in blocked:
         issues += list(rules.budget_rules(t))
     if model is None:
@@ -225,9 +238,17 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
                 mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
                                                       t.serving.max_running_requests)
                 issues += mem_issues
+    replicated = whole.replicas > 1 or whole.router is not None
+    the_pool = router = None
+    if replicated and capacity is not None and shape is not None:
+        the_pool = pool(whole.replicas, len(t.nodes) * t.hardware.gpus_per_node, capacity.kv_tokens,
+                        capacity.max_running_requests)
+    if whole.router is not None and model is not None and hw is not None:
+        router, router_issues = router_plan(whole, model, hw, len(t.nodes) * t.hardware.gpus_per_node)
+        issues += router_issues
     located = tuple(_locate(i, loaded) for i in issues)
-    return Plan(file=loaded.file, topology=t, model=model, hardware=hw, family=family, shape=shape,
-                memory=memory, capacity=capacity, issues=located)
+    return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
+                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
 
 
 def _locate(issue: Issue, loaded: LoadedTopology) -> Issue:

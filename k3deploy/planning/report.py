@@ -73,6 +73,28 @@ def capacity_table(plan: Plan) -> Table:
     return t
 
 
+def pool_table(plan: Plan) -> Table:
+    """What the replicas hold together, and the router's settings sized from the plan."""
+    p = plan.pool
+    assert p is not None
+    t = Table(title=f"Pool ({p.replicas} replicas)", title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    t.add_row("GPUs (replicas x GPUs per replica)", f"{p.gpus:,}")
+    t.add_row("KV tokens, all replicas", f"{p.kv_tokens:,}")
+    t.add_row("concurrent requests, all replicas", f"{p.max_running_requests:,}")
+    r = plan.router
+    if r is not None:
+        s = r.settings
+        prefill = "unknown (no bf16_tflops)" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
+        t.add_row(f"router {s.kind} on {r.runs_on}", s.url)
+        t.add_row("router policy", s.policy)
+        t.add_row("longest prefill a replica allows", prefill)
+        t.add_row("router health-check timeout", f"{s.health_check_timeout_s:,} s")
+        t.add_row("router start-up timeout", f"{s.startup_timeout_s:,} s")
+    return t
+
+
 def plan_renderable(plan: Plan) -> Group:
     """Everything `plan` shows for one file."""
     s = plan.shape
@@ -90,6 +112,8 @@ def plan_renderable(plan: Plan) -> Group:
         parts.append(budget_table(plan))
     if plan.capacity is not None:
         parts.append(capacity_table(plan))
+    if plan.pool is not None:
+        parts.append(pool_table(plan))
     return Group(*parts)
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from k3deploy.diagnostics import Issue, dotted
 from k3deploy.errors import InputError
+from k3deploy.topology.replicas import replica_issues
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
 
@@ -187,9 +188,22 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
             raise TopologyError(file, issues) from None
         topo, left_out = partial
         raise TopologyError(file, issues, LoadedTopology(topo, smap), left_out) from None
+    mismatched = [located(i, smap) for i in replica_issues(topology)]
+    if mismatched:  # no partial: the plan of a replica needs consistent replicas, nodes and ports
+        raise TopologyError(file, sorted(issues + mismatched, key=lambda i: (i.line or 0, i.column or 0)))
     if issues:
         raise TopologyError(file, issues, LoadedTopology(topology, smap))
     return LoadedTopology(topology, smap)
+
+
+def located(issue: Issue, smap: SourceMap) -> Issue:
+    """The issue with the line and column of its dotted path (`nodes[1].ip`) in the file."""
+    path: list[str | int] = []
+    for part in issue.path.replace("]", "").replace("[", ".").split("."):
+        if part:
+            path.append(int(part) if part.isdigit() else part)
+    pos = smap.locate(tuple(path))
+    return issue._replace(line=pos.line, column=pos.column)
 
 
 def _without_errors(data: dict[str, Any], errors: list[tuple[str, PathKey]]) -> tuple[Topology, frozenset[str]] | None:

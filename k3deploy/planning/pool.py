@@ -1,0 +1,124 @@
+"""The replica pool (replicas x GPUs, aggregate cache and concurrency) and the router's settings sized from the
+plan: the health-check timeout above the longest prefill a replica allows, the start-up timeout above the
+load time the deployment allows. Pure."""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from k3deploy.catalog.specs import HardwareSpec, ModelSpec
+from k3deploy.diagnostics import Issue
+from k3deploy.engines.context import host_port
+from k3deploy.engines.router import RouterSettings, router_table
+from k3deploy.topology.replicas import replica_groups, router_node
+from k3deploy.topology.schema import Topology
+
+BF16_BYTES = 2
+# A long prefill is chunked and its MoE layers run far from peak: the estimate assumes this share of the
+# accelerators' dense BF16 peak (pessimistic on purpose). The timeout is twice the estimate, never under the floor.
+PREFILL_PEAK_SHARE = 0.25
+HEALTH_TIMEOUT_FACTOR = 2
+HEALTH_TIMEOUT_FLOOR_S = 30
+# Without a FLOP figure for the accelerator nothing bounds the prefill: a generous fixed timeout.
+HEALTH_TIMEOUT_UNKNOWN_S = 300
+
+
+class Pool(NamedTuple):
+    """What all replicas hold together."""
+
+    replicas: int
+    gpus: int
+    kv_tokens: int
+    max_running_requests: int
+
+    def model_dump(self) -> dict[str, Any]:
+        """Field name -> value (the `plan --json` pool object)."""
+        return self._asdict()
+
+
+class RouterPlan(NamedTuple):
+    """The router's settings and where they came from."""
+
+    settings: RouterSettings
+    runs_on: str
+    longest_prefill_s: float | None
+
+    def model_dump(self) -> dict[str, Any]:
+        """The `plan --json` router object."""
+        s = self.settings
+        return {"kind": s.kind, "runs_on": self.runs_on, "url": s.url, "policy": s.policy,
+                "worker_urls": list(s.worker_urls), "longest_prefill_s": self.longest_prefill_s,
+                "health_check_timeout_s": s.health_check_timeout_s, "startup_timeout_s": s.startup_timeout_s,
+                "health_check_interval_s": s.health_check_interval_s,
+                "health_failure_threshold": s.health_failure_threshold,
+                "health_success_threshold": s.health_success_threshold}
+
+
+def pool(replicas: int, gpus_per_replica: int, kv_tokens: int, max_running_requests: int) -> Pool:
+    """The pool of `replicas` equal replicas."""
+    return Pool(replicas=replicas, gpus=replicas * gpus_per_replica, kv_tokens=replicas * kv_tokens,
+                max_running_requests=replicas * max_running_requests)
+
+
+def longest_prefill_s(model: ModelSpec, hw: HardwareSpec, gpus: int, prompt_tokens: int) -> float | None:
+    """Seconds one replica of `gpus` accelerators takes to prefill a `prompt_tokens` prompt: 2 x active
+    parameters per token, plus causal attention in the full-attention (MLA) layers (QK^T and AV over the
+    prompt, L^2 / 2 pairs each), at PREFILL_PEAK_SHARE of the dense BF16 peak (None without a FLOP figure)."""
+    if hw.bf16_tflops is None:
+        return None
+    arch, w = model.architecture, model.weights
+    active = w.non_expert_bytes / BF16_BYTES + (
+        w.routed_expert_bytes * 8 / w.expert_bits_per_weight * arch.num_experts_per_token / arch.num_experts)
+    head_dims = arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim
+    attention = 2 * len(arch.full_attn_layers) * arch.num_attention_heads * head_dims * prompt_tokens ** 2 / 2
+    return (2 * active * prompt_tokens + attention) / (hw.bf16_tflops * 1e12 * gpus * PREFILL_PEAK_SHARE)
+
+
+def _warn(code: str, message: str, path: str, hint: str | None = None) -> Issue:
+    return Issue(code=code, severity="warning", message=message, path=path, hint=hint)
+
+
+def router_plan(t: Topology, model: ModelSpec, hw: HardwareSpec, gpus_per_replica: int) -> tuple[RouterPlan, list[Issue]]:
+    """The router's settings for a topology with a `router` section, and the warnings on values set by hand."""
+    r = t.router
+    assert r is not None
+    issues: list[Issue] = []
+    prefill = longest_prefill_s(model, hw, gpus_per_replica, t.serving.context_length)
+    sized = HEALTH_TIMEOUT_UNKNOWN_S if prefill is None else max(
+        HEALTH_TIMEOUT_FLOOR_S, math.ceil(HEALTH_TIMEOUT_FACTOR * prefill))
+    if r.health_check_timeout_s is not None and prefill is not None and r.health_check_timeout_s <= prefill:
+        issues.append(_warn("ROUTER_HEALTH_TIMEOUT", f"health_check_timeout_s {r.health_check_timeout_s} is not "
+                            f"above the longest prefill a replica allows (~{prefill:.1f} s for "
+                            f"{t.serving.context_length:,} tokens): a health check waiting behind it takes the "
+                            "replica out", "router.health_check_timeout_s", f"remove it (the plan sizes {sized} s)"))
+    ready = t.launch.ready_timeout_s
+    startup = ready + max(60, ready // 10)
+    if r.startup_timeout_s is not None and r.startup_timeout_s <= ready:
+        issues.append(_warn("ROUTER_STARTUP_TIMEOUT", f"startup_timeout_s {r.startup_timeout_s} is not above "
+                            f"launch.ready_timeout_s {ready} (the load time the deployment allows): the router "
+                            "gives up on a replica still loading", "router.startup_timeout_s",
+                            f"remove it (the plan sizes {startup} s)"))
+    node = router_node(t)
+    listen = r.listen or ("127.0.0.1" if node is None else t.nodes[node].ip)
+    urls = []
+    for i, group in enumerate(replica_groups(t)):
+        urls.append(f"http://{host_port(t.nodes[group[0]].ip, t.engine.port + i)}")
+    settings = RouterSettings(
+        kind=r.kind, listen=listen, port=r.port, worker_urls=tuple(urls), policy=r.policy,
+        health_failure_threshold=r.health_failure_threshold, health_success_threshold=r.health_success_threshold,
+        health_check_interval_s=r.health_check_interval_s,
+        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup)
+    runs_on = "local" if node is None else f"{t.nodes[node].host} ({t.nodes[node].ip})"
+    return RouterPlan(settings=settings, runs_on=runs_on, longest_prefill_s=prefill), issues
+
+
+def policy_issues(t: Topology) -> list[Issue]:
+    """A policy the chosen router does not have (an input error)."""
+    r = t.router
+    if r is None:
+        return []
+    choices = router_table(r.kind).choices("--policy") or ()
+    if r.policy in choices:
+        return []
+    return [Issue(code="ROUTER_POLICY", severity="error", path="router.policy",
+                  message=f"{r.kind} has no policy '{r.policy}'", hint=f"one of {', '.join(choices)}")]

@@ -1,0 +1,272 @@
+"""Replicas and the router: the topology's checks (each a located error at load), the per-replica plan and
+the pool, the router's settings sized from the plan, and `render` of every replica and the router."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.engines.replica_exports import export_replicas
+from k3deploy.engines.router import ROUTER_TABLES, RouterSettings, argv_problems, router_argv
+from k3deploy.errors import InputError
+from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.planning.pool import longest_prefill_s
+from k3deploy.topology.loader import TopologyError, load_topology, parse_topology
+from k3deploy.topology.replicas import replica_groups, replica_topology
+from tests.k3deploy_cli import run_k3deploy
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "tests" / "assets" / "replicas" / "local-2x2-smg.yaml"
+
+
+def _doc() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(LOCAL.read_text(encoding="utf-8"))
+    return doc
+
+
+def _text(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(copy.deepcopy(doc), sort_keys=False)
+
+
+def _load(doc: dict[str, Any]) -> Any:
+    return parse_topology(_text(doc), "r.yaml")
+
+
+def _at(doc: dict[str, Any], key: str, value: str) -> str:
+    """`r.yaml:L:C` of `value` on the first line holding `key: value` in the YAML text of `doc`."""
+    for n, line in enumerate(_text(doc).splitlines(), 1):
+        if f"{key}: {value}" in line:
+            return f"r.yaml:{n}:{line.index(f'{key}: {value}') + len(key) + 3}"
+    raise AssertionError(f"{key}: {value} not in the text")
+
+
+def _errors(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(TopologyError) as exc:
+        _load(doc)
+    assert exc.value.partial is None  # nothing downstream plans inconsistent replicas
+    return [f"{i.render('r.yaml')} [{i.code}]" for i in exc.value.issues]
+
+
+def _plan(doc: dict[str, Any]) -> Plan:
+    return make_plan(_load(doc), load_catalog())
+
+
+def test_node_list_cut_in_order_each_replica_its_own_ports() -> None:
+    t = load_topology(LOCAL).topology
+    assert replica_groups(t) == [[0, 1], [2, 3]]
+    r1 = replica_topology(t, 1)
+    assert [n.ip for n in r1.nodes] == ["127.0.0.3", "127.0.0.4"]
+    assert (r1.name, r1.engine.port, r1.launch.port, r1.replicas, r1.router) == ("k3-replicas-r1", 18001, 29501, 1,
+                                                                                  None)
+
+
+def test_replica_nodes_name_each_replica_by_host_or_ip() -> None:
+    doc = _doc()
+    doc["replica_nodes"] = [["127.0.0.4", "127.0.0.1"], ["127.0.0.2", "127.0.0.3"]]
+    assert replica_groups(_load(doc).topology) == [[3, 0], [1, 2]]
+
+
+def test_node_count_that_does_not_cut_is_located() -> None:
+    doc = _doc()
+    doc["replicas"] = 3
+    lines = _errors(doc)
+    assert lines == [(f"{_at(doc, 'replicas', '3')}: replicas: 4 nodes cannot be cut into 3 equal replicas (list 3 x N nodes, or "
+                     "name each replica's nodes in replica_nodes) [REPLICA_NODE_COUNT]")], lines
+
+
+def test_replica_node_groups_every_mistake_at_once() -> None:
+    doc = _doc()
+    doc["replica_nodes"] = [["127.0.0.1", "127.0.0.9"], ["127.0.0.1"]]
+    text = "\n".join(_errors(doc))
+    assert "replica_nodes: replicas of one shape need the same node count; groups have [2, 1]" in text
+    assert "replica_nodes[0][1]: '127.0.0.9' is the host or ip of no node" in text
+    assert "replica_nodes[1][0]: node '127.0.0.1' is in replica_nodes[0][0] already" in text
+    assert "replica_nodes: node(s) 127.0.0.2, 127.0.0.3, 127.0.0.4 in no replica" in text
+    doc["replica_nodes"] = [["localhost", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
+    assert any("replica_nodes[0][0]: 'localhost' names 4 nodes (name the node by its ip)" in line
+               for line in _errors(doc))
+
+
+def test_router_kind_must_front_the_engine() -> None:
+    doc = _doc()
+    doc["router"]["kind"] = "vllm-router"
+    lines = _errors(doc)
+    assert lines == [(f"{_at(doc, 'kind', 'vllm-router')}: router.kind: router vllm-router cannot front the stand-in mimicking sglang "
+                     "replicas (use smg or sglang-router) [ROUTER_ENGINE]")], lines
+    doc["engine"]["mimic"] = "vllm"
+    assert _load(doc).topology.router is not None  # vllm-router fronts vLLM replicas
+    doc["router"]["kind"] = "smg"
+    assert any("[ROUTER_ENGINE]" in line and "use vllm-router" in line for line in _errors(doc))
+
+
+def test_port_collisions_are_located() -> None:
+    doc = _doc()
+    doc["router"]["port"] = 18001  # replica 1's API port, on this machine (local executor)
+    assert _errors(doc) == [(f"{_at(doc, 'port', '18001')}: router.port: router port 18001 is a replica's port (engine.port + i: "
+                            "18000-18001) on the same machine (pick another port) [ROUTER_PORT]")]
+    doc = _doc()
+    doc["launch"]["port"] = 18001  # replica 0 rendezvouses where replica 1 serves
+    assert any("replicas: replicas serve on 18000-18001 (engine.port + i) and rendezvous on 18001-18002" in line
+               for line in _errors(doc))
+    doc = _doc()
+    doc["engine"]["port"] = 65535
+    assert any("replicas: 2 replicas need ports up to 65536, past 65535" in line for line in _errors(doc))
+
+
+def test_router_on_a_node_collides_with_that_nodes_ports_and_must_name_one_node() -> None:
+    doc = _doc()
+    doc["launch"]["executor"] = "ssh"
+    doc["nodes"] = [{"host": f"n{i}", "ip": f"10.0.0.{i + 1}", "iface": "eth1"} for i in range(4)]
+    doc["router"]["port"] = 29501
+    assert _load(doc).topology.router is not None  # on this host, remote nodes: no collision
+    doc["router"]["runs_on"] = "n2"
+    assert any("[ROUTER_PORT]" in line for line in _errors(doc))
+    doc["router"] = {"kind": "smg", "runs_on": "n9"}
+    assert any("router.runs_on: runs_on 'n9' names no node" in line for line in _errors(doc))
+
+
+def test_explicit_ranks_are_refused_with_replicas() -> None:
+    doc = _doc()
+    for i, n in enumerate(doc["nodes"]):
+        n["rank"] = i
+    assert any("nodes[0].rank: with replicas, a node's rank is its place" in line for line in _errors(doc))
+
+
+def test_plan_is_one_replica_plus_the_pool() -> None:
+    single = _doc()
+    for key in ("replicas", "router"):
+        single.pop(key)
+    single["nodes"] = single["nodes"][:2]
+    one, both = _plan(single), _plan(_doc())
+    assert one.feasible and both.feasible, [i.render("") for i in both.issues]
+    assert both.shape == one.shape and both.capacity == one.capacity and both.memory == one.memory
+    assert both.shape is not None and both.shape.nnodes == 2 and one.capacity is not None
+    assert both.pool is not None and one.pool is None
+    assert (both.pool.replicas, both.pool.gpus) == (2, 4)
+    assert both.pool.kv_tokens == 2 * one.capacity.kv_tokens
+    assert both.pool.max_running_requests == 2 * one.capacity.max_running_requests
+
+
+def test_router_timeouts_sized_above_prefill_and_load() -> None:
+    plan = _plan(_doc())
+    assert plan.router is not None and plan.model is not None and plan.hardware is not None
+    s = plan.router.settings
+    prefill = longest_prefill_s(plan.model, plan.hardware, 2, 32768)
+    assert prefill is not None and s.health_check_timeout_s > prefill
+    assert s.startup_timeout_s > 120  # launch.ready_timeout_s
+    assert s.worker_urls == ("http://127.0.0.1:18000", "http://127.0.0.3:18001")
+    assert (s.policy, s.listen, s.port) == ("cache_aware", "127.0.0.1", 30000)
+    # K3 on 4 x 8 H100 at 131072 tokens: the timeout is above the estimate and SGLang's 20 s default.
+    cat = load_catalog()
+    k3 = longest_prefill_s(cat.model("kimi-k3"), cat.gpu("h100-80gb"), 32, 131072)
+    assert k3 is not None and k3 > 0
+
+
+def test_hand_set_timeouts_below_the_plan_warn() -> None:
+    doc = _doc()
+    doc["router"].update(health_check_timeout_s=1, startup_timeout_s=60)
+    doc["serving"]["context_length"] = 32768
+    plan = _plan(doc)
+    warned = {i.code: i for i in plan.issues if i.severity == "warning"}
+    assert plan.router is not None and plan.router.settings.startup_timeout_s == 60
+    assert "ROUTER_STARTUP_TIMEOUT" in warned and warned["ROUTER_STARTUP_TIMEOUT"].line is not None
+    prefill = plan.router.longest_prefill_s
+    assert prefill is not None
+    assert ("ROUTER_HEALTH_TIMEOUT" in warned) == (prefill >= 1)
+
+
+def test_unknown_policy_of_the_router_is_an_input_error() -> None:
+    doc = _doc()
+    doc["router"]["policy"] = "kv_aware"  # vllm-router has it, smg does not
+    plan = _plan(doc)
+    bad = [i for i in plan.issues if i.code == "ROUTER_POLICY"]
+    assert not plan.valid and bad and f"r.yaml:{bad[0].line}:{bad[0].column}" == _at(doc, "policy", "kv_aware") and "smg has no policy 'kv_aware'" in bad[0].message
+
+
+def _settings(kind: str) -> RouterSettings:
+    return RouterSettings(kind=kind, listen="127.0.0.1", port=30000, worker_urls=("http://10.0.0.1:8000",
+                          "http://10.0.0.3:8001"), policy="round_robin", health_failure_threshold=3,
+                          health_success_threshold=2, health_check_interval_s=10, health_check_timeout_s=120,
+                          startup_timeout_s=6000)
+
+
+@pytest.mark.parametrize("kind", sorted(ROUTER_TABLES))
+def test_router_argv_passes_its_flag_table(kind: str) -> None:
+    argv = router_argv(_settings(kind))
+    assert argv[:2] == ("python3", "-m") and argv[2].endswith(".launch_router")
+    assert argv_problems(kind, argv[3:]) == []
+    assert argv_problems(kind, ("--policy", "no_such", "--no-such-flag", "--port", "x")) == [
+        f"--policy: 'no_such' is not one of {', '.join(c for c in _choices(kind))}",
+        f"{_table_name(kind)} has no flag --no-such-flag", "--port takes an integer, not 'x'"]
+
+
+def _choices(kind: str) -> list[str]:
+    raw = json.loads((ROOT / "k3deploy/engines/data/routers" / ROUTER_TABLES[kind]).read_text(encoding="utf-8"))
+    return next(a["choices"] for a in raw["arguments"] if a["dest"] == "policy")
+
+
+def _table_name(kind: str) -> str:
+    return str(json.loads((ROOT / "k3deploy/engines/data/routers" / ROUTER_TABLES[kind]).read_text())["router"])
+
+
+def test_render_every_replica_and_the_router() -> None:
+    plan = _plan(_doc())
+    assert plan.router is not None
+    inputs = [plan.render_inputs(replica=i) for i in range(2)]
+    router = (plan.router.settings, plan.router.runs_on)
+    doc = json.loads(export_replicas(inputs, router, "json")[0].content)
+    assert [r["name"] for r in doc["replicas"]] == ["k3-replicas-r0", "k3-replicas-r1"]
+    heads = [r["nodes"][0]["argv"] for r in doc["replicas"]]
+    for i, argv in enumerate(heads):
+        assert argv[argv.index("--port") + 1] == str(18000 + i)
+        assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.{1 + 2 * i}:{29500 + i}"
+    assert [len(r["nodes"]) for r in doc["replicas"]] == [2, 2]
+    argv = doc["router"]["argv"]
+    assert argv[2] == "smg.launch_router" and argv[argv.index("--worker-urls") + 1:][:2] == [
+        "http://127.0.0.1:18000", "http://127.0.0.3:18001"]
+    text = export_replicas(inputs, router, "text")[0].content
+    assert "# ===== replica 1 (k3-replicas-r1) =====" in text and "router smg on local" in text
+    names = [f.name for f in export_replicas(inputs, router, "script")]
+    assert names == ["replica-0-node-0.sh", "replica-0-node-1.sh", "replica-1-node-0.sh", "replica-1-node-1.sh",
+                     "router.sh"]
+    only = json.loads(export_replicas(inputs, router, "json", replica=1, node=0)[0].content)
+    assert [r["replica"] for r in only["replicas"]] == [1] and "router" not in only
+    for fmt in ("slurm", "lws"):
+        with pytest.raises(InputError, match=f"--format {fmt} of a topology with replicas"):
+            export_replicas(inputs, router, fmt)  # type: ignore[arg-type]
+
+
+def test_render_and_plan_cli(tmp_path: Path) -> None:
+    r = run_k3deploy("render", str(LOCAL), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["replicas"]) == 2
+    r = run_k3deploy("plan", "--json", str(LOCAL))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["pool"]["replicas"] == 2 and doc["router"]["kind"] == "smg"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LOCAL.read_text(encoding="utf-8").replace("replicas: 2", "replicas: 3"), encoding="utf-8")
+    r = run_k3deploy("render", str(bad))
+    assert r.returncode == 2 and f"{bad}:12:11: replicas: 4 nodes cannot be cut into 3" in r.stderr, r.stderr
+    r = run_k3deploy("render", str(LOCAL), "--format", "slurm")
+    assert r.returncode == 2 and "not built yet" in r.stderr, r.stderr
+
+
+def test_launch_of_replicas_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    r = run_k3deploy("launch", str(LOCAL), "--dry-run")
+    assert r.returncode == 2 and "launch and preflight of replicas or a router are not built yet" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_digest_of_a_single_replica_topology_is_unchanged_by_the_new_sections() -> None:
+    from k3deploy.planning.files import catalog_for, plan_path
+
+    plan = plan_path(ROOT / "topologies" / "local-demo.yaml", catalog_for(None)).plan
+    assert plan is not None and plan.digest() == "01af361cfeb9e162"  # as main computes it without the replica sections
+    assert _plan(_doc()).digest() != plan.digest()
