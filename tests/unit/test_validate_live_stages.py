@@ -19,7 +19,8 @@ from k3deploy.validate.run import resolve_target, validate
 from tests.k3deploy_cli import run_k3deploy
 from tests.unit.test_launch_support import kill_tagged
 
-pytestmark = pytest.mark.timeout(120)
+# Every test here serves from stand-in nodes, which rendezvous over Gloo: torch (skipped in the 3.10 run).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.torch]
 MINE = ["kernels", "topology", "short"]
 
 
