@@ -98,6 +98,9 @@ class Plan(NamedTuple):
         for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None)):
             if doc.get(key) == unset:
                 doc.pop(key)
+        slurm = doc.get("launch", {}).get("slurm")
+        if isinstance(slurm, dict) and not any(v is not None for v in slurm.values()):
+            doc["launch"].pop("slurm")
         blob = json.dumps(doc, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
