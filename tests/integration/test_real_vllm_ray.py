@@ -14,7 +14,6 @@ import pytest
 
 from k3deploy.launch.state import StateStore
 from tests.integration.real_vllm import RealVllm, engine_main, host_procs, kill
-from tests.integration.test_real_vllm_ssh import UNPROVEN
 from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
@@ -62,7 +61,6 @@ def real(ray2: tuple[HostRig, RayRig], vllm: Path, tmp_path: Path) -> Iterator[R
     assert problems == [], problems
 
 
-@UNPROVEN
 def test_dense_tp2_through_ray_serves_and_a_killed_headless_main_stops_the_group(
         real: RayRealVllm, capsys: pytest.CaptureFixture[str]) -> None:
     topo = real.real_topology("rvr-dense")

@@ -6,7 +6,6 @@ on any host. Engine starts are shared between assertions: each costs 30-80 s and
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,11 +19,6 @@ from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
-
-# Tests written against the real engine but not yet seen passing end to end on the rig (issue 25's note says
-# which and why): they run only when asked, so that CI holds only what has been shown to pass.
-UNPROVEN = pytest.mark.skipif(not os.environ.get("K3DEPLOY_REAL_VLLM_UNPROVEN"), reason=(
-    "not yet seen passing end to end on the rig; run with K3DEPLOY_REAL_VLLM_UNPROVEN=1"))
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +112,6 @@ def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails
     assert head
 
 
-@UNPROVEN
 def test_mla_moe_tp2_names_its_cpu_kernels_and_fails_prefix_cache_then_rank0_killed(
         real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
     topo = real.real_topology("rv-mla", "deepseek")
@@ -175,7 +168,6 @@ def test_data_parallel_2_across_hosts_starts_and_serves_from_both_engines(
     assert not any(left.values()), left
 
 
-@UNPROVEN
 def test_a_killed_headless_main_process_fails_the_group(real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
     topo = real.real_topology("rv-headless")
     launched(real, topo, capsys, "dense TP 2, to kill the headless main process")
