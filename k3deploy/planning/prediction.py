@@ -105,6 +105,11 @@ def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
 def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_tokens: int | None = None
             ) -> Prediction:
     """The workload's mean TTFT, TPOT and throughput on one replica laid out as `inp` says."""
+    arch = inp.model.architecture
+    if arch.attention != "mla" or arch.num_experts < 1:
+        # The terms are K3's: MLA's latent KV and routed experts (a dense GQA model divided by zero experts).
+        raise PerfUnknown(f"model {inp.model.id}: the performance model times MLA + MoE models like K3; this one "
+                          f"is {arch.attention.upper()} with {arch.num_experts} routed experts")
     s = inp.shape
     need = w.input_tokens + w.output_tokens
     caps = {"concurrency": w.concurrency}

@@ -193,3 +193,28 @@ def test_dspark_speeds_decode_by_its_acceptance(tmp_path: Path) -> None:
     spec.write_text(yaml.safe_dump(doc))
     r = k3("plan", spec, "--workload", one)
     assert r.returncode == 2 and "no draft_acceptance_length for 5 draft tokens" in r.stderr
+
+
+def test_a_model_the_performance_model_cannot_time_is_said_so_not_divided_by_zero() -> None:
+    """A dense GQA model (the real-engine tier's tiny Llama: 0 routed experts) raised ZeroDivisionError (exit 70)
+    in `plan --search --workload` and in validate's effort stage; it is now PerfUnknown, said by name."""
+    from k3deploy.catalog.loader import load_catalog as load
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.prediction import predict_topology
+    from k3deploy.planning.workload import Workload
+    from k3deploy.topology.loader import load_topology
+
+    root = Path(__file__).resolve().parents[2]
+    catalog = load((root / "tests" / "assets" / "catalog",))
+    doc = {"name": "dense", "model": {"id": "tiny-llama", "path": "/m"}, "hardware": {"gpu": "cpu-host",
+           "gpus_per_node": 1}, "engine": {"kind": "vllm"}, "parallel": {"tp": 1},
+           "serving": {"context_length": 2048, "max_running_requests": 4},
+           "nodes": [{"host": "h01", "ip": "10.0.0.1", "iface": "eth0"}]}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "t.yaml"
+        f.write_text(yaml.safe_dump(doc))
+        topo = load_topology(f).topology
+    with pytest.raises(PerfUnknown, match="MLA \\+ MoE models like K3; this one is GQA with 0 routed experts"):
+        predict_topology(topo, catalog, Workload(input_tokens=512, output_tokens=64, concurrency=4))
