@@ -16,6 +16,8 @@ def render(
     file: Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)],
     node: Annotated[int | None, typer.Option("--node", help="only this rank (text, json, script)")] = None,
     replica: Annotated[int | None, typer.Option("--replica", help="only this replica (with replicas)")] = None,
+    role: Annotated[str | None, typer.Option("--role", help="only this role or instance (with roles): prefill, "
+                                             "decode, prefill0, decode1, ...")] = None,
     fmt: Annotated[str, typer.Option("--format", help="text | json | script | slurm | lws")] = "text",
     out: Annotated[Path | None, typer.Option("--out", help="write the files into DIR, not stdout")] = None,
     catalog: CatalogOpt = None,
@@ -29,7 +31,17 @@ def render(
     plan = require_feasible(file, cat)
     print_warnings((*plan.issues, *secret_warnings(plan.topology, os.environ)), plan.file)
     vendor = cat.vendors.get(plan.hardware.vendor) if plan.hardware else None
-    if plan.pool is not None or plan.router is not None:
+    if role is not None and plan.pd is None:
+        raise InputError(f"--role {role}: {file} has no roles")
+    if plan.pd is not None:
+        from k3deploy.engines.pd_exports import export_pd
+        from k3deploy.planning.pd import instance_inputs
+        from k3deploy.topology.pd import instances
+
+        router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
+        inputs = [instance_inputs(plan, inst) for inst in instances(plan.topology)]
+        files = export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor)  # type: ignore[arg-type]
+    elif plan.pool is not None or plan.router is not None:
         from k3deploy.engines.replica_exports import export_replicas
 
         router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from k3deploy.diagnostics import Issue, dotted
 from k3deploy.errors import InputError
+from k3deploy.topology.pd import pd_issues
 from k3deploy.topology.replicas import replica_issues
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
@@ -188,8 +189,8 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
             raise TopologyError(file, issues) from None
         topo, left_out = partial
         raise TopologyError(file, issues, LoadedTopology(topo, smap), left_out) from None
-    mismatched = [located(i, smap) for i in replica_issues(topology)]
-    if mismatched:  # no partial: the plan of a replica needs consistent replicas, nodes and ports
+    mismatched = [located(i, smap) for i in (*replica_issues(topology), *pd_issues(topology))]
+    if mismatched:  # no partial: a replica's or instance's plan needs consistent layout and ports
         raise TopologyError(file, sorted(issues + mismatched, key=lambda i: (i.line or 0, i.column or 0)))
     if issues:
         raise TopologyError(file, issues, LoadedTopology(topology, smap))
