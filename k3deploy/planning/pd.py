@@ -14,8 +14,17 @@ from k3deploy.engines.router import PD_FLAG, router_table
 from k3deploy.planning.plan import Plan, make_plan
 from k3deploy.planning.pool import policy_issues, router_plan
 from k3deploy.topology.loader import LoadedTopology
-from k3deploy.topology.pd import (BACKENDS, ROLE_NAMES, Instance, bootstrap_port, instance_topology, instances,
-                                  pd_family, role_group, side_channel_port)
+from k3deploy.topology.pd import (
+    BACKENDS,
+    ROLE_NAMES,
+    Instance,
+    bootstrap_port,
+    instance_topology,
+    instances,
+    pd_family,
+    role_group,
+    side_channel_port,
+)
 from k3deploy.topology.schema import Topology
 
 # Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them

@@ -21,8 +21,9 @@ def pd_table(plan: Plan) -> Table:
     t = Table(title=f"Pool ({pd.prefill.instances}P{pd.decode.instances}D over {pd.backend})", title_justify="left")
     t.add_column("quantity")
     t.add_column("value", justify="right")
-    for r in (pd.prefill, pd.decode):
-        t.add_row(f"{r.role} GPUs ({r.instances} x {r.gpus_per_instance})", f"{r.instances * r.gpus_per_instance:,}")
+    for role in (pd.prefill, pd.decode):
+        t.add_row(f"{role.role} GPUs ({role.instances} x {role.gpus_per_instance})",
+                  f"{role.instances * role.gpus_per_instance:,}")
     cap = pd.decode.plan.capacity
     if cap is not None:
         t.add_row("decode KV tokens, all instances", f"{pd.decode.instances * cap.kv_tokens:,}")

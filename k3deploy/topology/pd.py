@@ -59,7 +59,7 @@ def instances(t: Topology) -> tuple[Instance, ...]:
 
 
 def side_channel_stride(t: Topology) -> int:
-    """Ports each instance's NIXL side channel takes (vLLM opens one per DP rank from the base)."""
+    """Ports each instance's NIXL side channel takes (vLLM listens on the base + each rank's DP index)."""
     assert t.roles is not None
     return max(t.roles.prefill.parallel.dp, t.roles.decode.parallel.dp)
 

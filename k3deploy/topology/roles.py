@@ -39,7 +39,8 @@ class Transfer(Strict):
     bootstrap_port: int = Field(8998, ge=1, le=65535, description="SGLang: prefill instance i runs its bootstrap "
                                 "server on bootstrap_port + i; the router is given the same port after --prefill")
     side_channel_port: int = Field(5600, ge=1, le=65535, description="vLLM NIXL: instance k's "
-                                   "VLLM_NIXL_SIDE_CHANNEL_PORT is side_channel_port + k x its DP size")
+                                   "VLLM_NIXL_SIDE_CHANNEL_PORT is side_channel_port + k x the larger DP size "
+                                   "(each DP rank listens on that base + its DP index)")
     ib_devices: list[str] | None = Field(None, description="RDMA devices for the transfer, e.g. [mlx5_0, mlx5_1] "
                                          "(SGLang --disaggregation-ib-device; vLLM/NIXL UCX_NET_DEVICES)")
 
