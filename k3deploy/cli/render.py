@@ -23,34 +23,16 @@ def render(
     catalog: CatalogOpt = None,
 ) -> None:
     """Render each node's engine command. Exit 0 ok, 1 infeasible plan, 2 invalid input."""
-    from k3deploy.engines.exports import export, stdout_text
+    from k3deploy.engines.exports import stdout_text
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
+    from k3deploy.planning.rendering import render_files
 
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
     print_warnings((*plan.issues, *secret_warnings(plan.topology, os.environ)), plan.file)
     vendor = cat.vendors.get(plan.hardware.vendor) if plan.hardware else None
-    if role is not None and plan.pd is None:
-        raise InputError(f"--role {role}: {file} has no roles")
-    if plan.pd is not None:
-        from k3deploy.engines.pd_exports import export_pd
-        from k3deploy.planning.pd import instance_inputs
-        from k3deploy.topology.pd import instances
-
-        router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
-        inputs = [instance_inputs(plan, inst) for inst in instances(plan.topology)]
-        files = export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor)  # type: ignore[arg-type]
-    elif plan.pool is not None or plan.router is not None:
-        from k3deploy.engines.replica_exports import export_replicas
-
-        router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
-        inputs = [plan.render_inputs(replica=i) for i in range(plan.topology.replicas)]
-        files = export_replicas(inputs, router, fmt, replica=replica, node=node, vendor=vendor)  # type: ignore[arg-type]
-    elif replica is not None:
-        raise InputError(f"--replica {replica}: {file} has no replicas")
-    else:
-        files = export(plan.render_inputs(), fmt, node=node, vendor=vendor)  # type: ignore[arg-type]
+    files = render_files(plan, fmt, node=node, replica=replica, role=role, vendor=vendor)  # type: ignore[arg-type]
     if out is None:
         sys.stdout.write(stdout_text(files))
         return
