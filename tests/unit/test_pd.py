@@ -271,3 +271,11 @@ def test_schema_covers_roles() -> None:
     props = doc["properties"]["roles"]
     text = json.dumps(doc)
     assert "Roles" in text and "bootstrap_port" in text and "side_channel_port" in text, props
+
+
+def test_a_layout_mistake_beside_a_schema_error_is_reported_not_planned() -> None:
+    doc = _doc()
+    doc["roles"]["decode"]["nodes"][1] = "10.9.9.9"
+    doc["serving"]["context_length"] = -1  # a schema error: the rest would be planned as a partial topology
+    codes = _codes(doc)  # no partial: nothing plans roles whose nodes do not exist (was IndexError, exit 70)
+    assert {"PD_NODES", "SCHEMA"} <= set(codes)
