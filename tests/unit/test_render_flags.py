@@ -11,9 +11,9 @@ import pytest
 
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.spec import LaunchSpec
-from tests.unit.engine_parser_check import check, table
 from k3deploy.planning.pd import instance_inputs
 from k3deploy.topology.pd import instances
+from tests.unit.engine_parser_check import check, table
 from tests.unit.test_render_support import CASES, PD_TOPOLOGIES, ROOT, plan_for
 
 FAST = pytest.mark.timeout(60)
