@@ -161,3 +161,22 @@ def test_search_ranks_the_configurations_published_for_one_workload_as_measured(
                     rows = ranked["latency"]
                     assert _position(rows, a) < _position(rows, b), (a["case"], b["case"], "latency")
     assert pairs >= 6
+
+
+def test_one_sources_runs_at_other_concurrencies_order_as_measured() -> None:
+    """Within one source and hardware, with the same drafting, the predictions order the runs of other
+    concurrencies (and so other cookbook shapes: TP8 at 1 and 16, TP8 + DCP8 at 64) as measured, on TTFT,
+    TPOT and output tok/s per GPU."""
+    pairs = 0
+    for a in CASES:
+        for b in CASES:
+            same = (a["source"], a["hardware"], a.get("engine_args")) == (b["source"], b["hardware"],
+                                                                          b.get("engine_args"))
+            if not same or a["workload"]["concurrency"] >= b["workload"]["concurrency"]:
+                continue
+            pa, pb = predicted(a), predicted(b)
+            for key in ("ttft_ms", "tpot_ms", "output_tok_s_per_gpu"):
+                pairs += 1
+                measured = a["published"][key] < b["published"][key]
+                assert (pa[key] < pb[key]) == measured, (a["case"], b["case"], key, pa[key], pb[key])
+    assert pairs >= 18
