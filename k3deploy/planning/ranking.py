@@ -33,7 +33,8 @@ class RankedShape(NamedTuple):
 
         s = self.candidate.shape
         return {"tp": s.tp, "ep": s.ep, "dp": s.dp, "pp": s.pp, "dcp": s.dcp, "attn_tp": s.attn_tp,
-                "draft_tokens": self.drafts, "feasible": self.candidate.error is None, "meets_tpot_max": self.meets_tpot, "reason": self.reason,
+                "draft_tokens": self.drafts, "feasible": self.candidate.error is None,
+                "meets_tpot_max": self.meets_tpot, "reason": self.reason,
                 "prediction": prediction_json(self.prediction) if self.prediction else None}
 
 
@@ -88,8 +89,8 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
 def shape_name(r: RankedShape) -> str:
     """TP8/EP8/DCP8/DSPARK7: TP, then every other degree above 1, then the draft tokens per step."""
     s = r.candidate.shape
-    rest = [f"{k}{v}" for k, v in (("EP", s.ep), ("DP", s.dp), ("PP", s.pp), ("DCP", s.dcp), ("DSPARK", r.drafts))
-            if v > 1 or k == "DSPARK" and v]
+    rest = [f"{k}{v}" for k, v in (("EP", s.ep), ("DP", s.dp), ("PP", s.pp), ("DCP", s.dcp)) if v > 1]
+    rest += [f"DSPARK{r.drafts}"] if r.drafts else []
     return "/".join([f"TP{s.tp}", *rest])
 
 
