@@ -28,7 +28,12 @@ from k3deploy.planning.files import catalog_for, require_feasible
 from tests import figures
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
-from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
+from tests.unit.test_launch_support import (
+    assert_nothing_left,
+    assert_supervisor_stopped_group,
+    fake_topology,
+    tagged_pids,
+)
 
 
 def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
@@ -187,14 +192,16 @@ def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, nam
     supervisor = rec.owner
     assert supervisor is not None and supervisor.role == "supervisor" and supervisor.alive()
     victim = _engine_pid(name, rank=rank)
-    t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     figures.fault_injected()
-    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
-    took = time.monotonic() - t0
+    # Bounded for a loaded machine; what shows supervision stopped the group is the supervisor's log order.
+    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}.")
+                    and not supervisor.alive(), 60)  # its log is whole once it has exited
+    assert_supervisor_stopped_group(tmp_path / "state" / f"{name}.supervisor.log", rank,
+                                    [r for r in range(4) if r != rank])
     rec = store.require(name)
     assert rec.failure is not None and (rec.failure.rank, rec.failure.host) == (rank, "localhost")
-    assert "killed by SIGKILL" in rec.failure.cause and took < 8
+    assert "killed by SIGKILL" in rec.failure.cause
     assert rec.owner is None and wait_for(lambda: not supervisor.alive(), 5)  # gave up (no restarts)
     st = json.loads(cli("status", name, "--state-dir", str(tmp_path / "state"), "--json").stdout)
     assert st["failure"]["rank"] == rank and st["status"] == "failed"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -131,3 +132,20 @@ def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
     figures.add(figures.NODES_LEFT, len(left) + owner_alive)
     assert not owner_alive, "a supervisor was left running"
     assert left == [], f"processes left running: {left}"
+
+
+def assert_supervisor_stopped_group(log: Path, failed_rank: int, survivors: list[int]) -> None:
+    """The supervisor's log, in order: rank `failed_rank` failed, then every survivor stopping and stopped by
+    it, then its exit: supervision, not the nodes' own end, stopped the group (an ordering, not a time)."""
+    lines = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if " " in line]
+
+    def at(match: str, start: int = 0) -> int:
+        found = [i for i, line in enumerate(lines) if i >= start and re.fullmatch(match, line)]
+        assert found, f"no line {match!r} after line {start} of {log}:\n" + "\n".join(lines)
+        return found[0]
+
+    failed = at(rf"group: failed rank {failed_rank} \(.*")
+    end = at(r"supervisor exits; deployment failed", failed)
+    for rank in survivors:
+        stopping = at(rf"rank {rank} \S+: stopping", failed)
+        assert stopping < at(rf"rank {rank} \S+: stopped", stopping) < end, "\n".join(lines)
