@@ -25,7 +25,7 @@ from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
-from tests import figures
+from tests import figures, sweep
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
 from tests.unit.test_launch_support import (
@@ -49,8 +49,12 @@ def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
 def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A unique deployment name; afterwards nothing of it may be left running."""
     dep_name = f"ut-{request.node.name.replace('_', '-')[5:40]}-{os.getpid() % 10000}"
-    yield dep_name
-    assert_nothing_left(dep_name, tmp_path / "state")
+    sweep.STARTED[dep_name] = tmp_path / "state"  # stopped at session end or SIGTERM if the test cannot
+    try:
+        yield dep_name
+        assert_nothing_left(dep_name, tmp_path / "state")
+    finally:
+        sweep.STARTED.pop(dep_name, None)
 
 
 def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:

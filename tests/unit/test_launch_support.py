@@ -116,11 +116,10 @@ def kill_tagged(prefix: str) -> list[int]:
     return left
 
 
-def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
-    """After a test: stop and count (in the reliability figures) any supervisor or node process of the
-    deployment still running, then fail if there was one."""
+def stop_left(dep_name: str, state_dir: Path) -> tuple[bool, list[int]]:
+    """Stop the deployment's supervisor (from its record) and SIGKILL its tagged processes: (a supervisor
+    was running, the pids found)."""
     from k3deploy.launch.state import StateStore
-    from tests import figures
 
     store = StateStore(state_dir)
     rec = store.load(dep_name) if store.path(dep_name).is_file() else None
@@ -128,7 +127,15 @@ def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
     owner_alive = owner is not None and owner.alive()
     if owner is not None and owner_alive:
         owner.terminate(2)
-    left = kill_tagged(f"{dep_name}.")
+    return owner_alive, kill_tagged(f"{dep_name}.")
+
+
+def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
+    """After a test: stop and count (in the reliability figures) any supervisor or node process of the
+    deployment still running, then fail if there was one."""
+    from tests import figures
+
+    owner_alive, left = stop_left(dep_name, state_dir)
     figures.add(figures.NODES_LEFT, len(left) + owner_alive)
     assert not owner_alive, "a supervisor was left running"
     assert left == [], f"processes left running: {left}"
