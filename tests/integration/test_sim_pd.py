@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.integration
 VENV = Path(os.environ.get("K3DEPLOY_ROUTERS_VENV") or Path.home() / ".cache" / "k3deploy" / "routers")
 needs_routers = pytest.mark.skipif(not (VENV / ".k3deploy-routers-ready").is_file(),
                                    reason=f"no routers venv at {VENV} (scripts/routers_venv.sh makes it)")
-PREFILL_IP, DECODE_IP = "127.0.0.31", "127.0.0.32"
+PREFILL_IP, DECODE_IP, DECODE2_IP = "127.0.0.31", "127.0.0.32", "127.0.0.33"
 FLAGS = ["--context-length", "32768", "--enable-cache-report", "--served-model-name", "m", "--reasoning-parser", "kimi_k3",
          "--disaggregation-transfer-backend", "mooncake"]
 # Facts spread through a long context; the question asks the ones stated deepest.
@@ -40,6 +41,7 @@ class Pd:
     decode: SimNode
     router: subprocess.Popen[bytes]
     router_log: Path
+    decodes: list[SimNode]
 
     def chat(self, messages: list[dict[str, Any]], timeout_s: float = 120) -> httpx.Response:
         body = {"model": "m", "messages": messages, "max_tokens": 400}
@@ -59,7 +61,7 @@ def pd_pair(model: Path, tmp_path: Path) -> Iterator[Any]:
     started: list[subprocess.Popen[bytes]] = []
     with NodeSet(tmp_path / "logs") as ns:
 
-        def start(prefill_fault: str = "", router_bootstrap_port: int | None = None) -> Pd:
+        def start(prefill_fault: str = "", router_bootstrap_port: int | None = None, decodes: int = 1) -> Pd:
             api, boot, router_port, metrics_port = free_ports(4)
             env = {"K3SIM_SPEED": "50", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "8",
                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20"}
@@ -67,33 +69,34 @@ def pd_pair(model: Path, tmp_path: Path) -> Iterator[Any]:
                       "--disaggregation-bootstrap-port", str(boot)]
             prefill = ns.start("prefill", [*common, "--disaggregation-mode", "prefill"],
                                {**env, "SGLANG_HOST_IP": PREFILL_IP, "K3SIM_FAULT": prefill_fault})
-            decode = ns.start("decode", [*common, "--disaggregation-mode", "decode",
-                                         "--disaggregation-decode-enable-radix-cache"],
-                              {**env, "SGLANG_HOST_IP": DECODE_IP})
-            for node in (prefill, decode):
+            ips = (DECODE_IP, DECODE2_IP)[:decodes]
+            decode_nodes = [ns.start(f"decode{i}", [*common, "--disaggregation-mode", "decode",
+                                                    "--disaggregation-decode-enable-radix-cache"],
+                                     {**env, "SGLANG_HOST_IP": ip}) for i, ip in enumerate(ips)]
+            for node in (prefill, *decode_nodes):
                 node.wait_for("fired up and ready", 120)
             log = tmp_path / "router.log"
             argv = [str(VENV / "bin" / "python"), "-m", "smg.launch_router", "--host", "127.0.0.1",
                     "--port", str(router_port), "--pd-disaggregation",
                     "--prefill", f"http://{PREFILL_IP}:{api}", str(router_bootstrap_port or boot),
-                    "--decode", f"http://{DECODE_IP}:{api}", "--policy", "random",
+                    *(a for ip in ips for a in ("--decode", f"http://{ip}:{api}")), "--policy", "random",
                     # the router's metrics port is fixed (29000) by default: others' routers may hold it
                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
             with log.open("wb") as out:
                 router = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             started.append(router)
-            pd = Pd(f"http://127.0.0.1:{router_port}", prefill, decode, router, log)
+            pd = Pd(f"http://127.0.0.1:{router_port}", prefill, decode_nodes[0], router, log, decode_nodes)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:  # ready: the router lists both workers healthy
                 try:
                     workers = httpx.get(f"{pd.url}/workers", timeout=5).json().get("workers", [])
-                    if len(workers) == 2 and all(w.get("is_healthy") for w in workers):
+                    if len(workers) == 1 + decodes and all(w.get("is_healthy") for w in workers):
                         return pd
                 except (httpx.HTTPError, ValueError):
                     pass
                 assert router.poll() is None, log.read_text()
                 time.sleep(0.5)
-            raise AssertionError(f"router never listed two healthy workers:\n{log.read_text()[-3000:]}")
+            raise AssertionError(f"router never listed every worker healthy:\n{log.read_text()[-3000:]}")
 
         yield start
         for router in started:
@@ -155,3 +158,19 @@ def test_a_prefill_dying_mid_transfer_fails_the_request(pd_pair: Any) -> None:
     assert reply.status_code >= 500, reply.text
     assert pd.prefill.wait_exit(30) != 0
     pd.decode.wait_for("Failed to get kvcache from prefill instance, it might be dead", 30)
+
+
+@needs_routers
+@pytest.mark.timeout(400)
+def test_one_prefill_two_decodes_each_gets_its_own_room(pd_pair: Any) -> None:
+    pd = pd_pair(decodes=2)
+    # Concurrent requests with different facts: a state handed to the wrong room answers another's codes.
+    codes = [f"C{i}A-{i}{i}" for i in range(6)]
+    prompts = [f"The access code of room-{i} is {code}. {FILLER} What is the access code of room-{i}?"
+               for i, code in enumerate(codes)]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda text: _answer(pd.chat([{"role": "user", "content": text}])), prompts))
+    for code, answer in zip(codes, answers, strict=True):
+        assert code in answer, answer
+    served = [node.text().count('"POST /v1/chat/completions HTTP/1.1" 200') for node in pd.decodes]
+    assert sum(served) == len(prompts) and all(served), served  # random policy: both decodes took some
