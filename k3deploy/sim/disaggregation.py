@@ -39,7 +39,7 @@ ROUTE_TIMEOUT_S = 5.0  # requests.get(url, timeout=5) in SGLang's decode
 class TransferError(Exception):
     """A KVTransferError as SGLang words it: the room and the reason."""
 
-    def __init__(self, room: int, reason: str) -> None:
+    def __init__(self, room: int | str, reason: str) -> None:
         super().__init__(f"KVTransferError(bootstrap_room={room}): {reason}")
         self.room = room
         self.reason = reason
@@ -51,7 +51,7 @@ class Bootstrap:
 
     host: str
     port: int
-    room: int
+    room: int | str  # SGLang's bootstrap_room; vLLM's remote_request_id
 
     @property
     def addr(self) -> str:
@@ -98,30 +98,30 @@ class Rooms:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._ready: dict[int, tuple[list[int], Facts]] = {}
-        self._fetched: set[int] = set()
+        self._ready: dict[str, tuple[list[int], Facts]] = {}
+        self._fetched: set[str] = set()
 
-    def publish(self, room: int, ids: list[int], facts: Facts) -> None:
+    def publish(self, room: str, ids: list[int], facts: Facts) -> None:
         """The prefill has computed the room's KV and KDA state."""
         with self._cond:
             self._ready[room] = (ids, facts)
             self._cond.notify_all()
 
-    def take(self, room: int, wait_s: float) -> tuple[list[int], Facts] | None:
+    def take(self, room: str, wait_s: float) -> tuple[list[int], Facts] | None:
         """The room's state once published (None after wait_s)."""
         with self._cond:
             if not self._cond.wait_for(lambda: room in self._ready, timeout=wait_s):
                 return None
             return self._ready[room]
 
-    def done(self, room: int) -> None:
+    def done(self, room: str) -> None:
         """The decode has the room's state: the prefill may free it."""
         with self._cond:
             self._ready.pop(room, None)
             self._fetched.add(room)
             self._cond.notify_all()
 
-    def wait_fetched(self, room: int, wait_s: float) -> bool:
+    def wait_fetched(self, room: str, wait_s: float) -> bool:
         """Whether a decode read the room within wait_s (the room is freed either way)."""
         with self._cond:
             ok = self._cond.wait_for(lambda: room in self._fetched, timeout=wait_s)
@@ -155,15 +155,15 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == KV_PATH:
             query = parse_qs(url.query)
             try:
-                room, skip = int(query["room"][0]), int(query.get("skip", ["0"])[0])
+                room, skip = query["room"][0], int(query.get("skip", ["0"])[0])
             except (KeyError, ValueError):
-                self._send(400, b'{"error": "room and skip are integers"}')
+                self._send(400, b'{"error": "room is required and skip is an integer"}')
                 return
             self._kv(srv, room, skip)
         else:
             self._send(404, b"Not Found", "text/plain")
 
-    def _kv(self, srv: BootstrapServer, room: int, skip: int) -> None:
+    def _kv(self, srv: BootstrapServer, room: str, skip: int) -> None:
         got = srv.rooms.take(room, srv.wait_s)
         if got is None:
             self._send(404, json.dumps({"error": f"bootstrap_room {room} was not prefilled"}).encode())
@@ -208,8 +208,9 @@ def _get(url: str, wait_s: float) -> bytes:
         return data
 
 
-def fetch_state(boot: Bootstrap, skip: int, wait_s: float) -> dict[str, Any]:
-    """The decode's side: the prefill's parallel info, then the room's state (TransferError as SGLang's)."""
+def fetch_state(boot: Bootstrap, skip: int, wait_s: float, expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The decode's side: the prefill's parallel info (each `expect` key must match it), then the room's state
+    (TransferError, worded as SGLang's)."""
     base = f"http://{boot.addr}"
     try:
         info = json.loads(_get(f"{base}{ROUTE_PATH}?{ROUTE_QUERY}", ROUTE_TIMEOUT_S))
@@ -219,6 +220,9 @@ def fetch_state(boot: Bootstrap, skip: int, wait_s: float) -> dict[str, Any]:
         ) from exc
     if not isinstance(info, dict):
         raise TransferError(boot.room, f"Could not fetch prefill parallel info from bootstrap_addr: {boot.addr}")
+    for key, wanted in (expect or {}).items():
+        if info.get(key) != wanted:
+            raise TransferError(boot.room, f"handshake with {boot.addr}: {key} is {info.get(key)!r}, expected {wanted!r}")
     started = time.monotonic()
     try:
         state = json.loads(_get(f"{base}{KV_PATH}?room={boot.room}&skip={skip}", wait_s + ROUTE_TIMEOUT_S))

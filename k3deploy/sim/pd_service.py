@@ -73,9 +73,9 @@ class PdChatService(ChatService):
         prompt = render_prompt(messages, body.get("tools") if body.get("tool_choice") != "none" else None)
         asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
         rooms = self.bootstrap.rooms
-        rooms.publish(boot.room, prompt.ids, read_facts(prompt.text, asked))
+        rooms.publish(str(boot.room), prompt.ids, read_facts(prompt.text, asked))
         wait_s = self.timeouts_s.get(BOOTSTRAP_TIMEOUT_ENV, 300.0)
-        if not rooms.wait_fetched(boot.room, wait_s):
+        if not rooms.wait_fetched(str(boot.room), wait_s):
             err = TransferError(boot.room, f"Request timed out after {wait_s:.0f}s in KVPoll.Bootstrapping")
             self.log.error(
                 f"Prefill bootstrap failed for request rank=0 req.rid='{reply.body and reply.body['id']}' "

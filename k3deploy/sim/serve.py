@@ -27,6 +27,7 @@ from k3deploy.sim.http_api import ApiServer
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.membership import FAILED, Membership, exit_now
 from k3deploy.sim.model_info import ModelError, hardware, missing_shards, model_spec, read_config
+from k3deploy.sim.nixl_service import NixlChatService
 from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
 from k3deploy.sim.pd_service import PdChatService
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
@@ -99,9 +100,9 @@ class Node:
         return self._load_and_serve()
 
     def _bind(self) -> bool:
-        kind = PdChatService if self.cfg.pd_mode else ChatService
+        kind = {"nixl": NixlChatService, None: ChatService}.get(self.cfg.pd_mode, PdChatService)
         self.service = kind(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
-        if isinstance(self.service, PdChatService) and not self.service.start_role(self.env):
+        if isinstance(self.service, (PdChatService, NixlChatService)) and not self.service.start_role(self.env):
             return False
         try:
             self.api = ApiServer(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,8 @@ class ServeConfig:
     # SGLang's --disaggregation-mode (None: not disaggregated) and the prefill's bootstrap server port.
     pd_mode: str | None = None
     bootstrap_port: int = SGLANG_DEFAULT_BOOTSTRAP_PORT
+    # vLLM --kv-transfer-config's kv_load_failure_policy: fail the request, or recompute the prompt here.
+    kv_failure_policy: str = "fail"
 
     @property
     def head(self) -> bool:
@@ -226,8 +229,23 @@ def _vllm_rendezvous(ns: argparse.Namespace, env: Mapping[str, str]) -> Rendezvo
     return Rendezvous("127.0.0.1", 0, 0, 1, timeout_s)
 
 
+def _kv_transfer(ns: argparse.Namespace) -> dict[str, Any]:
+    """--kv-transfer-config as vLLM reads it (a JSON object)."""
+    raw = ns.kv_transfer_config
+    if raw is None or isinstance(raw, dict):
+        return raw or {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"ValueError: --kv-transfer-config is not valid JSON: {raw!r}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"ValueError: --kv-transfer-config must be a JSON object, got {raw!r}")
+    return value
+
+
 def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     _check_vllm_parsers(ns)
+    kv = _kv_transfer(ns)
     rdv = _vllm_rendezvous(ns, env)
     tp, pp, dp = ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size
     local_dp = ns.data_parallel_size_local or dp
@@ -271,6 +289,9 @@ def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
         chunked_prefill_size=ns.max_num_batched_tokens,
         max_prefill_tokens=ns.max_num_batched_tokens,
         args={k: _jsonable(v) for k, v in vars(ns).items()},
+        # NixlConnector: each server prefills or decodes as the request's kv_transfer_params say.
+        pd_mode="nixl" if kv.get("kv_connector") == "NixlConnector" else None,
+        kv_failure_policy=str(kv.get("kv_load_failure_policy") or "fail"),
     )
 
 
