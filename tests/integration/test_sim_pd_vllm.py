@@ -84,7 +84,7 @@ def _chat(url: str) -> httpx.Response:
 @needs_routers
 @pytest.mark.timeout(400)
 def test_the_decode_answers_from_the_prefilled_state(pd_vllm: Any) -> None:
-    url, prefill, decode = pd_vllm()
+    url, prefill, _ = pd_vllm()
     reply = _chat(url)
     assert reply.status_code == 200, reply.text
     answer = reply.json()["choices"][0]["message"]["content"]
