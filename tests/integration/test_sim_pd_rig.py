@@ -99,3 +99,51 @@ def test_decode_pulls_the_state_from_the_prefill_host(root_only: None, tmp_path:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
+
+
+@needs_routers
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("side_channel_host_set", [True, False])
+def test_vllm_nixl_side_channel_host_across_hosts(root_only: None, tmp_path: Path, side_channel_host_set: bool) -> None:
+    """Unset, VLLM_NIXL_SIDE_CHANNEL_HOST is localhost: the prefill advertises it, and on the decode's host
+    localhost:5600 is the decode's own side channel, another engine (vllm#27083: an engine-ID mismatch)."""
+    model = tmp_path / "kimi-k3-tiny"
+    write_checkpoint(model)
+    procs: list[subprocess.Popen[bytes]] = []
+    with HostRig(2, prefix="pdsim") as rig:
+        try:
+            prefill_host, decode_host = rig.hosts
+            api, router_port, metrics_port = free_ports(3)
+            config = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
+            argv = ["--mimic", "vllm", str(model), "--host", "0.0.0.0", "--port", str(api), "--max-model-len",
+                    "32768", "--served-model-name", "m", "--reasoning-parser", "kimi_k3", "--kv-transfer-config", config]
+            logs = {role: tmp_path / f"{role}.log" for role in ("prefill", "decode", "router")}
+            for role, host in (("prefill", prefill_host), ("decode", decode_host)):
+                env = {"K3SIM_SPEED": "50", "VLLM_HOST_IP": host.priv_ip}
+                if side_channel_host_set:
+                    env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.priv_ip
+                procs.append(_spawn(rig, host.name, argv, env, logs[role]))
+            for role, proc in zip(("prefill", "decode"), procs, strict=True):
+                _wait_log(logs[role], "Application startup complete", proc, 120)
+            router_argv = [str(VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(router_port),
+                           "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", "random",
+                           "--prefill", f"http://{prefill_host.priv_ip}:{api}",
+                           "--decode", f"http://{decode_host.priv_ip}:{api}",
+                           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+            with logs["router"].open("wb") as out:
+                router = subprocess.Popen(router_argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(router)
+            _wait_log(logs["router"], "Starting server on", router, 120)
+            body = {"model": "m", "messages": [{"role": "user", "content": f"{FACTS} {QUESTION}"}], "max_tokens": 400}
+            reply = httpx.post(f"http://127.0.0.1:{router_port}/v1/chat/completions", json=body, timeout=120)
+            if side_channel_host_set:
+                assert reply.status_code == 200, reply.text
+                assert all(value in reply.json()["choices"][0]["message"]["content"] for value in RIGHT)
+            else:
+                assert reply.status_code == 500 and "Internal server error" in reply.text, reply.text
+                _wait_log(logs["decode"], "handshake with localhost:5600: engine_id is", procs[1], 30)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
