@@ -10,7 +10,7 @@ import os
 import struct
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
-from itertools import repeat
+from operator import mul
 from typing import Any
 
 from k3deploy.probes.fast_json import Loads
@@ -64,18 +64,18 @@ def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, in
     except (OSError, ValueError) as exc:
         return [getattr(exc, "strerror", None) or str(exc)], 0, None
     header.pop("__metadata__", None)
-    names = fingerprint(header, os.path.basename(path))
+    names = fingerprint(header)
     experts = layout.sound_experts(header, size - 8 - n) if layout is not None else None
     if experts is not None:  # sound as a whole: nothing for the per-tensor check to name
         return [], experts, names
     return (*tensor_problems(header, n, size, layout), names)
 
 
-def fingerprint(names: Iterable[str], shard: str) -> int:
-    """An order-free fingerprint of (tensor, shard) pairs that adds up over shards, so the index's whole
-    weight_map meets every shard's header in one comparison. Python's string hash is per process, but forked
-    workers share the parent's."""
-    return sum(map(hash, zip(names, repeat(shard))))
+def fingerprint(names: Iterable[str]) -> int:
+    """An order-free fingerprint of tensor names: the sum of their hashes (a dict's keys carry theirs), exact,
+    so shards' fingerprints add up (see _names_agree). Python's string hash is per process, but forked workers
+    share the parent's."""
+    return sum(map(hash, names))
 
 
 def tensor_problems(header: dict[str, Any], n: int, size: int, layout: Layout | None) -> tuple[list[str], int]:
@@ -179,13 +179,17 @@ def read_weight_map(root: str, loads: Loads = json.loads) -> dict[str, str]:
 
 
 def _names_agree(weight_map: dict[str, str], results: dict[str, Any], single: bool) -> bool:
-    """Whether every shard the index names was read and holds exactly the tensors the index puts in it: one
-    sum over the whole weight_map against the shards' fingerprints, instead of grouping ~500k names by shard."""
+    """Whether every shard the index names was read and holds exactly the tensors the index puts in it, without
+    grouping ~500k names by shard: each tensor's hash weighted by its shard's, summed over the weight_map,
+    against the shards' fingerprints weighted alike. Exact integers: a tensor missing, extra or in another
+    shard changes the sum by a product of hash differences (sums of tuple hashes cancel on a swap)."""
     try:
         named = set(weight_map.values()) | ({SINGLE_FILE} if single else set())
         if not named <= results.keys() or any(results[s][2] is None for s in named):
             return False
-        return sum(results[s][2] for s in named) == sum(map(hash, weight_map.items()))
+        weight = {s: hash(s) for s in named}
+        indexed = sum(map(mul, map(hash, weight_map), map(weight.__getitem__, weight_map.values())))
+        return indexed == sum(weight[s] * results[s][2] for s in named)
     except TypeError:  # a shard name that is not a string: the grouping below names what is wrong
         return False
 
@@ -254,7 +258,7 @@ def _structure(root: str, expect: dict[str, Any], workers: int, loads: Loads) ->
         experts += count
         for message in found:
             add(shard, message)
-        if by_shard is not None and names is not None and names != fingerprint(by_shard[shard], shard):
+        if by_shard is not None and names is not None and names != fingerprint(by_shard[shard]):
             for message in name_problems(shard, os.path.join(root, shard), by_shard[shard]):
                 add(shard, message)
     if _LAYOUT is not None and experts < _LAYOUT.expert_count and not problems:
