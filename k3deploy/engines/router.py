@@ -59,6 +59,8 @@ class RouterSettings:
     health_check_interval_s: int
     health_check_timeout_s: int
     startup_timeout_s: int
+    # The Prometheus server (smg, sglang-router, vllm-router all default to 29000: two routers on a machine collide).
+    metrics_port: int
     # PD mode (roles): each prefill's URL with its bootstrap port (None: vLLM NIXL has none), each decode's URL.
     prefill: tuple[tuple[str, int | None], ...] = ()
     decode: tuple[str, ...] = ()
@@ -123,7 +125,8 @@ def router_argv(s: RouterSettings, python: str = "python3") -> tuple[str, ...]:
             "--health-success-threshold", str(s.health_success_threshold),
             "--health-check-interval-secs", str(s.health_check_interval_s),
             "--health-check-timeout-secs", str(s.health_check_timeout_s),
-            "--worker-startup-timeout-secs", str(s.startup_timeout_s))
+            "--worker-startup-timeout-secs", str(s.startup_timeout_s),
+            "--prometheus-host", s.listen, "--prometheus-port", str(s.metrics_port))
     problems = argv_problems(s.kind, args)
     if problems:
         raise ValueError(f"router command refused by {router_table(s.kind).router}'s flag table: "

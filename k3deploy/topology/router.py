@@ -30,6 +30,9 @@ class Router(Strict):
     port: int = Field(30000, ge=1, le=65535, description="the router's HTTP port (what clients call)")
     listen: str | None = Field(None, description="address the router binds (default: 127.0.0.1 on local, "
                                "the node's ip on a node)")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="port of the router's Prometheus metrics server, bound on `listen` "
+        "(default: port + 1; the routers' own default 29000 on 0.0.0.0 makes two routers on one machine collide)")
     policy: str = Field("cache_aware", description="routing policy (one of the router's --policy choices); "
                         "cache_aware keeps a conversation on the replica holding its prefix")
     health_failure_threshold: int = Field(3, ge=1, description="consecutive failed health checks before a "
@@ -43,6 +46,16 @@ class Router(Strict):
     startup_timeout_s: int | None = Field(
         None, ge=1, description="how long the router waits for a replica to come up; default: sized by the "
         "plan above launch.ready_timeout_s (the load time the deployment allows)")
+
+    @property
+    def metrics_port_or_default(self) -> int:
+        """The metrics port the router is given (port + 1 unless set)."""
+        return self.metrics_port if self.metrics_port is not None else self.port + 1
+
+    @property
+    def metrics_path(self) -> str:
+        """Where a metrics-port problem is located: the field when set, else the port it derives from."""
+        return "router.metrics_port" if self.metrics_port is not None else "router.port"
 
     @field_validator("runs_on")
     @classmethod
