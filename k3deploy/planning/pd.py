@@ -155,6 +155,11 @@ def _sglang_layout_issues(t: Topology, hybrid: bool) -> list[Issue]:
         if p_tp != d_tp and flag in t.engine.args:
             out.append(_err("PD_SGLANG_SAME_TP", f"prefill attn TP {p_tp} != decode attn TP {d_tp} with {flag}: {why}",
                             "roles.decode.parallel.tp", f"give both roles attn TP {p_tp}, or remove {flag}"))
+    if dec.dcp > 1 and "--enable-kv-cache-sharding" in t.engine.args:
+        out.append(_err("PD_SGLANG_DCP", f"decode dcp {dec.dcp} with --enable-kv-cache-sharding: \"PD decode DCP "
+                        "does not support a prefill with --enable-kv-cache-sharding\" "
+                        "(disaggregation/common/conn.py:1421)", "roles.decode.parallel.dcp",
+                        "give decode dcp 1, or remove --enable-kv-cache-sharding"))
     if hybrid and p_tp != d_tp:
         out.append(_err("PD_STATE_RESLICE", f"prefill attn TP {p_tp} != decode attn TP {d_tp}: SGLang moves the "
                         "KDA state by TP-slicing it per head (\"Performance may be affected\", "

@@ -189,6 +189,15 @@ def test_sglang_different_attn_tp_warns_for_the_kda_state_and_is_refused_where_s
         assert flag_table("sglang").get(flag) is not None  # a flag the pinned parser has
 
 
+def test_sglang_decode_dcp_refuses_a_sharded_prefill_kv() -> None:
+    doc = _doc()
+    doc["roles"]["decode"]["parallel"] = {"tp": 2, "ep": 2, "dcp": 2}
+    assert "PD_SGLANG_DCP" not in _plan_codes(doc)  # K3's KV pool is hybrid MLA: decode DCP is allowed
+    doc["engine"]["args"] = {"--enable-kv-cache-sharding": True}
+    got = _plan_codes(doc)["PD_SGLANG_DCP"]
+    assert got.startswith("roles.decode.parallel.dcp: decode dcp 2 with --enable-kv-cache-sharding") and "1421" in got
+
+
 def test_sglang_attn_tp_ratio_must_be_whole() -> None:
     doc = _doc()
     doc["hardware"]["gpus_per_node"] = 3
