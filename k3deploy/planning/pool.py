@@ -91,7 +91,8 @@ def router_plan(t: Topology, margin: float, longest_prefill: float | str) -> tup
         kind=r.kind, listen=listen, port=r.port, worker_urls=tuple(urls), policy=r.policy,
         health_failure_threshold=r.health_failure_threshold, health_success_threshold=r.health_success_threshold,
         health_check_interval_s=r.health_check_interval_s,
-        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup)
+        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup,
+        metrics_port=r.metrics_port)
     runs_on = "local" if node is None else f"{t.nodes[node].host} ({t.nodes[node].ip})"
     return RouterPlan(settings=settings, runs_on=runs_on, longest_prefill_s=prefill,
                       prefill_unknown=None if prefill is not None else str(longest_prefill)), issues

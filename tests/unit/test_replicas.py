@@ -117,6 +117,12 @@ def test_port_collisions_are_located() -> None:
     assert any("replicas: replicas serve on 18000-18001 (engine.port + i) and rendezvous on 18001-18002" in line
                for line in _errors(doc))
     doc = _doc()
+    doc["router"]["metrics_port"] = 18000  # the router's exporter where replica 0 serves
+    assert any("router.metrics_port: router metrics port 18000 is a replica's port" in line and "[ROUTER_PORT]" in line
+               for line in _errors(doc))
+    doc["router"]["metrics_port"] = 30000
+    assert any("router metrics_port 30000 is the router's own port" in line for line in _errors(doc))
+    doc = _doc()
     doc["engine"]["port"] = 65535
     assert any("replicas: 2 replicas need ports up to 65536, past 65535" in line for line in _errors(doc))
 
@@ -218,6 +224,9 @@ def test_router_argv_passes_its_flag_table(kind: str) -> None:
     argv = router_argv(_settings(kind))
     assert argv[:2] == ("python3", "-m") and argv[2].endswith(".launch_router")
     assert argv_problems(kind, argv[3:]) == []
+    # The exporter is bound beside the router (its default, 0.0.0.0:29000, collides between routers).
+    joined = " ".join(argv)
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 30001" in joined
     assert argv_problems(kind, ("--policy", "no_such", "--no-such-flag", "--port", "x")) == [
         f"--policy: 'no_such' is not one of {', '.join(c for c in _choices(kind))}",
         f"{_table_name(kind)} has no flag --no-such-flag", "--port takes an integer, not 'x'"]
