@@ -86,7 +86,7 @@ def pool_table(plan: Plan) -> Table:
     r = plan.router
     if r is not None:
         s = r.settings
-        prefill = "unknown (no bf16_tflops)" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
+        prefill = f"unknown ({r.prefill_unknown})" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
         t.add_row(f"router {s.kind} on {r.runs_on}", s.url)
         t.add_row("router policy", s.policy)
         t.add_row("longest prefill a replica allows", prefill)
