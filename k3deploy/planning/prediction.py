@@ -6,7 +6,8 @@ attention group; pipelined across PP stages), then decode together, one token pe
 
 - TTFT = one prefill's latency + (R - 1) / 2 prefills of queue ahead, on average (+ a whole wave for
   requests beyond what the caches admit);
-- TPOT = the decode step at batch R (PP: the stages in series) + the prefills that stall the batch
+- TPOT = the decode step at batch R (PP: the stages in series; speculating, the verify step plus the draft's
+  passes, over the tokens a verify keeps) + the prefills that stall the batch
   while it decodes, (R - 1) / 2 of them spread over (out - 1) tokens (engines whose prefill holds up
   decode: SGLang, vLLM); ITL's mean is TPOT's;
 - output throughput = R x out / (the wave's prefills + (out - 1) decode steps), per GPU over the replica.
@@ -17,6 +18,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, Step, Term, decode_step, p2p_s, prefill
 from k3deploy.planning.plan import Plan, memory_inputs
 from k3deploy.planning.speculation import acceptance, draft_tokens
@@ -86,7 +88,8 @@ def perf_inputs(plan: Plan, catalog: Catalog) -> PerfInputs:
     drafts = draft_tokens(t.engine.args)
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=plan.family, kv_dtype=inp.kv_dtype,
                       ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                      accepted=acceptance(model, drafts))
+                      accepted=acceptance(model, drafts),
+                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
 
 
 def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
@@ -126,7 +129,9 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     prefill_gap = pre.seconds + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
     prefill_latency = s.pp * pre.seconds + (s.pp - 1) * hop_pre
     micro = min(running, s.pp)
-    step = decode_step(inp, math.ceil(running / micro), w.input_tokens + w.output_tokens / 2)
+    context = w.input_tokens + w.output_tokens / 2
+    batch = math.ceil(running / micro)
+    step = with_draft(decode_step(inp, batch, context), draft_cost(inp, math.ceil(batch / groups), context))
     hop = p2p_s(inp, math.ceil(running / micro))
     step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
     stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
@@ -192,5 +197,6 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     drafts = draft_tokens(t.engine.args)
     pin = PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                     accepted=acceptance(model, drafts))
+                     accepted=acceptance(model, drafts),
+                     draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
     return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
