@@ -11,7 +11,9 @@ each explained term by term (as the memory budget is). Pure arithmetic over cata
 - collectives per layer: the attention-TP all-reduce, the MoE combine (all-reduce over TP, or all-to-all
   dispatch and combine when experts span DP ranks), DCP's gather per MLA layer, each latency + ring bytes /
   bandwidth on the scale-up fabric when the group fits one domain, else on the scale-out network;
-- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer.
+- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer;
+- expert parallelism: a rank holding whole experts reads and computes as the slowest EP rank does
+  (planning/expert_balance: the expected maximum over ranks under uniform routing).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import NamedTuple
 from k3deploy.catalog.specs import EnginePerformance, HardwareSpec, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
+from k3deploy.planning.expert_balance import slowest_rank_share, slowest_rank_tokens
 from k3deploy.planning.memory import heaviest_stage, kda_state_bytes_per_slot, mla_kv_bytes_per_token
 
 BF16 = 2
@@ -184,7 +187,10 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     arch = m.architecture
     touched = 1 - (1 - arch.num_experts_per_token / arch.num_experts) ** m_moe
     fixed = m.weights.non_expert_bytes / s.attn_tp * frac
-    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched
+    # With EP the slowest rank bounds the step: it holds whole experts and the tokens touch them unevenly.
+    ep = s.ep if perf.ep_rank_imbalance else 1
+    skew = slowest_rank_share(arch.num_experts, ep, touched)
+    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched * skew
     kv = b_attn * context_tokens * mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=mla, dcp=s.dcp)
     state = b_attn * kda_state_bytes_per_slot(arch, s.attn_tp, inp.ssm_dtype, m.cache.conv_state_dtype,
                                               kda_layers=kda) * perf.kda_state_passes
@@ -193,14 +199,15 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     dense, routed = _params(inp)
     r_dense, r_expert = rates(inp)
     flops_dense = b_attn * q * (2 * dense + _attention_flops(inp, context_tokens, decode=True))
-    compute = (flops_dense / r_dense + m_moe * 2 * routed / r_expert) / inp.speed
+    token_skew = slowest_rank_tokens(m_moe * arch.num_experts_per_token, ep)
+    compute = (flops_dense / r_dense + m_moe * 2 * routed * token_skew / r_expert) / inp.speed
     coll, coll_how = collectives(inp, b_attn * q, m_moe)
     overhead = layers * perf.layer_overhead_us * 1e-6 / inp.speed
     gb = 1e9
     terms = (
         Term("HBM reads", reads, f"({fixed / gb:.2f} non-expert + {experts / gb:.2f} experts touched "
              f"({touched:.0%} of {arch.num_experts // max(s.ep, 1) if s.ep > 1 else arch.num_experts} at "
-             f"{m_moe} tokens) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
+             f"{m_moe} tokens{f', slowest EP rank x {skew:.2f}' if ep > 1 else ''}) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
              f"{hw.bandwidth_tbps:g} TB/s x {perf.hbm_efficiency:g}"),
         Term("compute", compute, f"{(flops_dense + m_moe * 2 * routed) / 1e12:.3f} TFLOP at "
              f"{'FP4' if r_expert != r_dense else 'BF16'} experts, x {perf.compute_efficiency:g} of peak"),
