@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue, fmt_gib
@@ -20,11 +20,15 @@ from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
 
+if TYPE_CHECKING:
+    from k3deploy.planning.pd import PdPlan
+
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
 INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
                          "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST",
-                         "ROUTER_POLICY"})
+                         "ROUTER_POLICY", "PD_ROUTER_KIND", "PD_OWNED_FLAG", "PD_SIDE_CHANNEL_ENV",
+                         "PD_DECODE_LAYOUT_FLAG"})
 # What each group of checks reads: a value left out by a schema error blocks the groups that read it.
 READS = {
     "node": ("nodes", "launch.executor"),
@@ -65,6 +69,7 @@ class Plan(NamedTuple):
     issues: tuple[Issue, ...]
     pool: Pool | None = None  # with replicas or a router: what all replicas hold together
     router: RouterPlan | None = None
+    pd: PdPlan | None = None  # with roles: each role's plan (the fields above are decode's)
 
     @property
     def valid(self) -> bool:
@@ -86,6 +91,8 @@ class Plan(NamedTuple):
             codes = ", ".join(i.code for i in self.issues if i.severity == "error") or "incomplete plan"
             raise InfeasibleError(f"{self.file}: cannot render an infeasible plan ({codes})",
                                   hint=f"run `k3deploy plan {self.file}`")
+        if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
+            raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
         return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
                       mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
 
@@ -95,7 +102,7 @@ class Plan(NamedTuple):
 
         doc = self.topology.model_dump(mode="json", by_alias=True)
         # Sections added later enter the hash only when used, so a record made before them still matches.
-        for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None)):
+        for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None), ("roles", None)):
             if doc.get(key) == unset:
                 doc.pop(key)
         slurm = doc.get("launch", {}).get("slurm")
@@ -211,6 +218,10 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     """Check legality, size memory and decide feasibility; never raises on a bad shape. Values in
     `unchecked` (dotted paths a schema error left out) block only the checks that read them."""
     whole = loaded.topology
+    if whole.roles is not None:
+        from k3deploy.planning.pd import pd_plan  # it plans each role's instance with this function
+
+        return pd_plan(loaded, catalog, unchecked)
     t = replica_topology(whole, 0)  # every replica has the same shape; its nodes decide the world size
     family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
     issues: list[Issue] = []

@@ -47,7 +47,8 @@ class RouterPlan(NamedTuple):
         """The `plan --json` router object."""
         s = self.settings
         return {"kind": s.kind, "runs_on": self.runs_on, "url": s.url, "policy": s.policy,
-                "worker_urls": list(s.worker_urls), "longest_prefill_s": self.longest_prefill_s,
+                "worker_urls": list(s.worker_urls), "prefill": [list(p) for p in s.prefill] or None,
+                "decode": list(s.decode) or None, "longest_prefill_s": self.longest_prefill_s,
                 "health_check_timeout_s": s.health_check_timeout_s, "startup_timeout_s": s.startup_timeout_s,
                 "health_check_interval_s": s.health_check_interval_s,
                 "health_failure_threshold": s.health_failure_threshold,

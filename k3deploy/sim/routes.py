@@ -68,8 +68,9 @@ def _reset_vllm(svc: ChatService, request: Any) -> Answer:
 def post_route(svc: ChatService, path: str) -> Route | None:
     """The handler for a POST path on this engine, or None (404)."""
     routes: dict[str, Callable[[ChatService, Any], Answer]] = {
-        "/v1/chat/completions": ChatService.chat,
-        "/v1/completions": ChatService.completion,
+        # Through the instance, so a role's service (a PD prefill or decode) answers with its own chat.
+        "/v1/chat/completions": lambda s, request: s.chat(request),
+        "/v1/completions": lambda s, request: s.completion(request),
     }
     if svc.cfg.mimic == "sglang":
         routes["/flush_cache"] = _flush_sglang
