@@ -129,6 +129,19 @@ class CacheDtypes(Sourced):
     conv_state_dtype: Literal["bf16", "fp32"]
 
 
+class DraftSpec(Sourced):
+    """The speculative draft model a checkpoint is served with (DSpark): what one drafting pass reads and
+    computes on top of the target's verify step."""
+
+    hub_repo: str
+    weights_bytes: int = Field(description="the draft's own weights (BF16), not counting the LM head it shares")
+    num_layers: int = Field(description="decoder layers of the draft (dense MLA)")
+    passes_per_step: int = Field(description="draft forward passes per verify step (DSpark: the whole block "
+                                 "in one parallel pass)")
+    shares_lm_head: bool = Field(description="the draft projects its drafted positions through the target's "
+                                 "LM head (read again per step)")
+
+
 class ModelSpec(Sourced):
     """A model checkpoint the planner can size."""
 
@@ -142,6 +155,7 @@ class ModelSpec(Sourced):
     draft_acceptance_length: dict[int, float] = Field(
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
+    draft: DraftSpec | None = Field(None, description="the draft model whose cost speculative decoding adds")
 
 
 class HardwareSpec(Sourced):
@@ -225,6 +239,9 @@ class EnginePerformance(Sourced):
                                   "through HBM (2: read and written back)")
     speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
                                   "stand-in's K3SIM_SPEED); none for real engines")
+    ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
+                                    "experts the step's tokens touch most (real routing), or paces the mean rank "
+                                    "(the stand-in)")
 
 
 class PlannerDefaults(Sourced):

@@ -135,7 +135,7 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
-        pool_ratio=s.mamba_full_memory_ratio,
+        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t),
     )
 
 
@@ -149,7 +149,20 @@ def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: Hardwar
     drafts = draft_tokens(t.engine.args)
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
                       ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                      accepted=acceptance(model, drafts))
+                      accepted=acceptance(model, drafts),
+                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
+
+
+def _drafts(t: Topology) -> int:
+    """Draft tokens per step the engine flags ask for; 0 when the flags name no draft the model times (the
+    performance model then says why)."""
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.speculation import draft_tokens
+
+    try:
+        return draft_tokens(t.engine.args)
+    except PerfUnknown:
+        return 0
 
 
 def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,

@@ -6,7 +6,8 @@ attention group; pipelined across PP stages), then decode together, one token pe
 
 - TTFT = one prefill's latency + (R - 1) / 2 prefills of queue ahead, on average (+ a whole wave for
   requests beyond what the caches admit);
-- TPOT = the decode step at batch R (PP: the stages in series) + the prefills that stall the batch
+- TPOT = the decode step at batch R (PP: the stages in series; speculating, the verify step plus the draft's
+  passes, over the tokens a verify keeps) + the prefills that stall the batch
   while it decodes, (R - 1) / 2 of them spread over (out - 1) tokens (engines whose prefill holds up
   decode: SGLang, vLLM); ITL's mean is TPOT's;
 - output throughput = R x out / (the wave's prefills + (out - 1) decode steps), per GPU over the replica.
@@ -17,6 +18,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.perf_model import (
     PerfInputs,
     PerfUnknown,
@@ -114,7 +116,9 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     prefill_gap = pre.seconds + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
     prefill_latency = prefill_latency_s(inp, w.input_tokens, min(groups, running))
     micro = min(running, s.pp)
-    step = decode_step(inp, math.ceil(running / micro), w.input_tokens + w.output_tokens / 2)
+    context = w.input_tokens + w.output_tokens / 2
+    batch = math.ceil(running / micro)
+    step = with_draft(decode_step(inp, batch, context), draft_cost(inp, math.ceil(batch / groups), context))
     hop = p2p_s(inp, math.ceil(running / micro))
     step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
     stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
