@@ -269,7 +269,7 @@ class ChatService(EngineCore):
             text = "".join(p.text for p in pieces)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.done.finish_reason}
         return Reply(
-            body={**frame.head, "object": "text_completion", "choices": [choice], "usage": self.usage(job)}
+            body={**frame.head, "object": "text_completion", "choices": [choice], "usage": self.usage(job, chat=False)}
         )
 
     def _text_chunks(self, job: Job, frame: Frame, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
@@ -282,4 +282,4 @@ class ChatService(EngineCore):
         if last < 0:
             yield frame.text("", job.done.finish_reason)
         if include_usage:
-            yield frame.usage(self.usage(job))
+            yield frame.usage(self.usage(job, chat=False))

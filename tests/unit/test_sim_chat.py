@@ -86,7 +86,15 @@ def test_without_the_reasoning_parser_the_markers_stay_in_content(mimic: str) ->
     msg = reply["choices"][0]["message"]
     assert msg["content"].startswith(THINK_OPEN) and THINK_CLOSE in msg["content"]
     assert msg.get("reasoning_content") is None and msg.get("reasoning") is None
-    assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    # vLLM counts reasoning tokens only with a reasoning parser (chat_completion/serving.py:
+    # `_include_reasoning_tokens_details = bool(reasoning_parser)`), and never in text completions
+    if mimic == "vllm":
+        assert reply["usage"]["completion_tokens_details"] is None
+        assert ask(service(mimic, VLLM_FULL))["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+        text = service(mimic, VLLM_FULL).completion({"model": "/m", "prompt": "The harbour", "max_tokens": 4})
+        assert text.body is not None and text.body["usage"]["completion_tokens_details"] is None
+    else:
+        assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     assert reply["usage"]["prompt_tokens_details"] is None
 
 
