@@ -248,7 +248,7 @@ class ChatService(EngineCore):
         if not finished:
             yield out(frame.chat({}, parser.finish_reason(job.done)))
         if include_usage:
-            yield frame.usage(self.usage(job))
+            yield frame.usage(self.usage(job, stream=True))
 
     def completion(self, body: Any) -> Reply:
         """Answer one /v1/completions request: the raw text, no chat template and no parsers."""
@@ -282,4 +282,4 @@ class ChatService(EngineCore):
         if last < 0:
             yield frame.text("", job.done.finish_reason)
         if include_usage:
-            yield frame.usage(self.usage(job, chat=False))
+            yield frame.usage(self.usage(job, chat=False, stream=True))
