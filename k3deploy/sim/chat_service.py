@@ -110,10 +110,14 @@ class ChatService(EngineCore):
         # prompt past the context and max_tokens past it are refused; otherwise max_tokens is clamped to the
         # room the prompt leaves. (A prompt of exactly the context leaves none: refused here too.)
         if prompt_tokens >= ctx:
+            # vLLM tokenizes at most context + 1 tokens (renderers/params.py get_encode_kwargs), so a longer
+            # prompt is reported as "at least" that many (_token_len_check).
+            seen = min(prompt_tokens, ctx + 1)
+            qualifier = "at least " if seen == ctx + 1 else ""
             raise validation_error(
                 f"This model's maximum context length is {ctx} tokens. However, your prompt contains "
-                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
-                "Please reduce the length of the input prompt.", "input_tokens", prompt_tokens)
+                f"{qualifier}{seen} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.", "input_tokens", seen)
         if asked and int(asked) > ctx:
             raise validation_error(f"max_tokens={asked} cannot be greater than max_model_len={ctx}. Please "
                                    "request fewer output tokens.", "max_tokens", asked)

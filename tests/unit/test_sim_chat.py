@@ -205,8 +205,8 @@ def test_over_long_requests_are_rejected_like_each_engine() -> None:
     # vLLM 0.32.0's words (vllm/renderers/params.py), checked against the real engine by
     # tests/realengine/test_vllm_conformance.py
     with pytest.raises(ApiError, match=r"maximum context length is 100 tokens\. However, your prompt contains "
-                       r"20\d input tokens, which exceeds this limit even without any output tokens\. .* "
-                       r"\(parameter=input_tokens, value=20\d\)") as err:
+                       r"at least 101 input tokens, which exceeds this limit even without any output tokens\. "
+                       r".* \(parameter=input_tokens, value=101\)") as err:
         ask(service("vllm", context=100), messages=long)
     assert err.value.param == "input_tokens"
     with pytest.raises(ApiError, match=r"max_tokens=190 cannot be greater than max_model_len=100"):
