@@ -142,6 +142,14 @@ class DraftSpec(Sourced):
                                  "LM head (read again per step)")
 
 
+class ChatParsers(Spec):
+    """The engines' chat plug-ins a model's own format needs (registry names); none: the engine's defaults."""
+
+    tokenizer_mode: str | None = Field(None, description="vLLM --tokenizer-mode (SGLang has no such flag)")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser: splits thinking from the answer")
+    tool_call_parser: str | None = Field(None, description="--tool-call-parser: reads tool calls from the text")
+
+
 class ModelSpec(Sourced):
     """A model checkpoint the planner can size."""
 
@@ -152,6 +160,8 @@ class ModelSpec(Sourced):
     weights: Weights
     cache: CacheDtypes
     quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+    parsers: ChatParsers = Field(default_factory=ChatParsers, description="the tokenizer mode and parsers the "
+                                 "engines need for this model's chat format (none given: no such flag)")
     draft_acceptance_length: dict[int, float] = Field(
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
