@@ -100,9 +100,12 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
     if r is None:
         return
     metrics = r.metrics_port_or_default
-    if metrics > 65535 or metrics == r.port:
-        yield _err("ROUTER_PORT", f"router metrics port {metrics} is {'past 65535' if metrics > 65535 else 'its HTTP port'}",
-                   r.metrics_path, "set router.metrics_port to a free port")
+    if metrics > 65535:
+        yield _err("ROUTER_PORT", f"router metrics port {metrics} (port + 1) is past 65535", r.metrics_path,
+                   "set router.metrics_port to a free port")
+    if r.metrics_port == r.port:
+        yield _err("ROUTER_PORT", f"router metrics_port {r.port} is the router's own port", "router.metrics_port",
+                   "pick another port (default: port + 1)")
     # The router shares a machine with the replicas on a node, or on this host when the nodes are local.
     if r.runs_on != "local" or t.launch.nodes_are_here:
         for what, ports in (("engine.port + i", engine), ("launch.port + i", rendezvous)):

@@ -28,11 +28,11 @@ class Router(Strict):
     runs_on: str = Field("local", description="where the router runs: `local` (the host running k3deploy) or "
                          "the `host` of one of the nodes")
     port: int = Field(30000, ge=1, le=65535, description="the router's HTTP port (what clients call)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="the router's Prometheus exporter port "
+                                     "(default: port + 1; the routers' own default, 29000 on every address, "
+                                     "collides with any second router on the machine)")
     listen: str | None = Field(None, description="address the router binds (default: 127.0.0.1 on local, "
                                "the node's ip on a node)")
-    metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="port of the router's Prometheus metrics server, bound on `listen` "
-        "(default: port + 1; the routers' own default 29000 on 0.0.0.0 makes two routers on one machine collide)")
     policy: str = Field("cache_aware", description="routing policy (one of the router's --policy choices); "
                         "cache_aware keeps a conversation on the replica holding its prefix")
     health_failure_threshold: int = Field(3, ge=1, description="consecutive failed health checks before a "
