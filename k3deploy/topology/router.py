@@ -47,6 +47,16 @@ class Router(Strict):
         None, ge=1, description="how long the router waits for a replica to come up; default: sized by the "
         "plan above launch.ready_timeout_s (the load time the deployment allows)")
 
+    @property
+    def metrics_port_or_default(self) -> int:
+        """The metrics port the router is given (port + 1 unless set)."""
+        return self.metrics_port if self.metrics_port is not None else self.port + 1
+
+    @property
+    def metrics_path(self) -> str:
+        """Where a metrics-port problem is located: the field when set, else the port it derives from."""
+        return "router.metrics_port" if self.metrics_port is not None else "router.port"
+
     @field_validator("runs_on")
     @classmethod
     def _runs_on(cls, v: str) -> str:

@@ -127,6 +127,25 @@ def test_port_collisions_are_located() -> None:
     assert any("replicas: 2 replicas need ports up to 65536, past 65535" in line for line in _errors(doc))
 
 
+def test_router_metrics_port_defaults_past_its_port_and_collisions_are_located() -> None:
+    doc = _doc()
+    settings = _plan(doc).router
+    assert settings is not None and settings.settings.prometheus_port == 30001  # not the routers' shared 29000
+    argv = router_argv(settings.settings)
+    assert argv[argv.index("--prometheus-port") + 1] == "30001" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    doc["router"]["metrics_port"] = 18001  # replica 1's API port, on this machine
+    assert _errors(doc) == [(f"{_at(doc, 'metrics_port', '18001')}: router.metrics_port: router metrics port 18001 is "
+                            "a replica's port (engine.port + i: 18000-18001) on the same machine (set "
+                            "router.metrics_port to a free port) [ROUTER_PORT]")]
+    doc["router"].pop("metrics_port")
+    doc["router"]["port"] = 65535  # its default metrics port would be 65536
+    assert any(line.startswith(f"{_at(doc, 'port', '65535')}: router.port: router metrics port 65536 (port + 1) is past "
+                               "65535") for line in _errors(doc))
+    doc["router"]["port"] = 29499  # its default metrics port, 29500, is replica 0's rendezvous port
+    assert any(line.startswith(f"{_at(doc, 'port', '29499')}: router.port: router metrics port 29500 is a replica's "
+                               "port (launch.port + i") for line in _errors(doc))
+
+
 def test_router_on_a_node_collides_with_that_nodes_ports_and_must_name_one_node() -> None:
     doc = _doc()
     doc["launch"]["executor"] = "ssh"
@@ -216,7 +235,7 @@ def _settings(kind: str) -> RouterSettings:
     return RouterSettings(kind=kind, listen="127.0.0.1", port=30000, worker_urls=("http://10.0.0.1:8000",
                           "http://10.0.0.3:8001"), policy="round_robin", health_failure_threshold=3,
                           health_success_threshold=2, health_check_interval_s=10, health_check_timeout_s=120,
-                          startup_timeout_s=6000)
+                          startup_timeout_s=6000, metrics_port=30001)
 
 
 @pytest.mark.parametrize("kind", sorted(ROUTER_TABLES))
