@@ -15,7 +15,8 @@ from k3deploy.errors import ExecError, MissingDependency
 
 CLIENT_TIMEOUT_S = 60.0
 # States in which a job will never run again (man squeue, JOB STATE CODES).
-ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+# COMPLETING: ending (scontrol shows it until every node has cleaned up), never running again.
+ENDED_STATES = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "COMPLETING", "DEADLINE", "FAILED", "NODE_FAIL",
                           "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT"})
 # Node states (scontrol's State=, `+` joined flags) that mean the node is going or gone from the job.
 BAD_NODE_FLAGS = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWERING_DOWN", "MAINT")
@@ -31,11 +32,28 @@ class JobInfo:
     reason: str  # why pending or why it ended (None when there is nothing to say)
     nodes: tuple[str, ...]  # the allocation's nodes in SLURM_NODEID order (empty while pending)
     time_limit: str
+    run_time_s: float | None = None
 
     @property
     def ended(self) -> bool:
         """The job will not run (again)."""
         return self.state in ENDED_STATES
+
+    @property
+    def at_time_limit(self) -> bool:
+        """It has run for its whole time limit (Slurm's end of it may still be under way)."""
+        limit = duration_s(self.time_limit)
+        # The controller checks limits about every 30 s (slurmctld's background loop) and signals first.
+        return limit is not None and self.run_time_s is not None and self.run_time_s >= limit - 1
+
+
+def duration_s(text: str) -> float | None:
+    """[D-]HH:MM:SS, MM:SS or minutes as scontrol prints them; None for UNLIMITED or anything else."""
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text)
+    if m is None:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def parse_fields(line: str) -> dict[str, str]:
@@ -93,7 +111,7 @@ class SlurmClient:
         nodelist = f.get("NodeList", "")
         nodes = self.hostnames(nodelist) if nodelist and nodelist != "(null)" else ()
         return JobInfo(job_id=int(job_id), state=f.get("JobState", "UNKNOWN"), reason=f.get("Reason", "None"),
-                       nodes=nodes, time_limit=f.get("TimeLimit", ""))
+                       nodes=nodes, time_limit=f.get("TimeLimit", ""), run_time_s=duration_s(f.get("RunTime", "")))
 
     def hostnames(self, nodelist: str) -> tuple[str, ...]:
         """A hostlist expression (h[01-04]) as node names, in Slurm's order (which SLURM_NODEID follows)."""

@@ -21,6 +21,7 @@ from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.preflight_gate import preflight_gate
 from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
+from k3deploy.launch.slurm_watch import end_slurm_job
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
@@ -147,7 +148,8 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     gang.final_logs.clear()
     outcome = gang.stop(dep.stop_grace_s, log_lines=LOCAL_LOG_LINES)
     if dep.slurm_job is not None:  # after every node is stopped and read (steps run only while the job does)
-        failure = slurm_launch.end_slurm_job(dep.slurm_job, failure)
+        failure, gone = end_slurm_job(dep.slurm_job, failure)
+        outcome = {rank: "stopped" for rank in outcome} if gone else outcome  # Slurm ended what was left
     try:
         save_local_logs(gang, store)
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
@@ -205,8 +207,7 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
             store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
         if in_job:  # the job's nodes become the deployment's; its tasks wait for their go (preflight first)
             run_id = new_run_id()
-            jobs = slurm_launch.allocate(plan, jobs, store, run_id, preflight_catalog or load_catalog(), factory,
-                                         on_event)
+            jobs = slurm_launch.allocate(plan, jobs, store, run_id, preflight_catalog or load_catalog(), factory, on_event)
             gang.close()
             gang = Gang(name, jobs, fleet_of(jobs, factory), on_event, probe_from=choose_probe_from(
                 plan.topology.launch.readiness_probe, jobs[0].ready.url))
@@ -297,5 +298,5 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
         finally:
             gang.close()
     elif dep.slurm_job is not None:
-        slurm_launch.end_slurm_job(dep.slurm_job, None)  # idempotent: a job the supervisor already cancelled is fine
+        end_slurm_job(dep.slurm_job, None)  # idempotent: a job the supervisor already cancelled is fine
     return store.require(name), outcome

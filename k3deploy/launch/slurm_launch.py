@@ -9,14 +9,14 @@ logs work on it as on an SSH node's.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
 import shlex
-import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from k3deploy.catalog.specs import Catalog
@@ -26,11 +26,12 @@ from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.posix import leader_script, start_script
-from k3deploy.executors.slurm_jobs import JobInfo, SlurmClient, bad_node
+from k3deploy.executors.slurm_jobs import JobInfo, SlurmClient
 from k3deploy.executors.target import SlurmTarget
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.ipc import with_ipc_dir
+from k3deploy.launch.slurm_watch import end_job
 from k3deploy.launch.state import Failure, SlurmJob, StateStore
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
@@ -75,21 +76,16 @@ def require_no_restarts(plan: Plan) -> None:
                          hint="set launch.restart.max: 0 and launch again after a failure")
 
 
-def submit(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, run_id: str, catalog: Catalog) -> SlurmJob:
-    """sbatch the deployment's job text (tasks waiting for their go); the job, also written into the record."""
+def submit(plan: Plan, jobs: Sequence[NodeJob], out_dir: Path, run_id: str, catalog: Catalog) -> SlurmJob:
+    """sbatch the deployment's job text (tasks waiting for their go), its output into `out_dir`; the job."""
     inp = plan.render_inputs()
     vendor = catalog.vendors.get(plan.hardware.vendor) if plan.hardware else None
-    name = plan.topology.name
-    text = job_text(inp, vendor, gpus=inp.hardware.vendor in ("nvidia", "amd"), wrap=task_wrap(jobs, name, run_id),
+    text = job_text(inp, vendor, gpus=inp.hardware.vendor in ("nvidia", "amd"), wrap=task_wrap(jobs, plan.topology.name, run_id),
                     hold=True)
     conf = os.environ.get("SLURM_CONF")
-    out_dir = store.directory / name
-    out_dir.mkdir(mode=0o700, exist_ok=True)
-    client = SlurmClient(conf)
-    job_id = client.submit(text, [f"--output={out_dir}/slurm-%j.out", "--chdir=/"])
-    job = SlurmJob(job_id=job_id, slurm_conf=conf, batch_log=str(out_dir / f"slurm-{job_id}.out"))
-    store.update(name, lambda d: d.model_copy(update={"slurm_job": job}))
-    return job
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    job_id = SlurmClient(conf).submit(text, [f"--output={out_dir}/slurm-%j.out", "--chdir=/"])
+    return SlurmJob(job_id=job_id, slurm_conf=conf, batch_log=str(out_dir / f"slurm-{job_id}.out"))
 
 
 def wait_running(job: SlurmJob, timeout_s: float, emit: EventSink) -> JobInfo:
@@ -209,37 +205,6 @@ def go_and_find(name: str, run_id: str, handles: dict[int, ProcessHandle], fleet
                 raise o.error if isinstance(o.error, ExecError) else ExecError(str(o.error), host=o.host)
 
 
-def node_failure(job: SlurmJob, jobs: Sequence[NodeJob]) -> Failure | None:
-    """A node Slurm took from the job (drained, down, not responding), or the job ended: the Failure naming it."""
-    client = SlurmClient(job.slurm_conf)
-    try:
-        info = client.job(job.job_id)
-        states = client.node_states([j.host for j in jobs])
-    except ExecError:
-        return None  # the controller busy or away says nothing about the engines
-    for j in sorted(jobs, key=lambda j: j.rank):
-        state, reason = states.get(j.host, ("", ""))
-        flag = bad_node(state)
-        if flag is not None:
-            why = f": {reason}" if reason and reason != "none" else ""
-            return Failure(rank=j.rank, host=j.host, cause=f"Slurm node {j.host} is {state}{why}")
-    if info is None or info.ended:
-        state = f"{info.state} ({info.reason})" if info else "forgotten by the controller"
-        return Failure(rank=None, host=None, cause=f"Slurm job {job.job_id} ended: {state}")
-    return None
-
-
-def job_said(job: SlurmJob) -> str:
-    """`Slurm job J: STATE (reason)` once the job has ended by itself ('' while it runs, or when unknown)."""
-    try:
-        info = SlurmClient(job.slurm_conf).job(job.job_id)
-    except ExecError:
-        return ""
-    if info is not None and not info.ended:
-        return ""  # still running: it is cancelled now, which says nothing about the failure
-    return f"Slurm job {job.job_id}: {info.state} ({info.reason})" if info else ""
-
-
 def starter(name: str, run_id: str) -> Callable[[Gang, Callable[[NodeJob, ProcessHandle], None]], None]:
     """The gang's start for a Slurm job's tasks: their go, and each engine found by tag."""
     def start(gang: Gang, on_started: Callable[[NodeJob, ProcessHandle], None]) -> None:
@@ -248,21 +213,17 @@ def starter(name: str, run_id: str) -> Callable[[Gang, Callable[[NodeJob, Proces
     return start
 
 
-def end_slurm_job(job: SlurmJob, failure: Failure | None) -> Failure | None:
-    """Cancel the deployment's Slurm job; the failure, with what Slurm says when the job itself had ended."""
-    said = job_said(job)
+@contextlib.contextmanager
+def held_allocation(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog, out_dir: Path,
+                    factory: ExecutorFactory = open_executor) -> Iterator[tuple[NodeJob, ...]]:
+    """A job of the deployment's text whose tasks are never given their go: its nodes, for `preflight`'s
+    probes as job steps; cancelled on the way out (nothing was started)."""
+    job = submit(plan, jobs, out_dir, "preflight", catalog)
     try:
+        info = wait_running(job, plan.topology.launch.ready_timeout_s, lambda e: None)
+        yield place(jobs, info, job, factory)
+    finally:
         end_job(job)
-    except ExecError as exc:
-        print(f"k3deploy: {exc}", file=sys.stderr)  # the nodes are stopped; the job's time limit ends it
-    if failure is not None and said:
-        return failure.model_copy(update={"cause": f"{failure.cause}; {said}"})
-    return failure
-
-
-def end_job(job: SlurmJob) -> None:
-    """scancel the job (idempotent): whatever the engines' stop left, Slurm ends."""
-    SlurmClient(job.slurm_conf).cancel(job.job_id)
 
 
 def allocate(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, run_id: str, catalog: Catalog,
@@ -272,7 +233,9 @@ def allocate(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, run_id: str
     name = plan.topology.name
     job: SlurmJob | None = None
     try:
-        job = submit(plan, jobs, store, run_id, catalog)
+        job = submit(plan, jobs, store.directory / name, run_id, catalog)
+        submitted = job  # written at once: a stop from another shell cancels it
+        store.update(name, lambda d: d.model_copy(update={"slurm_job": submitted}))
         emit(NodeEvent(GROUP, "", "submitted", f"Slurm job {job.job_id}"))
         info = wait_running(job, plan.topology.launch.ready_timeout_s, emit)
         placed = place(jobs, info, job, factory)

@@ -20,7 +20,7 @@ from k3deploy.launch.deploy import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity
-from k3deploy.launch.slurm_launch import node_failure
+from k3deploy.launch.slurm_watch import node_failure, slurm_explained
 from k3deploy.launch.state import Attempt, Deployment, Failure, SlurmJob, StateStore
 from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
 
@@ -115,6 +115,8 @@ class Supervisor:
             if failure is None:
                 continue
             failure = gang.explain(failure)
+            if self.slurm_job is not None:
+                failure = slurm_explained(self.slurm_job, failure, gang.jobs)
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
             dep = self.store.require(self.name)
             budget_left = len(dep.attempts) - 1 < dep.restart_max

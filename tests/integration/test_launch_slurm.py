@@ -100,3 +100,63 @@ def test_launch_status_logs_validate_stop_on_one_job(slurm: SlurmRig, rig4: Host
     assert wait_for(lambda: job_state(slurm, job) not in ("RUNNING", "PENDING"), 60), job_state(slurm, job)
     again = cli(slurm, "stop", str(topo))
     assert again.returncode == 0, again.stderr
+
+
+def failed_status(slurm: SlurmRig, topo: Path) -> dict[str, Any]:
+    """`status --json` once the supervisor has recorded the deployment as failed (exit 4)."""
+    seen: dict[str, Any] = {}
+
+    def failed() -> bool:
+        run = cli(slurm, "status", str(topo), "--json")
+        seen.update(json.loads(run.stdout) if run.stdout.strip() else {"stderr": run.stderr})
+        return run.returncode == 4 and seen.get("status") == "failed"
+    assert wait_for(failed, 240, step_s=2), seen
+    return seen
+
+
+def inflict(fault: str, slurm: SlurmRig, rig: HostRig, job: int) -> None:
+    victim = rig.hosts[2]
+    if fault == "scancel":
+        assert slurm.client(["scancel", str(job)]).returncode == 0
+    elif fault == "drain":
+        drained = slurm.client(["scontrol", "update", f"nodename={victim.name}", "state=drain", "reason=k3-maintenance"])
+        assert drained.returncode == 0, drained.stderr
+    elif fault == "slurmd":
+        slurm.kill_slurmd(victim)
+    # "time limit": launch.slurm.time_limit is one minute; Slurm ends the job by itself.
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("fault", ["scancel", "drain", "slurmd", "time limit"])
+def test_a_slurm_fault_is_named_by_node_and_leaves_no_engine(slurm: SlurmRig, rig4: HostRig, checkpoint: Path,
+                                                            tmp_path: Path, topo: Path, fault: str) -> None:
+    if fault == "time limit":
+        topo = slurm_topology(rig4, checkpoint, tmp_path, "it-slurm", time_limit="1")
+    job = launched(slurm, topo)["slurm_job"]["job_id"]
+    try:
+        inflict(fault, slurm, rig4, job)
+        rep = failed_status(slurm, topo)
+        failure = rep["failure"]
+        assert failure["rank"] is not None and failure["host"] == rig4.hosts[failure["rank"]].name, failure
+        expected = {"scancel": "scancel", "drain": "DRAIN", "slurmd": f"node failure on {rig4.hosts[2].name}",
+                    "time limit": "time limit"}[fault]
+        assert expected in failure["cause"], failure
+        if fault in ("drain", "slurmd"):
+            assert failure["rank"] == 2, failure
+        assert wait_for(lambda: not any(engines(rig4).values()), 120), engines(rig4)
+        assert wait_for(lambda: job_state(slurm, job) not in ("RUNNING", "PENDING"), 120), job_state(slurm, job)
+    finally:
+        if fault == "slurmd":
+            slurm.start_slurmd(rig4.hosts[2])
+
+
+@pytest.mark.timeout(300)
+def test_preflight_probes_the_nodes_of_a_held_job_and_cancels_it(slurm: SlurmRig, rig4: HostRig, topo: Path) -> None:
+    run = cli(slurm, "preflight", str(topo), "--json")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+    report = json.loads(run.stdout)
+    hosts = {row["host"] for check in report["checks"] for row in check["verdicts"]}
+    assert hosts == {h.name for h in rig4.hosts}, report
+    assert not any(engines(rig4).values()), engines(rig4)
+    queue = slurm.client(["squeue", "-h", "-o", "%i %T"])
+    assert wait_for(lambda: not slurm.client(["squeue", "-h", "-t", "PD,R", "-o", "%i"]).stdout.strip(), 60), queue.stdout
