@@ -2,6 +2,7 @@
 record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data."""
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,3 +40,15 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
                          hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
     return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
+
+
+def held_nodes(prep: Prepared) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
+    """The nodes `preflight` probes: the topology's, or a Slurm job's held for the probes (never started)."""
+    if not all(j.target.capabilities.runs_in_job for j in prep.jobs):
+        return contextlib.nullcontext(prep.jobs)
+    from k3deploy.launch.slurm_launch import held_allocation
+    from k3deploy.launch.state import StateStore, default_state_dir
+
+    t = prep.plan.topology
+    out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
+    return held_allocation(prep.plan, prep.jobs, prep.catalog, out)
