@@ -34,7 +34,9 @@ def render(
 
         router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
         inputs = [plan.render_inputs(replica=i) for i in range(plan.topology.replicas)]
-        files = export_replicas(inputs, router, fmt, replica=replica, node=node, vendor=vendor)  # type: ignore[arg-type]
+        python = plan.topology.router.python if plan.topology.router is not None else "python3"
+        files = export_replicas(inputs, router, fmt, replica=replica, node=node, vendor=vendor,  # type: ignore[arg-type]
+                                router_python=python)
     elif replica is not None:
         raise InputError(f"--replica {replica}: {file} has no replicas")
     else:

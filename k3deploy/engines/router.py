@@ -59,6 +59,7 @@ class RouterSettings:
     health_check_interval_s: int
     health_check_timeout_s: int
     startup_timeout_s: int
+    metrics_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -102,6 +103,8 @@ def router_argv(s: RouterSettings, python: str = "python3") -> tuple[str, ...]:
             "--health-check-interval-secs", str(s.health_check_interval_s),
             "--health-check-timeout-secs", str(s.health_check_timeout_s),
             "--worker-startup-timeout-secs", str(s.startup_timeout_s))
+    if s.metrics_port is not None:  # the routers' default is 0.0.0.0:29000, one per machine
+        args += ("--prometheus-host", s.listen, "--prometheus-port", str(s.metrics_port))
     problems = argv_problems(s.kind, args)
     if problems:
         raise ValueError(f"router command refused by {router_table(s.kind).router}'s flag table: "

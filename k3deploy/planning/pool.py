@@ -107,7 +107,8 @@ def router_plan(t: Topology, model: ModelSpec, hw: HardwareSpec, gpus_per_replic
         kind=r.kind, listen=listen, port=r.port, worker_urls=tuple(urls), policy=r.policy,
         health_failure_threshold=r.health_failure_threshold, health_success_threshold=r.health_success_threshold,
         health_check_interval_s=r.health_check_interval_s,
-        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup)
+        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup,
+        metrics_port=r.metrics_port or (r.port + 1 if r.port < 65535 else r.port - 1))
     runs_on = "local" if node is None else f"{t.nodes[node].host} ({t.nodes[node].ip})"
     return RouterPlan(settings=settings, runs_on=runs_on, longest_prefill_s=prefill), issues
 

@@ -1,0 +1,45 @@
+"""What each real router answers about its workers (`GET /workers`) and how it names the worker that served a
+request; taken from running smg 1.13.0 and sglang-router 0.3.2 (same gateway) and vllm-router 0.1.17 here.
+Pure: JSON in, rows out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+WORKERS_PATH = "/workers"
+# smg answers every routed request with the URL of the worker that served it (seen on /v1/chat/completions
+# and /v1/completions with smg 1.13.0); vllm-router 0.1.17 sends no such header.
+SERVED_BY_HEADER = {"smg": "x-smg-routed-worker-id", "sglang-router": "x-smg-routed-worker-id"}
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    """One worker as the router sees it."""
+
+    url: str
+    healthy: bool | None  # None: the router does not say
+    status: str  # the router's own word for it ("ready", ...), or ""
+    load: int | None
+
+
+def _rows(doc: Any) -> list[dict[str, Any]]:
+    # smg: {"workers": [{...}], "total": N, "stats": {...}}; vllm-router: {"urls": [...]} or a list.
+    if isinstance(doc, dict):
+        for key in ("workers", "urls"):
+            if isinstance(doc.get(key), list):
+                return [w if isinstance(w, dict) else {"url": str(w)} for w in doc[key]]
+    if isinstance(doc, list):
+        return [w if isinstance(w, dict) else {"url": str(w)} for w in doc]
+    return []
+
+
+def router_workers(doc: Any) -> list[RouterWorker]:
+    """The router's `/workers` answer as rows (smg: url, is_healthy, status, load)."""
+    out = []
+    for w in _rows(doc):
+        healthy = w.get("is_healthy", w.get("healthy"))
+        load = w.get("load")
+        out.append(RouterWorker(url=str(w.get("url", "")).rstrip("/"),
+                                healthy=healthy if isinstance(healthy, bool) else None,
+                                status=str(w.get("status", "")), load=load if isinstance(load, int) else None))
+    return out
