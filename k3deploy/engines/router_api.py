@@ -43,3 +43,24 @@ def router_workers(doc: Any) -> list[RouterWorker]:
                                 healthy=healthy if isinstance(healthy, bool) else None,
                                 status=str(w.get("status", "")), load=load if isinstance(load, int) else None))
     return out
+
+
+@dataclass(frozen=True)
+class Membership:
+    """How a router takes a worker out (draining its in-flight requests) and puts one in."""
+
+    remove_method: str
+    remove_path: str  # {id} the worker's id in /workers, {url} its URL (query-quoted)
+    add_method: str
+    add_path: str
+    add_body: bool  # the URL goes in a JSON body {"url": ...} rather than the query
+
+
+# smg 1.13.0 (seen here): DELETE /workers/{id} answers 202 and lists the worker `draining` until its requests
+# end, then drops it; POST /workers {"url"} answers 202 and the worker is `ready` once it passes its checks.
+# vllm-router 0.1.17 keeps the gateway's older routes (/add_worker, /remove_worker with ?url=; in its binary).
+MEMBERSHIP = {
+    "smg": Membership("DELETE", "/workers/{id}", "POST", "/workers", True),
+    "sglang-router": Membership("DELETE", "/workers/{id}", "POST", "/workers", True),
+    "vllm-router": Membership("POST", "/remove_worker?url={url}", "POST", "/add_worker?url={url}", False),
+}
