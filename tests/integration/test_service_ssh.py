@@ -2,12 +2,15 @@
 (SGLang mimic) and behind vllm-router (vLLM mimic), the router on this host. One `k3deploy launch`; status
 shows both replicas healthy in the router's /workers; requests through the router are served by both; a
 replica's node killed while serving is named and restarted within the budget while the other serves; the
-router killed is named; stop leaves nothing on any host and no router here."""
+router killed is named; stop leaves nothing on any host and no router here. `k3deploy rollout` under a steady
+client stream fails no request and never leaves fewer than 1 of 2 healthy in /workers (polled every 0.5 s);
+a rollout whose new replica fails readiness stops there, names it and the stage, and the other serves."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,3 +125,72 @@ def test_two_replicas_behind_vllm_router_over_ssh(deployments: Deployments, rig4
     assert stop.returncode == 0, stop.stderr
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert wait_for(lambda: _router_gone(store, "it-svc-vr"), 20)
+
+
+class Stream:
+    """A steady client through the router and a /workers poll every 0.5 s, until stopped."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.ok, self.failed, self.fewest = port, 0, [], 99  # type: ignore[var-annotated]
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._client), threading.Thread(target=self._poll)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self) -> None:
+        while not self.stop.is_set():
+            try:
+                r = httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", timeout=60, json={
+                    "model": "kimi-k3-tiny", "prompt": uuid.uuid4().hex, "max_tokens": 2})
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                self.failed.append(repr(exc))
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.5):
+            workers = httpx.get(f"http://127.0.0.1:{self.port}/workers", timeout=5).json()["workers"]
+            self.fewest = min(self.fewest, sum(1 for w in workers if w["is_healthy"]))
+
+    def end(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+@pytest.mark.timeout(900)
+def test_rollout_behind_smg_drops_no_request_and_stops_at_a_failing_replica(
+        deployments: Deployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    topo, port = _service(deployments, "it-svc-roll", "smg", "sglang")
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", timeout_s=400)
+    assert run.returncode == 0, run.stderr
+    stream = Stream(port)
+    try:
+        roll = cli("rollout", str(topo), timeout_s=600)
+    finally:
+        stream.end()
+    assert roll.returncode == 0, roll.stderr
+    assert stream.failed == [] and stream.ok > 0, stream.failed[:5]
+    assert stream.fewest >= 1, stream.fewest
+    assert [len(store.require(f"it-svc-roll-r{i}").attempts) for i in (0, 1)] == [1, 1]  # new records
+    assert "it-svc-roll-r1: serving again" in roll.stderr
+    with capsys.disabled():
+        print(f"\nrollout over SSH: {stream.ok} requests through smg, 0 failed, fewest healthy {stream.fewest}")
+
+    doc = yaml.safe_load(topo.read_text())
+    doc["engine"]["env"] = {"K3SIM_FAULT": "crash_after_load"}  # the new version cannot get ready
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    bad = cli("rollout", str(topo), timeout_s=600)
+    assert bad.returncode == 4, bad.stderr
+    assert "rollout stopped at it-svc-roll-r0, stage start" in bad.stderr, bad.stderr
+    st = _status(topo)
+    assert st["status"] == "degraded" and "rollout start" in st["replicas"][0]["problem"], st
+    assert st["replicas"][1]["problem"] == "" and st["replicas"][1]["router_healthy"] is True, st
+    assert set(_complete(port, 4)) == {st["replicas"][1]["url"]}  # N-1 serve
+    stop = cli("stop", str(topo), timeout_s=120)
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert wait_for(lambda: _router_gone(store, "it-svc-roll"), 20)
