@@ -64,3 +64,21 @@ MEMBERSHIP = {
     "sglang-router": Membership("DELETE", "/workers/{id}", "POST", "/workers", True),
     "vllm-router": Membership("POST", "/remove_worker?url={url}", "POST", "/add_worker?url={url}", False),
 }
+
+# What a replica is still serving, from its own /metrics (real names: SGLang's and vLLM's gauges); the drain
+# waits on these after a router that drops a worker at once (vllm-router) took it out.
+RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
+
+
+def running_requests(metrics_text: str) -> float | None:
+    """The sum of the running-request gauges in a Prometheus text page (None when it has none)."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in RUNNING_GAUGES:
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                continue
+    return total if seen else None

@@ -7,7 +7,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from k3deploy.engines.router_api import MEMBERSHIP
+from k3deploy.engines.router_api import MEMBERSHIP, running_requests
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp
@@ -45,9 +45,22 @@ def _take_out(http: NodeHttp, kind: str, url: str, drain_s: float) -> None:
     while time.monotonic() < deadline:
         rows, why = workers_of(http)
         if not why and not any(w.url == url for w in rows):
-            return
+            break
         time.sleep(POLL_S)
-    raise ExecError(f"the router still lists {url} after {drain_s:.0f} s of draining")
+    else:
+        raise ExecError(f"the router still lists {url} after {drain_s:.0f} s of draining")
+    # vllm-router drops a worker at once: what it already sent there is still running on the replica.
+    with NodeHttp(url) as replica:
+        while time.monotonic() < deadline:
+            try:
+                page = replica.get("/metrics", 5.0)
+            except ExecError:
+                return  # nothing answers: nothing left to drain
+            left = running_requests(page.text) if page.ok else None
+            if not left:
+                return
+            time.sleep(POLL_S)
+    raise ExecError(f"{url} still runs requests after {drain_s:.0f} s of draining")
 
 
 def _raw_workers(http: NodeHttp) -> list[dict[str, object]]:
