@@ -59,6 +59,7 @@ def one_round(rig: HostRig, n: int, ray_address: str | None = None,
     """(connect+start seconds, one more command round seconds, CPU seconds of connect+start in client and
     hosts, of which in this client process) for the first n hosts, over SSH or (with ray_address) through
     Ray; stops what it started."""
+    targets: list[SshTarget | RayTarget]
     if ray_address is None:
         targets = [SshTarget(host=h.name, ssh_config=str(rig.ssh_config_path),
                               known_hosts=str(rig.known_hosts_path)) for h in rig.hosts[:n]]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from fanout import _leftovers
 
-from k3deploy.executors import ExecTarget, NodeFleet
+from k3deploy.executors import ExecTarget, Executor, NodeFleet
 from k3deploy.executors.fleet import require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch import deploy
@@ -106,7 +106,11 @@ def engine_floor(jobs: Sequence[NodeJob], run: int) -> float:
                 time.sleep(0.02)
             raise SystemExit("the engine floor: rank 0 did not serve within 60 s")
         finally:
-            fleet.map(lambda rank, ex: ex.terminate(handles[rank], 5.0) if handles[rank] else True)
+            def stop(rank: int, ex: Executor) -> object:
+                handle = handles[rank]
+                return ex.terminate(handle, 5.0) if handle is not None else True
+
+            fleet.map(stop)
 
 
 def one_run(rig: HostRig, tmp: Path, n: int, run: int, watch_s: float) -> Sample:

@@ -15,6 +15,9 @@ if str(ROOT) not in sys.path:
 if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
 
+# Local deployments a killed run would leave orphaned are stopped at session end and on SIGTERM.
+pytest_plugins = ["tests.sweep"]
+
 
 @pytest.fixture(scope="module")
 def checkpoint_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:

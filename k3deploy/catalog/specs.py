@@ -231,6 +231,8 @@ class PlannerDefaults(Sourced):
     """Planner-wide defaults."""
 
     runtime_reserve_gib: float
+    router_health_margin: float = Field(gt=1, description="the router's health-check timeout is this many times "
+                                        "the predicted prefill of the longest prompt the plan allows")
 
 
 class Catalog(Spec):

@@ -34,6 +34,9 @@ def plan(
         "with --search, rank the shapes by it")] = None,
     objective: Annotated[str, typer.Option(help="throughput | latency (with --search --workload)")] = "throughput",
     tpot_max: Annotated[float | None, typer.Option(help="TPOT limit in ms (with --search --workload)")] = None,
+    speculation: Annotated[bool, typer.Option(
+        "--speculation", help="also rank each shape with DSpark drafting, at every draft length the catalog has "
+        "an acceptance length for (with --search --workload)")] = False,
     catalog: CatalogOpt = None,
 ) -> None:
     """Check legality and the per-GPU memory budget of topology files. Exit 0 feasible, 1 infeasible, 2 invalid."""
@@ -41,9 +44,14 @@ def plan(
 
     cat = catalog_for(catalog)
     load = _workload(workload, search, objective, tpot_max)
+    if speculation and (not search or load is None):
+        raise InputError("--speculation ranks shapes with and without drafting: it needs --search and --workload",
+                         hint="e.g. --search --hardware b300 --gpus 8 --workload in=8192,out=1024,concurrency=16 "
+                         "--speculation")
     if search:
         if load is not None:
-            _ranked(cat, hardware, gpus, gpus_per_node, engine, model, as_json, load, objective, tpot_max)
+            _ranked(cat, hardware, gpus, gpus_per_node, engine, model, as_json, load, objective, tpot_max,
+                    speculation)
         else:
             _search(cat, hardware, gpus, gpus_per_node, engine, model, as_json)
         return
@@ -173,7 +181,8 @@ def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: in
 
 
 def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node: "int | None", engine: str,
-            model: str, as_json: bool, load: "Workload", objective: str, tpot_max: "float | None") -> None:
+            model: str, as_json: bool, load: "Workload", objective: str, tpot_max: "float | None",
+            speculation: bool) -> None:
     from k3deploy.engines.kinds import FLAVOURS, engine_family
     from k3deploy.planning.ranking import rank_shapes, why_top
 
@@ -183,11 +192,11 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
         raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
     rows = rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
                        engine_id=engine, workload=load, objective=objective,  # type: ignore[arg-type]
-                       tpot_max_ms=tpot_max, gpus_per_node=per_node)
+                       tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
     why = why_top(rows, objective)  # type: ignore[arg-type]
     if as_json:
         print(json.dumps({"hardware": hardware, "gpus": gpus, "engine": engine, "workload": load.model_dump(),
-                          "objective": objective, "tpot_max_ms": tpot_max, "why": why,
+                          "objective": objective, "tpot_max_ms": tpot_max, "speculation": speculation, "why": why,
                           "shapes": [r.model_dump() for r in rows]}, indent=2))
     else:
         from k3deploy.planning.ranking_report import ranked_table

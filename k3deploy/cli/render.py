@@ -16,31 +16,23 @@ def render(
     file: Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)],
     node: Annotated[int | None, typer.Option("--node", help="only this rank (text, json, script)")] = None,
     replica: Annotated[int | None, typer.Option("--replica", help="only this replica (with replicas)")] = None,
+    role: Annotated[str | None, typer.Option("--role", help="only this role or instance (with roles): prefill, "
+                                             "decode, prefill0, decode1, ...")] = None,
     fmt: Annotated[str, typer.Option("--format", help="text | json | script | slurm | lws")] = "text",
     out: Annotated[Path | None, typer.Option("--out", help="write the files into DIR, not stdout")] = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """Render each node's engine command. Exit 0 ok, 1 infeasible plan, 2 invalid input."""
-    from k3deploy.engines.exports import export, stdout_text
+    from k3deploy.engines.exports import stdout_text
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
+    from k3deploy.planning.rendering import render_files
 
     cat = catalog_for(catalog)
     plan = require_feasible(file, cat)
     print_warnings((*plan.issues, *secret_warnings(plan.topology, os.environ)), plan.file)
     vendor = cat.vendors.get(plan.hardware.vendor) if plan.hardware else None
-    if plan.pool is not None or plan.router is not None:
-        from k3deploy.engines.replica_exports import export_replicas
-
-        router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
-        inputs = [plan.render_inputs(replica=i) for i in range(plan.topology.replicas)]
-        python = plan.topology.router.python if plan.topology.router is not None else "python3"
-        files = export_replicas(inputs, router, fmt, replica=replica, node=node, vendor=vendor,  # type: ignore[arg-type]
-                                router_python=python)
-    elif replica is not None:
-        raise InputError(f"--replica {replica}: {file} has no replicas")
-    else:
-        files = export(plan.render_inputs(), fmt, node=node, vendor=vendor)  # type: ignore[arg-type]
+    files = render_files(plan, fmt, node=node, replica=replica, role=role, vendor=vendor)  # type: ignore[arg-type]
     if out is None:
         sys.stdout.write(stdout_text(files))
         return

@@ -12,6 +12,17 @@ from k3deploy.topology.schema import Topology
 
 
 @dataclass(frozen=True)
+class Disaggregation:
+    """One prefill or decode instance's part in PD serving: its mode, the transfer and its ports."""
+
+    mode: str  # "prefill" | "decode"
+    backend: str
+    bootstrap_port: int | None  # SGLang prefill: its bootstrap server
+    side_channel_port: int | None  # vLLM NIXL: this instance's side-channel base port
+    ib_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Inputs:
     """A deployment as the renderers see it; memory figures are None when only checking flags."""
 
@@ -24,6 +35,7 @@ class Inputs:
     # The interpreter that runs the stand-in engine: a portable `python3` on remote nodes; the local
     # executor passes the one k3deploy runs under (the venv need not be activated).
     python: str = "python3"
+    pd: Disaggregation | None = None  # set on a prefill or decode instance
 
     @property
     def flavour(self) -> Flavour:

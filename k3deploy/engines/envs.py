@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.context import Inputs, Place
+from k3deploy.engines.pd_flags import pd_env
 
 # Both PyTorch allocators read the same setting; large K3 pools fragment without it.
 ALLOC_CONF = "expandable_segments:True"
@@ -36,5 +37,6 @@ def node_env(inp: Inputs, place: Place, vendor: VendorSpec | None) -> dict[str, 
             env[vendor.visible_devices_env] = ",".join(str(i) for i in range(t.hardware.gpus_per_node))
     if t.engine.kind == "sim":
         env["K3SIM_GPU"] = t.hardware.gpu  # which accelerator the stand-in pretends to be
+    env.update(pd_env(inp, place))
     env.update(t.engine.env)
     return env

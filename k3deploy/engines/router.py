@@ -59,7 +59,15 @@ class RouterSettings:
     health_check_interval_s: int
     health_check_timeout_s: int
     startup_timeout_s: int
-    metrics_port: int | None = None
+    # PD mode (roles): each prefill's URL with its bootstrap port (None: vLLM NIXL has none), each decode's URL.
+    prefill: tuple[tuple[str, int | None], ...] = ()
+    decode: tuple[str, ...] = ()
+    metrics_port: int | None = None  # None: port + 1
+
+    @property
+    def prometheus_port(self) -> int:
+        """Where the router's Prometheus exporter listens (on `listen`)."""
+        return self.metrics_port or self.port + 1
 
     @property
     def url(self) -> str:
@@ -95,16 +103,36 @@ def argv_problems(kind: str, argv: tuple[str, ...]) -> list[str]:
     return out
 
 
+# The flag that turns PD mode on, per router (vllm-router keeps --pd-disaggregation for SGLang workers).
+PD_FLAG = {"smg": "--pd-disaggregation", "sglang-router": "--pd-disaggregation",
+           "vllm-router": "--vllm-pd-disaggregation"}
+
+
+def pd_args(s: RouterSettings) -> tuple[str, ...]:
+    """The PD part of the command: `--prefill URL [BOOTSTRAP_PORT]` per prefill, `--decode URL` per decode,
+    one policy for each side (the form of each router's own --help)."""
+    out: list[str] = [PD_FLAG[s.kind]]
+    if s.kind == "vllm-router":
+        out += ["--kv-connector", "nixl"]
+    for url, port in s.prefill:
+        out += ["--prefill", url, *((str(port),) if port is not None else ())]
+    for url in s.decode:
+        out += ["--decode", url]
+    return (*out, "--prefill-policy", s.policy, "--decode-policy", s.policy)
+
+
 def router_argv(s: RouterSettings, python: str = "python3") -> tuple[str, ...]:
     """The router's full command; raises ValueError when its own table refuses a flag (a k3deploy bug)."""
-    args = ("--host", s.listen, "--port", str(s.port), "--worker-urls", *s.worker_urls, "--policy", s.policy,
+    workers = pd_args(s) if s.prefill else ("--worker-urls", *s.worker_urls, "--policy", s.policy)
+    args = ("--host", s.listen, "--port", str(s.port), *workers,
             "--health-failure-threshold", str(s.health_failure_threshold),
             "--health-success-threshold", str(s.health_success_threshold),
             "--health-check-interval-secs", str(s.health_check_interval_s),
             "--health-check-timeout-secs", str(s.health_check_timeout_s),
-            "--worker-startup-timeout-secs", str(s.startup_timeout_s))
-    if s.metrics_port is not None:  # the routers' default is 0.0.0.0:29000, one per machine
-        args += ("--prometheus-host", s.listen, "--prometheus-port", str(s.metrics_port))
+            "--worker-startup-timeout-secs", str(s.startup_timeout_s),
+            # Every router's exporter binds 0.0.0.0:29000 unless told: a second router (or anything else on
+            # 29000) on the machine makes it exit at start ("failed to bind metrics server").
+            "--prometheus-host", s.listen, "--prometheus-port", str(s.prometheus_port))
     problems = argv_problems(s.kind, args)
     if problems:
         raise ValueError(f"router command refused by {router_table(s.kind).router}'s flag table: "

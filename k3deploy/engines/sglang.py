@@ -5,6 +5,7 @@ from k3deploy.engines.argv_opts import Opt, decimal
 from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place, host_port
 from k3deploy.engines.kernels import sglang_kernel_opts
+from k3deploy.engines.pd_flags import sglang_pd_opts
 
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
 SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -44,4 +45,5 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += sglang_kernel_opts(inp.hardware, shape.dcp)
     o += [_o("--reasoning-parser", K3_PARSER), _o("--tool-call-parser", K3_PARSER),
           _o("--enable-cache-report"), _o("--enable-metrics")]
+    o += sglang_pd_opts(inp)
     return tuple(o)

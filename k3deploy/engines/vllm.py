@@ -5,6 +5,7 @@ from k3deploy.engines.argv_opts import Opt, decimal
 from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place
 from k3deploy.engines.kernels import vllm_kernel_opts
+from k3deploy.engines.pd_flags import vllm_pd_opts
 from k3deploy.engines.sglang import K3_PARSER
 
 SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -70,4 +71,5 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += vllm_kernel_opts(inp.hardware)
     if inp.flavour == "vllm-ascend" and inp.model.quantization == "ascend":
         o.append(_o("--quantization", "ascend"))  # the W4A8 checkpoint; vanilla vLLM has no such method
+    o += vllm_pd_opts(inp)
     return tuple(o)

@@ -9,15 +9,17 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from typing_extensions import Self
 
 from k3deploy.errors import ExecError
 from k3deploy.executors import node_http
 from k3deploy.executors.base import Executor, Forward
 from k3deploy.executors.fleet import parse_probe_output, probe_source
+
+if TYPE_CHECKING:  # httpx costs ~0.3 s to import: stop, status and logs that ask no node over HTTP skip it
+    import httpx
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -87,6 +89,8 @@ class NodeHttp:
             self._on_node = self._forward is None
             if self._on_node:
                 return
+        import httpx
+
         # Engines' URLs are private addresses: never through a proxy from the environment.
         self._client = httpx.Client(trust_env=False, timeout=self.timeout_s)
 
@@ -110,6 +114,8 @@ class NodeHttp:
         if self._on_node:
             return self._on_node_request(method, path, body, timeout)
         assert self._client is not None
+        import httpx  # loaded by _open already
+
         t0 = time.monotonic()
         try:
             resp = self._client.request(method, self._url(path), json=body, timeout=timeout,
@@ -140,6 +146,8 @@ class NodeHttp:
             yield from events
             return
         assert self._client is not None
+        import httpx  # loaded by _open already
+
         t0 = time.monotonic()
         try:
             with self._client.stream("POST", self._url(path), json=body, timeout=timeout) as resp:
@@ -224,6 +232,8 @@ def completes(http: NodeHttp, timeout_s: float = 60.0) -> tuple[bool, int, str]:
 
 
 def _why(exc: httpx.HTTPError) -> str:
+    import httpx
+
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect ({exc})"
     if isinstance(exc, httpx.TimeoutException):

@@ -42,6 +42,9 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
     plan = require_feasible(file, cat)
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
     if plan.topology.replicas > 1 or plan.topology.router is not None:
+        if plan.pd is not None:
+            raise InputError(f"{plan.file}: launch and preflight of prefill/decode roles are not built yet",
+                             hint=f"`k3deploy render {plan.file}` gives every role's and the router's command")
         if not services:
             raise InputError(f"{plan.file}: preflight of replicas or a router is not built yet (issue 26)",
                              hint=f"`k3deploy launch {plan.file}` runs each replica's preflight before it starts")

@@ -30,6 +30,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "capacity": plan.capacity.model_dump() if plan.capacity else None,
         "pool": plan.pool.model_dump() if plan.pool else None,
         "router": plan.router.model_dump() if plan.router else None,
+        "roles": plan.pd.model_dump() if plan.pd else None,
     }
     if m is not None:
         doc["memory_per_gpu"] = {f: getattr(m, f) for f in _MEM_FIELDS} | {
@@ -44,7 +45,7 @@ def invalid_json(file: str, issues: list[Issue]) -> dict[str, Any]:
     """The `plan --json` object for a file that did not load."""
     return {"schema_version": SCHEMA_VERSION, "file": file, "name": None, "valid": False, "feasible": False,
             "engine": None, "issues": [i.model_dump() for i in issues], "shape": None, "memory_per_gpu": None,
-            "per_token": None, "per_request": None, "capacity": None, "pool": None, "router": None}
+            "per_token": None, "per_request": None, "capacity": None, "pool": None, "router": None, "roles": None}
 
 
 def search_json(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) -> dict[str, Any]:

@@ -233,6 +233,26 @@ def prefill(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> Step:
     return Step(reads, compute, coll, overhead, terms)
 
 
+def prefill_latency_s(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> float:
+    """Seconds from a `tokens`-token prompt's arrival to its first token, `concurrent_groups` attention groups
+    prefilling alike: every pipeline stage in turn, plus the hand-offs between them."""
+    pp = inp.shape.pp
+    return pp * prefill(inp, tokens, concurrent_groups).seconds + (pp - 1) * p2p_s(inp, tokens)
+
+
+def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
+    """The engine's own speed factor (the stand-in's K3SIM_SPEED), 1 for real engines or when unset."""
+    if env_name is None or env_name not in env:
+        return 1.0
+    try:
+        speed = float(env[env_name])
+    except ValueError:
+        speed = 0.0
+    if not speed > 0:
+        raise PerfUnknown(f"engine.env {env_name}={env[env_name]!r}: expected a number > 0")
+    return speed
+
+
 def p2p_s(inp: PerfInputs, tokens: int) -> float:
     """One pipeline-stage hand-off of `tokens` hidden states (0 without PP or without collectives)."""
     s = inp.shape

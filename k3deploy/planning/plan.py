@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue, fmt_gib
@@ -15,16 +15,22 @@ from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.errors import InfeasibleError
 from k3deploy.planning import rules
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget, weights_bytes_per_gpu
+from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.pool import Pool, RouterPlan, policy_issues, pool, router_plan
+from k3deploy.planning.speculation import acceptance, draft_tokens
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
+
+if TYPE_CHECKING:
+    from k3deploy.planning.pd import PdPlan
 
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
 INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
                          "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST",
-                         "ROUTER_POLICY"})
+                         "ROUTER_POLICY", "PD_ROUTER_KIND", "PD_OWNED_FLAG", "PD_SIDE_CHANNEL_ENV",
+                         "PD_DECODE_LAYOUT_FLAG"})
 # What each group of checks reads: a value left out by a schema error blocks the groups that read it.
 READS = {
     "node": ("nodes", "launch.executor"),
@@ -65,6 +71,7 @@ class Plan(NamedTuple):
     issues: tuple[Issue, ...]
     pool: Pool | None = None  # with replicas or a router: what all replicas hold together
     router: RouterPlan | None = None
+    pd: PdPlan | None = None  # with roles: each role's plan (the fields above are decode's)
 
     @property
     def valid(self) -> bool:
@@ -86,6 +93,8 @@ class Plan(NamedTuple):
             codes = ", ".join(i.code for i in self.issues if i.severity == "error") or "incomplete plan"
             raise InfeasibleError(f"{self.file}: cannot render an infeasible plan ({codes})",
                                   hint=f"run `k3deploy plan {self.file}`")
+        if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
+            raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
         return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
                       mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
 
@@ -95,7 +104,7 @@ class Plan(NamedTuple):
 
         doc = self.topology.model_dump(mode="json", by_alias=True)
         # Sections added later enter the hash only when used, so a record made before them still matches.
-        for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None)):
+        for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None), ("roles", None)):
             if doc.get(key) == unset:
                 doc.pop(key)
         slurm = doc.get("launch", {}).get("slurm")
@@ -128,6 +137,19 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
         pool_ratio=s.mamba_full_memory_ratio,
     )
+
+
+def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, shape: Shape,
+                    family: EngineFamily) -> PerfInputs:
+    """The performance model's inputs for one replica of `t`; PerfUnknown when the catalog cannot time it."""
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    inp = memory_inputs(t, catalog, model, hw, family)
+    drafts = draft_tokens(t.engine.args)
+    return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
+                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                      accepted=acceptance(model, drafts))
 
 
 def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
@@ -199,6 +221,10 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     """Check legality, size memory and decide feasibility; never raises on a bad shape. Values in
     `unchecked` (dotted paths a schema error left out) block only the checks that read them."""
     whole = loaded.topology
+    if whole.roles is not None:
+        from k3deploy.planning.pd import pd_plan  # it plans each role's instance with this function
+
+        return pd_plan(loaded, catalog, unchecked)
     t = replica_topology(whole, 0)  # every replica has the same shape; its nodes decide the world size
     family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
     issues: list[Issue] = []
@@ -246,12 +272,26 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     if replicated and capacity is not None and shape is not None:
         the_pool = pool(whole.replicas, len(t.nodes) * t.hardware.gpus_per_node, capacity.kv_tokens,
                         capacity.max_running_requests)
-    if whole.router is not None and model is not None and hw is not None:
-        router, router_issues = router_plan(whole, model, hw, len(t.nodes) * t.hardware.gpus_per_node)
+    if whole.router is not None:
+        router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
+                                            _longest_prefill(t, catalog, model, hw, shape, family))
         issues += router_issues
     located = tuple(_locate(i, loaded) for i in issues)
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
                 memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
+
+
+def _longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
+                     shape: Shape | None, family: EngineFamily) -> float | str:
+    """The predicted prefill of the longest prompt one replica allows (every attention group at once), or why
+    it cannot be timed."""
+    if model is None or hw is None or shape is None:
+        return "the plan has no model, accelerator or shape to time"
+    try:
+        inp = perf_inputs_for(t, catalog, model, hw, shape, family)
+        return prefill_latency_s(inp, t.serving.context_length, inp.attn_groups)
+    except PerfUnknown as exc:
+        return str(exc)
 
 
 def _locate(issue: Issue, loaded: LoadedTopology) -> Issue:

@@ -10,6 +10,7 @@ from k3deploy.errors import InputError
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
 from k3deploy.planning.prediction import Prediction, predict
 from k3deploy.planning.search import Candidate, candidates
+from k3deploy.planning.speculation import acceptance
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.settings import Serving
 
@@ -24,6 +25,7 @@ class RankedShape(NamedTuple):
     prediction: Prediction | None
     meets_tpot: bool
     reason: str
+    drafts: int = 0  # DSpark draft tokens per step (0: no speculative decoding)
 
     def model_dump(self) -> dict[str, Any]:
         """One `plan --search --workload --json` shape."""
@@ -31,7 +33,8 @@ class RankedShape(NamedTuple):
 
         s = self.candidate.shape
         return {"tp": s.tp, "ep": s.ep, "dp": s.dp, "pp": s.pp, "dcp": s.dcp, "attn_tp": s.attn_tp,
-                "feasible": self.candidate.error is None, "meets_tpot_max": self.meets_tpot, "reason": self.reason,
+                "draft_tokens": self.drafts, "feasible": self.candidate.error is None,
+                "meets_tpot_max": self.meets_tpot, "reason": self.reason,
                 "prediction": prediction_json(self.prediction) if self.prediction else None}
 
 
@@ -47,8 +50,9 @@ def _key(objective: Objective, r: RankedShape) -> tuple[Any, ...]:
 
 def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
                 engine_id: str, workload: Workload, objective: Objective, tpot_max_ms: float | None = None,
-                gpus_per_node: int | None = None) -> list[RankedShape]:
-    """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`."""
+                gpus_per_node: int | None = None, speculation: bool = False) -> list[RankedShape]:
+    """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`; with
+    `speculation`, each fitting shape also with every DSpark draft length the catalog has an acceptance for."""
     if objective not in OBJECTIVES:
         raise InputError(f"--objective {objective}: expected {' or '.join(OBJECTIVES)}")
     perf = catalog.performance.get(engine_id)
@@ -58,29 +62,35 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     context = workload.input_tokens + workload.output_tokens
     serving = Serving(max_running_requests=workload.concurrency, context_length=max(context, 1))
     model, hw = catalog.models.get(model_id), catalog.hardware.get(hardware_id)
+    drafts = [0, *sorted(model.draft_acceptance_length)] if speculation and model is not None else [0]
     out = []
     for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
                         gpus_per_node=gpus_per_node, engine_id=engine_id, serving=serving, dcp_options=True):
         if c.error is not None or model is None or hw is None:
             out.append(RankedShape(c, None, False, c.error or "not sized"))
             continue
-        inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=perf, family=family,
-                         kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype)
-        try:
-            p = predict(inp, workload, max_running=c.capacity.max_running_requests, kv_tokens=c.capacity.kv_tokens)
-        except PerfUnknown as exc:
-            out.append(RankedShape(c, None, False, str(exc)))
-            continue
-        meets = tpot_max_ms is None or p.tpot_s * 1000 <= tpot_max_ms
-        reason = "" if meets else f"TPOT {p.tpot_s * 1000:,.1f} ms > --tpot-max {tpot_max_ms:g}"
-        out.append(RankedShape(c, p, meets, reason))
+        for n in drafts:
+            # The caches are sized as without speculation: the memory model does not count the draft.
+            inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=perf, family=family,
+                             kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype,
+                             drafts=n, accepted=acceptance(model, n))
+            try:
+                p = predict(inp, workload, max_running=c.capacity.max_running_requests,
+                            kv_tokens=c.capacity.kv_tokens)
+            except PerfUnknown as exc:
+                out.append(RankedShape(c, None, False, str(exc), n))
+                continue
+            meets = tpot_max_ms is None or p.tpot_s * 1000 <= tpot_max_ms
+            reason = "" if meets else f"TPOT {p.tpot_s * 1000:,.1f} ms > --tpot-max {tpot_max_ms:g}"
+            out.append(RankedShape(c, p, meets, reason, n))
     return sorted(out, key=lambda r: _key(objective, r))
 
 
 def shape_name(r: RankedShape) -> str:
-    """TP8/EP8/DCP8: TP, then every other degree above 1."""
+    """TP8/EP8/DCP8/DSPARK7: TP, then every other degree above 1, then the draft tokens per step."""
     s = r.candidate.shape
     rest = [f"{k}{v}" for k, v in (("EP", s.ep), ("DP", s.dp), ("PP", s.pp), ("DCP", s.dcp)) if v > 1]
+    rest += [f"DSPARK{r.drafts}"] if r.drafts else []
     return "/".join([f"TP{s.tp}", *rest])
 
 

@@ -27,6 +27,11 @@ def ranked_table(hardware: str, gpus: int, engine: str, w: Workload, objective: 
                   f"{p.output_throughput_per_gpu:,.1f}", Text(str(p.running), style="yellow" if p.capped_by else ""),
                   Text(p.bound("tpot", short=True) if r.meets_tpot else "over --tpot-max",
                        style="" if r.meets_tpot else "yellow"))
-    return Group(t, Text(why, style="bold"),
-                 Text("batch: requests its caches hold at once (sized with max_running_requests = concurrency); "
-                      "`plan FILE --workload` explains one shape term by term", style="dim"))
+    notes = [Text(why, style="bold"),
+             Text("batch: requests its caches hold at once (sized with max_running_requests = concurrency); "
+                  "`plan FILE --workload` explains one shape term by term", style="dim")]
+    if any(r.drafts for r in rows):
+        notes.append(Text("DSPARKn: n DSpark draft tokens per step (SGLang --speculative-algorithm DSPARK "
+                          "--speculative-dspark-block-size n; vLLM --speculative-config num_speculative_tokens n), "
+                          "each keeping the catalog's draft_acceptance_length", style="dim"))
+    return Group(t, *notes)

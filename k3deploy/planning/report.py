@@ -28,12 +28,12 @@ def issue_lines(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Group:
     return Group(*lines)
 
 
-def budget_table(plan: Plan) -> Table:
+def budget_table(plan: Plan, role: str = "") -> Table:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
     broken at phrase boundaries so the table reads at 80 columns."""
     m = plan.memory
     assert m is not None
-    t = Table(title=f"Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
+    t = Table(title=f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("line item")
     t.add_column("GiB", justify="right")
@@ -60,11 +60,11 @@ def budget_table(plan: Plan) -> Table:
     return t
 
 
-def capacity_table(plan: Plan) -> Table:
+def capacity_table(plan: Plan, role: str = "") -> Table:
     """KV tokens, concurrency and context at that concurrency."""
     c = plan.capacity
     assert c is not None
-    t = Table(title="Capacity", title_justify="left")
+    t = Table(title=f"{role}Capacity", title_justify="left")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_row("KV tokens in the pool", f"{c.kv_tokens:,}")
@@ -86,7 +86,7 @@ def pool_table(plan: Plan) -> Table:
     r = plan.router
     if r is not None:
         s = r.settings
-        prefill = "unknown (no bf16_tflops)" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
+        prefill = f"unknown ({r.prefill_unknown})" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
         t.add_row(f"router {s.kind} on {r.runs_on}", s.url)
         t.add_row("router policy", s.policy)
         t.add_row("longest prefill a replica allows", prefill)
@@ -108,6 +108,10 @@ def plan_renderable(plan: Plan) -> Group:
                           f"attn_tp={s.attn_tp} world={s.world_size} on {s.nnodes} x {s.gpus_per_node}{hw}"))
     if plan.issues:
         parts.append(issue_lines(plan.file, plan.issues))
+    if plan.pd is not None:
+        from k3deploy.planning.pd_report import pd_parts
+
+        return Group(head, *parts[2 if s is not None else 1:], *pd_parts(plan))
     if plan.memory is not None:
         parts.append(budget_table(plan))
     if plan.capacity is not None:

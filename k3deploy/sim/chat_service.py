@@ -11,7 +11,7 @@ from typing import Any
 
 from k3deploy.sim.engine_core import STALL_S, EngineCore, Job
 from k3deploy.sim.generation import Completion, complete
-from k3deploy.sim.recall import recall_answer, state_view
+from k3deploy.sim.recall import Facts, recall_answer, state_view
 from k3deploy.sim.stream import ChatParser, Frame, stream_flags
 from k3deploy.sim.tokens import message_text, render_prompt, token_ids
 
@@ -179,6 +179,10 @@ class ChatService(EngineCore):
             "effort": effort,
         }
 
+    def _received(self, body: dict[str, Any], ids: list[int], text: str, asked: str) -> tuple[Facts | None, int]:
+        """A decode's transferred state: the facts it holds and the prompt tokens it got (None, 0: computed here)."""
+        return None, 0
+
     def chat(self, body: Any) -> Reply:
         """Answer one /v1/chat/completions request (raises ApiError like the engine would)."""
         self._check_alive()
@@ -186,11 +190,12 @@ class ChatService(EngineCore):
         prompt = render_prompt(messages, tools if choice != "none" else None)
         gen = self._generation(body, len(prompt.ids))
         asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
+        facts, transferred = self._received(body, prompt.ids, prompt.text, asked)
 
         def decide(cached: int) -> Completion:
             """The completion as the KDA state after a hit of `cached` tokens lets the model read its context."""
             view = state_view(self.faults, len(prompt.ids), cached)
-            answer = recall_answer(prompt.text, asked, view)
+            answer = recall_answer(prompt.text, asked, view, facts)
             return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag, **gen)
 
         done = decide(0)
@@ -203,7 +208,7 @@ class ChatService(EngineCore):
             self.cfg.tool_calls_structured or guided,
         )
         job = Job(prompt.ids, prompt.boundaries, done, rehit=decide if "wrong_cache_state" in self.faults else None,
-                  salt=self._salt(body))
+                  salt=self._salt(body), transferred=transferred)
         frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
         if body.get("stream"):
             return Reply(chunks=self._chat_chunks(job, parser, frame, body))

@@ -46,6 +46,7 @@ class Job:
     # Set when a prefix hit changes what is generated (a wrongly restored state): the completion for a hit.
     rehit: Callable[[int], Completion] | None = None
     salt: str = ""  # vLLM's cache_salt: hits only blocks cached under the same salt
+    transferred: int = 0  # prompt tokens whose KV a prefill server computed and sent (PD decode)
 
 
 class EngineCore:
@@ -119,7 +120,7 @@ class EngineCore:
             job.cached = max(min(hit, len(job.ids) - 1), 0)
         if job.rehit is not None and job.cached:
             job.done = job.rehit(job.cached)
-        if self.cfg.mimic == "sglang":
+        if self.cfg.mimic == "sglang" and not job.transferred:  # a PD decode runs no prefill batch
             self.log.info(
                 f"Prefill batch. #new-seq: 1, #new-token: {len(job.ids) - job.cached}, #cached-token: "
                 f"{job.cached}, token usage: {s.kv_used_tokens / s.kv_total_tokens:.2f}, #running-req: "
@@ -127,7 +128,9 @@ class EngineCore:
             )
         last = job.started
         try:
-            for i in self.gpu.tokens(len(job.ids), job.cached, job.done.tokens):
+            # A decode does not prefill what it received: only the tokens neither cached nor sent cost prefill.
+            ready = max(job.cached, min(job.cached + job.transferred, len(job.ids) - 1))
+            for i in self.gpu.tokens(len(job.ids), ready, job.done.tokens):
                 now = time.monotonic()
                 (self.metrics.ttft if i == 0 else self.metrics.itl).observe(now - last)
                 last = now

@@ -15,7 +15,10 @@ FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel",
           "no_reasoning_parser", "no_tool_parser",
           # what the validate stages long, prefix-cache and effort must catch
           "no_prefix_cache", "no_cache_report", "wrong_cache_state", "short_context", "slow_decode",
-          "kda_state_zeroed", "kda_state_lost_beyond")
+          "kda_state_zeroed", "kda_state_lost_beyond",
+          # prefill/decode disaggregation: the prefill sends the MLA KV but a zeroed KDA state, or none; the
+          # prefill process dies while a decode is reading its KV
+          "transfer_kda_zeroed", "transfer_kda_dropped", "prefill_dies_mid_transfer")
 # Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
 HANG_DEFAULT_S = 3600.0
 SLOW_LOAD_DEFAULT_S = 10.0

@@ -51,25 +51,34 @@ def _fake_value(key: str, seed: bytes) -> str:
     return f"{code[:3]}-{code[3:]}"
 
 
-def recall_answer(prompt_text: str, asked: str, view: StateView) -> list[str] | None:
-    """The answer's words when the last user message asks for facts, else None (the ordinary answer)."""
-    asks = list(QUESTION_RE.finditer(asked))
-    if not asks:
-        return None
-    keys = [m.group(1) for m in asks]
+Facts = dict[str, tuple[str, int]]
+
+
+def read_facts(prompt_text: str, asked: str) -> Facts:
+    """Every fact stated before the first question of `asked`: KEY -> (VALUE, token position); a later
+    statement of a key wins."""
+    asks = QUESTION_RE.search(asked)
     starts = [s for s, _ in token_spans(prompt_text)]
-    # Only what precedes the first question can answer it; a later statement of a key wins.
     base = prompt_text.rfind(asked)
-    end = base + asks[0].start() if base >= 0 else len(prompt_text)
-    facts: dict[str, tuple[str, int]] = {}
+    end = base + asks.start() if base >= 0 and asks else len(prompt_text)
+    facts: Facts = {}
     for match in FACT_RE.finditer(prompt_text, 0, end):
         facts[match.group(1)] = (match.group(2), bisect.bisect_left(starts, match.start()))
+    return facts
+
+
+def recall_answer(prompt_text: str, asked: str, view: StateView, facts: Facts | None = None) -> list[str] | None:
+    """The answer's words when the last user message asks for facts, else None (the ordinary answer).
+    `facts` is what the state carries when it was not computed here (a decode's transferred state)."""
+    keys = [m.group(1) for m in QUESTION_RE.finditer(asked)]
+    if not keys:
+        return None
+    held_facts = read_facts(prompt_text, asked) if facts is None else facts
     words: list[str] = []
     for key in keys:
-        value, position = facts.get(key, ("", -1))
+        value, position = held_facts.get(key, ("", -1))
         held = view.first_held is not None and position >= view.first_held
         if not value or not held:
             value = _fake_value(key, view.tag + prompt_text[:64].encode())
         words += ["The", *key.split(), "is", f"{value}."]
     return words
-

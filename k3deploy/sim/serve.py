@@ -27,7 +27,9 @@ from k3deploy.sim.http_api import ApiServer
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.membership import FAILED, Membership, exit_now
 from k3deploy.sim.model_info import ModelError, hardware, missing_shards, model_spec, read_config
+from k3deploy.sim.nixl_service import NixlChatService
 from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
+from k3deploy.sim.pd_service import PdChatService
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
 
 LIFETIME_ENV = "K3SIM_MAX_LIFETIME_S"
@@ -48,12 +50,14 @@ class Node:
         log: EngineLog,
         lifetime_s: float = DEFAULT_LIFETIME_S,
         speed: float = 1.0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         # Faults that make the engine serve otherwise than its flags say (what validate must notice).
         cfg = dataclasses.replace(cfg, prefix_cache=cfg.prefix_cache and "no_prefix_cache" not in faults,
                                   cache_report=cfg.cache_report and "no_cache_report" not in faults)
         self.cfg, self.model, self.hw, self.faults, self.log = cfg, model, hw, faults, log
         self.lifetime_s = lifetime_s
+        self.env: Mapping[str, str] = {} if env is None else env
         self.adm: Admission = admit(cfg, model, hw, wrong_kernel="wrong_kernel" in faults)
         if "short_context" in faults:
             short = int(faults.value("short_context", self.adm.context_length // 4))
@@ -96,7 +100,10 @@ class Node:
         return self._load_and_serve()
 
     def _bind(self) -> bool:
-        self.service = ChatService(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
+        kind = {"nixl": NixlChatService, None: ChatService}.get(self.cfg.pd_mode, PdChatService)
+        self.service = kind(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
+        if isinstance(self.service, (PdChatService, NixlChatService)) and not self.service.start_role(self.env):
+            return False
         try:
             self.api = ApiServer(
                 self.service, self.log, self.cfg.bind_host, self.cfg.port, self._server_info()
@@ -283,7 +290,7 @@ def serve_main(mimic: Mimic, argv: Sequence[str], env: Mapping[str, str] | None 
         hw = hardware(env)
         lifetime_s = float(env.get(LIFETIME_ENV) or DEFAULT_LIFETIME_S)
         speed = speed_factor(env)
-        node = Node(cfg, model, hw, faults, log, lifetime_s, speed)
+        node = Node(cfg, model, hw, faults, log, lifetime_s, speed, env)
     except (ModelError, PacingError, ValueError) as exc:
         log.error(str(exc), source="server")
         return FAILED

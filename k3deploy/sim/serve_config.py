@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from k3deploy.sim.engine_args import Mimic, engine_version, flag_table
 
 SGLANG_DEFAULT_DIST_TIMEOUT_S = 1800  # torch's default process-group timeout, which SGLang keeps when unset
+SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port's default
 VLLM_DEFAULT_READY_TIMEOUT_S = 600  # VLLM_ENGINE_READY_TIMEOUT_S default
 VLLM_DEFAULT_DP_RPC_PORT = 29550
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
@@ -76,6 +78,11 @@ class ServeConfig:
     chunked_prefill_size: int | None
     max_prefill_tokens: int | None
     args: dict[str, Any] = field(default_factory=dict)
+    # SGLang's --disaggregation-mode (None: not disaggregated) and the prefill's bootstrap server port.
+    pd_mode: str | None = None
+    bootstrap_port: int = SGLANG_DEFAULT_BOOTSTRAP_PORT
+    # vLLM --kv-transfer-config's kv_load_failure_policy: fail the request, or recompute the prompt here.
+    kv_failure_policy: str = "fail"
 
     @property
     def head(self) -> bool:
@@ -129,6 +136,9 @@ def _sglang(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     gpus = ns.tp_size * ns.pp_size * (1 if attention_dp else dp)
     strategy = "extra_buffer" if ns.mamba_radix_cache_strategy == "auto" else ns.mamba_radix_cache_strategy
     node_ip = env.get("SGLANG_HOST_IP") or env.get("HOST_IP")
+    pd_mode = ns.disaggregation_mode if ns.disaggregation_mode in ("prefill", "decode") else None
+    # A decode server's KV cache is a chunk cache unless its radix cache is asked for (server_args.py).
+    radix = not ns.disable_radix_cache and (pd_mode != "decode" or ns.disaggregation_decode_enable_radix_cache)
     return ServeConfig(
         mimic="sglang",
         version=engine_version("sglang"),
@@ -152,7 +162,7 @@ def _sglang(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
         pool_ratio=ns.mamba_full_memory_ratio,
         kv_cache_dtype=ns.kv_cache_dtype,
         ssm_dtype=ns.mamba_ssm_dtype,
-        prefix_cache=not ns.disable_radix_cache,
+        prefix_cache=radix,
         radix_cache_strategy=strategy,
         prefix_match_unit=None,
         moe_backend=ns.moe_runner_backend,
@@ -165,6 +175,8 @@ def _sglang(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
         chunked_prefill_size=ns.chunked_prefill_size,
         max_prefill_tokens=ns.max_prefill_tokens,
         args={k: _jsonable(v) for k, v in vars(ns).items() if k != "model_path_positional"},
+        pd_mode=pd_mode,
+        bootstrap_port=ns.disaggregation_bootstrap_port,
     )
 
 
@@ -217,8 +229,23 @@ def _vllm_rendezvous(ns: argparse.Namespace, env: Mapping[str, str]) -> Rendezvo
     return Rendezvous("127.0.0.1", 0, 0, 1, timeout_s)
 
 
+def _kv_transfer(ns: argparse.Namespace) -> dict[str, Any]:
+    """--kv-transfer-config as vLLM reads it (a JSON object)."""
+    raw = ns.kv_transfer_config
+    if raw is None or isinstance(raw, dict):
+        return raw or {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"ValueError: --kv-transfer-config is not valid JSON: {raw!r}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"ValueError: --kv-transfer-config must be a JSON object, got {raw!r}")
+    return value
+
+
 def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
     _check_vllm_parsers(ns)
+    kv = _kv_transfer(ns)
     rdv = _vllm_rendezvous(ns, env)
     tp, pp, dp = ns.tensor_parallel_size, ns.pipeline_parallel_size, ns.data_parallel_size
     local_dp = ns.data_parallel_size_local or dp
@@ -262,6 +289,9 @@ def _vllm(ns: argparse.Namespace, env: Mapping[str, str]) -> ServeConfig:
         chunked_prefill_size=ns.max_num_batched_tokens,
         max_prefill_tokens=ns.max_num_batched_tokens,
         args={k: _jsonable(v) for k, v in vars(ns).items()},
+        # NixlConnector: each server prefills or decodes as the request's kv_transfer_params say.
+        pd_mode="nixl" if kv.get("kv_connector") == "NixlConnector" else None,
+        kv_failure_policy=str(kv.get("kv_load_failure_policy") or "fail"),
     )
 
 

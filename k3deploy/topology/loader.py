@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from k3deploy.diagnostics import Issue, dotted
 from k3deploy.errors import InputError
+from k3deploy.topology.pd import pd_issues
 from k3deploy.topology.replicas import replica_issues
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
@@ -187,13 +188,20 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
         if partial is None:
             raise TopologyError(file, issues) from None
         topo, left_out = partial
+        _raise_mismatched(file, issues, topo, smap)
         raise TopologyError(file, issues, LoadedTopology(topo, smap), left_out) from None
-    mismatched = [located(i, smap) for i in replica_issues(topology)]
-    if mismatched:  # no partial: the plan of a replica needs consistent replicas, nodes and ports
-        raise TopologyError(file, sorted(issues + mismatched, key=lambda i: (i.line or 0, i.column or 0)))
+    _raise_mismatched(file, issues, topology, smap)
     if issues:
         raise TopologyError(file, issues, LoadedTopology(topology, smap))
     return LoadedTopology(topology, smap)
+
+
+def _raise_mismatched(file: str, issues: list[Issue], topology: Topology, smap: SourceMap) -> None:
+    """TopologyError without a partial when replicas or roles do not fit the nodes or ports: a replica's or
+    an instance's plan needs a consistent layout (also when a schema error elsewhere left a partial)."""
+    mismatched = [located(i, smap) for i in (*replica_issues(topology), *pd_issues(topology))]
+    if mismatched:
+        raise TopologyError(file, sorted(issues + mismatched, key=lambda i: (i.line or 0, i.column or 0)))
 
 
 def located(issue: Issue, smap: SourceMap) -> Issue:

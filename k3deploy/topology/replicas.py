@@ -99,13 +99,18 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
     r = t.router
     # The router shares a machine with the replicas on a node, or on this host when the nodes are local.
     if r is not None and (r.runs_on != "local" or t.launch.nodes_are_here):
-        metrics = r.metrics_port or (r.port + 1 if r.port < 65535 else r.port - 1)
-        for field, port in (("port", r.port), ("metrics_port", metrics)):
-            for what, ports in (("engine.port + i", engine), ("launch.port + i", rendezvous)):
-                if port in ports:
-                    yield _err("ROUTER_PORT", f"router {field} {port} is a replica's port ({what}: "
-                               f"{ports.start}-{ports[-1]}) on the same machine", f"router.{field}",
-                               "pick another port")
+        for what, ports in (("engine.port + i", engine), ("launch.port + i", rendezvous)):
+            if r.port in ports:
+                yield _err("ROUTER_PORT", f"router port {r.port} is a replica's port ({what}: "
+                           f"{ports.start}-{ports[-1]}) on the same machine", "router.port", "pick another port")
+            metrics = r.metrics_port or r.port + 1
+            if metrics in ports:
+                yield _err("ROUTER_PORT", f"router metrics port {metrics} is a replica's port ({what}: "
+                           f"{ports.start}-{ports[-1]}) on the same machine", "router.metrics_port",
+                           "set router.metrics_port to a free port")
+    if r is not None and r.metrics_port == r.port:
+        yield _err("ROUTER_PORT", f"router metrics_port {r.port} is the router's own port", "router.metrics_port",
+                   "pick another port (default: port + 1)")
 
 
 def replica_issues(t: Topology) -> list[Issue]:

@@ -28,9 +28,9 @@ class Router(Strict):
     runs_on: str = Field("local", description="where the router runs: `local` (the host running k3deploy) or "
                          "the `host` of one of the nodes")
     port: int = Field(30000, ge=1, le=65535, description="the router's HTTP port (what clients call)")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="the router's Prometheus port (default "
-                                     "port + 1; every router binds 0.0.0.0:29000 unless told, so two on one "
-                                     "machine collide)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="the router's Prometheus exporter port "
+                                     "(default: port + 1; the routers' own default, 29000 on every address, "
+                                     "collides with any second router on the machine)")
     listen: str | None = Field(None, description="address the router binds (default: 127.0.0.1 on local, "
                                "the node's ip on a node)")
     python: str = Field("python3", description="the interpreter that has the router installed, on the machine "

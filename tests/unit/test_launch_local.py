@@ -25,10 +25,15 @@ from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
-from tests import figures
+from tests import figures, sweep
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
-from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
+from tests.unit.test_launch_support import (
+    assert_nothing_left,
+    assert_supervisor_stopped_group,
+    fake_topology,
+    tagged_pids,
+)
 
 
 def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
@@ -44,8 +49,12 @@ def cli(*args: str, timeout_s: float = 60, env: dict[str, str] | None = None,
 def name(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A unique deployment name; afterwards nothing of it may be left running."""
     dep_name = f"ut-{request.node.name.replace('_', '-')[5:40]}-{os.getpid() % 10000}"
-    yield dep_name
-    assert_nothing_left(dep_name, tmp_path / "state")
+    sweep.STARTED[dep_name] = tmp_path / "state"  # stopped at session end or SIGTERM if the test cannot
+    try:
+        yield dep_name
+        assert_nothing_left(dep_name, tmp_path / "state")
+    finally:
+        sweep.STARTED.pop(dep_name, None)
 
 
 def launch_lib(path: Path, **kwargs: object) -> tuple[StateStore, str]:
@@ -187,14 +196,16 @@ def test_supervisor_stops_all_when_a_worker_dies_after_ready(tmp_path: Path, nam
     supervisor = rec.owner
     assert supervisor is not None and supervisor.role == "supervisor" and supervisor.alive()
     victim = _engine_pid(name, rank=rank)
-    t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     figures.fault_injected()
-    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}."), 15)
-    took = time.monotonic() - t0
+    # Bounded for a loaded machine; what shows supervision stopped the group is the supervisor's log order.
+    assert wait_for(lambda: store.require(name).status == "failed" and not tagged_pids(f"{name}.")
+                    and not supervisor.alive(), 60)  # its log is whole once it has exited
+    assert_supervisor_stopped_group(tmp_path / "state" / f"{name}.supervisor.log", rank,
+                                    [r for r in range(4) if r != rank])
     rec = store.require(name)
     assert rec.failure is not None and (rec.failure.rank, rec.failure.host) == (rank, "localhost")
-    assert "killed by SIGKILL" in rec.failure.cause and took < 8
+    assert "killed by SIGKILL" in rec.failure.cause
     assert rec.owner is None and wait_for(lambda: not supervisor.alive(), 5)  # gave up (no restarts)
     st = json.loads(cli("status", name, "--state-dir", str(tmp_path / "state"), "--json").stdout)
     assert st["failure"]["rank"] == rank and st["status"] == "failed"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -115,11 +116,10 @@ def kill_tagged(prefix: str) -> list[int]:
     return left
 
 
-def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
-    """After a test: stop and count (in the reliability figures) any supervisor or node process of the
-    deployment still running, then fail if there was one."""
+def stop_left(dep_name: str, state_dir: Path) -> tuple[bool, list[int]]:
+    """Stop the deployment's supervisor (from its record) and SIGKILL its tagged processes: (a supervisor
+    was running, the pids found)."""
     from k3deploy.launch.state import StateStore
-    from tests import figures
 
     store = StateStore(state_dir)
     rec = store.load(dep_name) if store.path(dep_name).is_file() else None
@@ -127,7 +127,32 @@ def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
     owner_alive = owner is not None and owner.alive()
     if owner is not None and owner_alive:
         owner.terminate(2)
-    left = kill_tagged(f"{dep_name}.")
+    return owner_alive, kill_tagged(f"{dep_name}.")
+
+
+def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
+    """After a test: stop and count (in the reliability figures) any supervisor or node process of the
+    deployment still running, then fail if there was one."""
+    from tests import figures
+
+    owner_alive, left = stop_left(dep_name, state_dir)
     figures.add(figures.NODES_LEFT, len(left) + owner_alive)
     assert not owner_alive, "a supervisor was left running"
     assert left == [], f"processes left running: {left}"
+
+
+def assert_supervisor_stopped_group(log: Path, failed_rank: int, survivors: list[int]) -> None:
+    """The supervisor's log, in order: rank `failed_rank` failed, then every survivor stopping and stopped by
+    it, then its exit: supervision, not the nodes' own end, stopped the group (an ordering, not a time)."""
+    lines = [line.split(" ", 1)[1] for line in log.read_text().splitlines() if " " in line]
+
+    def at(match: str, start: int = 0) -> int:
+        found = [i for i, line in enumerate(lines) if i >= start and re.fullmatch(match, line)]
+        assert found, f"no line {match!r} after line {start} of {log}:\n" + "\n".join(lines)
+        return found[0]
+
+    failed = at(rf"group: failed rank {failed_rank} \(.*")
+    end = at(r"supervisor exits; deployment failed", failed)
+    for rank in survivors:
+        stopping = at(rf"rank {rank} \S+: stopping", failed)
+        assert stopping < at(rf"rank {rank} \S+: stopped", stopping) < end, "\n".join(lines)

@@ -12,6 +12,8 @@ import yaml
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning.prediction import predict_plan
+from k3deploy.planning.ranking import RankedShape, rank_shapes
+from k3deploy.planning.speculation import draft_tokens
 from k3deploy.planning.workload import Workload
 from tests.unit.plan_helpers import plan_of, topology_dict
 
@@ -55,6 +57,14 @@ def test_every_case_cites_a_source_and_its_published_figures() -> None:
         assert case["source"].startswith("https://"), case["case"]
         assert case["as_published"] and set(case["published"]) == {"ttft_ms", "tpot_ms", "output_tok_s_per_gpu"}
     assert sum(1 for c in CASES if c.get("calibration")) == 1  # factors calibrated once, never per case
+
+
+def test_every_figure_left_out_says_where_and_why() -> None:
+    left_out = yaml.safe_load(TABLE.read_text())["found_not_used"]
+    assert len(left_out) >= 10
+    for entry in left_out:
+        assert set(entry) == {"source", "figures", "why"} and entry["source"].startswith("https://"), entry
+        assert entry["figures"].strip() and entry["why"].strip(), entry
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["case"] for c in CASES])
@@ -106,3 +116,67 @@ def test_configurations_published_for_one_workload_rank_as_measured() -> None:
                         pairs += 1
                         assert predicted(a)[key] > predicted(b)[key], (a["case"], b["case"], key)
     assert pairs >= 6
+
+
+def _published_groups() -> list[list[dict[str, Any]]]:
+    """Cases that share hardware, GPU count and workload (two or more configurations measured alike)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in CASES:
+        w = c["workload"]
+        key = (c["hardware"], c["nodes"] * c["gpus_per_node"], w["in"], w["out"], w["concurrency"])
+        groups.setdefault(key, []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _position(rows: list[RankedShape], case: dict[str, Any]) -> int:
+    """Where the case's configuration (shape and draft tokens) lands in a `plan --search --workload` ranking."""
+    par, drafts = case["parallel"], draft_tokens(case.get("engine_args", {}))
+    for i, r in enumerate(rows):
+        s = r.candidate.shape
+        if (s.tp, s.ep, s.dcp, s.dp, s.pp, r.drafts) == (par["tp"], par["ep"], par["dcp"], 1, 1, drafts):
+            assert r.prediction is not None, (case["case"], r.reason)
+            return i
+    raise AssertionError(f"{case['case']}: its configuration is not among the searched shapes")
+
+
+def test_search_ranks_the_configurations_published_for_one_workload_as_measured() -> None:
+    """`plan --search --workload --speculation` puts the configuration measured faster above the slower one
+    (throughput: output tok/s per GPU; latency: TPOT), for every pair published on one hardware and workload."""
+    pairs = 0
+    for group in _published_groups():
+        c0, w = group[0], group[0]["workload"]
+        ranked = {objective: rank_shapes(load_catalog(), model_id="kimi-k3", hardware_id=c0["hardware"],
+                                         gpus=c0["nodes"] * c0["gpus_per_node"], family="sglang",
+                                         engine_id="sglang", workload=Workload(w["in"], w["out"], w["concurrency"]),
+                                         objective=objective, speculation=True)  # type: ignore[arg-type]
+                  for objective in ("throughput", "latency")}
+        for a in group:
+            for b in group:
+                if a["published"]["output_tok_s_per_gpu"] > 1.05 * b["published"]["output_tok_s_per_gpu"]:
+                    pairs += 1
+                    rows = ranked["throughput"]
+                    assert _position(rows, a) < _position(rows, b), (a["case"], b["case"], "throughput")
+                if a["published"]["tpot_ms"] < b["published"]["tpot_ms"] / 1.05:
+                    pairs += 1
+                    rows = ranked["latency"]
+                    assert _position(rows, a) < _position(rows, b), (a["case"], b["case"], "latency")
+    assert pairs >= 6
+
+
+def test_one_sources_runs_at_other_concurrencies_order_as_measured() -> None:
+    """Within one source and hardware, with the same drafting, the predictions order the runs of other
+    concurrencies (and so other cookbook shapes: TP8 at 1 and 16, TP8 + DCP8 at 64) as measured, on TTFT,
+    TPOT and output tok/s per GPU."""
+    pairs = 0
+    for a in CASES:
+        for b in CASES:
+            same = (a["source"], a["hardware"], a.get("engine_args")) == (b["source"], b["hardware"],
+                                                                          b.get("engine_args"))
+            if not same or a["workload"]["concurrency"] >= b["workload"]["concurrency"]:
+                continue
+            pa, pb = predicted(a), predicted(b)
+            for key in ("ttft_ms", "tpot_ms", "output_tok_s_per_gpu"):
+                pairs += 1
+                measured = a["published"][key] < b["published"][key]
+                assert (pa[key] < pb[key]) == measured, (a["case"], b["case"], key, pa[key], pb[key])
+    assert pairs >= 18

@@ -87,6 +87,8 @@ def test_an_infeasible_plan_predicts_nothing() -> None:
      "expected milliseconds > 0"),
     (["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", LOAD, "--objective", "cost"],
      "--objective cost: expected throughput or latency"),
+    (["plan", str(B300), "--workload", LOAD, "--speculation"], "needs --search and --workload"),
+    (["plan", "--search", "--hardware", "b300", "--gpus", "8", "--speculation"], "needs --search and --workload"),
 ])
 def test_option_mistakes_exit_2_with_the_fix(argv: list[str], says: str) -> None:
     r = k3(*argv)
@@ -133,6 +135,19 @@ def test_tpot_limit_and_latency_objective_reorder_the_shapes() -> None:
     uncapped = [s for s in latency if s["prediction"] and s["prediction"]["capped_by"] is None]
     tpots = [s["prediction"]["mean_tpot_ms"] for s in uncapped]
     assert tpots == sorted(tpots) and latency[0] in uncapped and free != latency
+
+
+def test_speculation_ranks_every_fitting_shape_with_each_catalogued_draft_length() -> None:
+    base = ["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", "in=8192,out=1024,concurrency=1",
+            "--json"]
+    plain, spec = json.loads(k3(*base).stdout), json.loads(k3(*base, "--speculation").stdout)
+    assert not plain["speculation"] and {s["draft_tokens"] for s in plain["shapes"]} == {0}
+    fits = [(s["tp"], s["ep"], s["dp"], s["dcp"]) for s in plain["shapes"] if s["prediction"]]
+    drafted = [(s["tp"], s["ep"], s["dp"], s["dcp"], s["draft_tokens"]) for s in spec["shapes"] if s["prediction"]]
+    assert sorted(drafted) == sorted((*f, n) for f in fits for n in (0, 3, 7))  # the catalog's {3: 3.0, 7: 3.84}
+    assert spec["why"].startswith("TP8/DSPARK7 wins with") and spec["shapes"][0]["draft_tokens"] == 7
+    text = k3(*base[:-1], "--speculation").stdout
+    assert "TP8/DSPARK7" in text and "--speculative-dspark-block-size n" in text
 
 
 def test_text_search_lists_shapes_and_the_winner() -> None:

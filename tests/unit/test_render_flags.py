@@ -11,8 +11,10 @@ import pytest
 
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.spec import LaunchSpec
+from k3deploy.planning.pd import instance_inputs
+from k3deploy.topology.pd import instances
 from tests.unit.engine_parser_check import check, table
-from tests.unit.test_render_support import CASES, plan_for
+from tests.unit.test_render_support import CASES, PD_TOPOLOGIES, ROOT, plan_for
 
 FAST = pytest.mark.timeout(60)
 PREFIXES = {("sglang", "serve"): "sglang", ("vllm", "serve"): "vllm"}
@@ -70,3 +72,17 @@ def test_the_checker_catches_missing_flags_and_bad_choices() -> None:
     assert check(["--moe-backend", "marlin", "--enable-expert-parallel", "--tp-size", "8"], vl) == \
         ["--tp-size is not a flag of vllm 0.33.0", "stray value '8'"]
     assert check(["--served-model-name", "a", "b"], vl) == []
+
+
+@FAST
+@pytest.mark.parametrize("path", [*PD_TOPOLOGIES, ROOT / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"],
+                         ids=lambda p: p.stem)
+def test_every_rendered_pd_flag_and_choice_exists(path: Path) -> None:
+    plan = plan_for(path)
+    assert plan.pd is not None
+    for inst in instances(plan.topology):
+        for spec in render_nodes(instance_inputs(plan, inst)):
+            engine, flags = engine_part(spec, plan.topology.model.path)
+            assert check(flags, table(engine)) == [], f"{inst.role}{inst.index} rank {spec.rank}"
+            assert ("--kv-transfer-config" in flags) == (engine == "vllm")
+            assert ("--disaggregation-mode" in flags) == (engine == "sglang")

@@ -1,0 +1,174 @@
+"""Planning prefill/decode roles: each role's instance planned as a deployment of its own (prefill: weights,
+activations, its short-lived cache; decode: MLA KV and the KDA state pool for the concurrency), the pool
+summary, the router in PD mode, and the cross-role rules the engines enforce. Pure."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, NamedTuple
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.diagnostics import Issue
+from k3deploy.engines.context import Disaggregation, Inputs, host_port
+from k3deploy.engines.router import PD_FLAG, router_table
+from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.planning.pool import policy_issues, router_plan
+from k3deploy.topology.loader import LoadedTopology
+from k3deploy.topology.pd import (
+    BACKENDS,
+    ROLE_NAMES,
+    Instance,
+    bootstrap_port,
+    instance_topology,
+    instances,
+    pd_family,
+    role_group,
+    side_channel_port,
+)
+from k3deploy.topology.schema import Topology
+
+# Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them
+# (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: only decode registers).
+OWNED = ("--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+         "--disaggregation-ib-device", "--kv-transfer-config")
+# Older SGLang took decode's layout on the prefill (--disaggregation-decode-tp/-dp); SGLang 0.5.23's parser
+# (engines/data/sglang-0.5.23.json) has neither flag.
+DECODE_LAYOUT_FLAGS = ("--disaggregation-decode-tp", "--disaggregation-decode-dp")
+SIDE_CHANNEL_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+
+
+class RolePlan(NamedTuple):
+    """One role: its instance count and the plan of one instance (shape, memory, capacity)."""
+
+    role: str
+    instances: int
+    gpus_per_instance: int
+    plan: Plan
+
+    def model_dump(self) -> dict[str, Any]:
+        """The `plan --json` object of one role."""
+        p, m = self.plan, self.plan.memory
+        return {"role": self.role, "instances": self.instances, "gpus_per_instance": self.gpus_per_instance,
+                "shape": p.shape.model_dump() if p.shape else None,
+                "capacity": p.capacity.model_dump() if p.capacity else None,
+                "memory_per_gpu": None if m is None else {
+                    "weights_bytes": m.weights_bytes, "reserve_bytes": m.reserve_bytes,
+                    "kv_pool_bytes": m.kv_pool_bytes, "state_pool_bytes": m.state_pool_bytes}}
+
+
+class PdPlan(NamedTuple):
+    """Both roles and what they hold together."""
+
+    backend: str
+    prefill: RolePlan
+    decode: RolePlan
+
+    def model_dump(self) -> dict[str, Any]:
+        """The `plan --json` roles object: each role, and the pool (decode holds the serving cache)."""
+        d = self.decode
+        cap = d.plan.capacity
+        return {"backend": self.backend, "prefill": self.prefill.model_dump(), "decode": d.model_dump(),
+                "pool": {"gpus": sum(r.instances * r.gpus_per_instance for r in (self.prefill, d)),
+                         "decode_kv_tokens": d.instances * cap.kv_tokens if cap else None,
+                         "decode_concurrent_requests": d.instances * cap.max_running_requests if cap else None}}
+
+
+def _err(code: str, message: str, path: str, hint: str, severity: str = "error") -> Issue:
+    return Issue(code=code, severity=severity, message=message, path=path, hint=hint)  # type: ignore[arg-type]
+
+
+def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
+    """What the engines refuse across roles, each with its reason and fix."""
+    assert t.roles is not None
+    family, out = pd_family(t), []
+    pre, dec = t.roles.prefill.parallel, t.roles.decode.parallel
+    if family == "vllm" and hybrid and pre.tp != dec.tp:
+        out.append(_err("PD_NIXL_TP", f"prefill TP {pre.tp} != decode TP {dec.tp}: vLLM's NIXL handshake fails "
+                        "for a hybrid (KDA + MLA) model unless both roles have the same TP (vllm#50765)",
+                        "roles.decode.parallel.tp", f"give both roles tp {pre.tp} (vary dp or the instance count)"))
+    for flag in t.engine.args:
+        if flag in OWNED:
+            out.append(_err("PD_OWNED_FLAG", f"{flag} is set per instance from `roles`: one value for every "
+                            "instance breaks the pairing (a bootstrap port other than the one the router is given "
+                            "after --prefill: only decode registers)", f"engine.args.{flag}",
+                            "remove it; set roles.transfer (backend, bootstrap_port, ib_devices)"))
+        if family == "sglang" and flag in DECODE_LAYOUT_FLAGS:
+            out.append(_err("PD_DECODE_LAYOUT_FLAG", f"{flag}: older SGLang took decode's TP/DP on the prefill; "
+                            "the pinned SGLang 0.5.23 parser has no such flag", f"engine.args.{flag}",
+                            "remove it; each role's layout is roles.<role>.parallel"))
+    for name in t.engine.env:
+        if name in SIDE_CHANNEL_ENV:
+            out.append(_err("PD_SIDE_CHANNEL_ENV", f"{name} in engine.env is one value for every node: NIXL "
+                            "needs each node's own (an unset or shared host gives an engine-ID mismatch, "
+                            "vllm#27083)", f"engine.env.{name}",
+                            "remove it: k3deploy sets it per node (its ip; the port from roles.transfer)"))
+    if pre.pp > 1:
+        out.append(_err("PD_PREFILL_PP", f"prefill pp {pre.pp}: a pipelined prefill showed a ~30 s "
+                        "time-to-first-token floor (sglang#34815)", "roles.prefill.parallel.pp",
+                        "prefer tp/ep for prefill", severity="warning"))
+    r = t.router
+    if r is not None and PD_FLAG[r.kind] not in router_table(r.kind).by_flag:
+        out.append(_err("PD_ROUTER_KIND", f"{r.kind} has no PD mode ({PD_FLAG[r.kind]})", "router.kind",
+                        "use a router with prefill/decode support"))
+    return out
+
+
+def _rehome(issue: Issue, t: Topology, role: str, inst: Instance) -> Issue:
+    """An instance plan's issue, pointed at the role's part of the file and named by role."""
+    path = issue.path
+    if path == "parallel" or path.startswith("parallel."):
+        path = f"roles.{role}.{path}"
+    elif (m := re.match(r"nodes\[(\d+)\](.*)", path)) is not None:
+        path = f"nodes[{inst.nodes[int(m.group(1))]}]{m.group(2)}"
+    named = path.startswith("roles.") or issue.code.startswith(("MEM_", "CONCURRENCY", "CONTEXT"))
+    return issue._replace(path=path, message=f"{role}: {issue.message}" if named else issue.message)
+
+
+def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
+    """Plan a topology with `roles`: one instance of each role, the cross-role rules, the router in PD mode."""
+    from k3deploy.planning.plan import _locate
+
+    t = loaded.topology
+    insts = instances(t)
+    first = {role: next(i for i in insts if i.role == role) for role in ROLE_NAMES}
+    subs: dict[str, Plan] = {}
+    issues: list[Issue] = []
+    for role in ROLE_NAMES:
+        sub = make_plan(LoadedTopology(instance_topology(t, first[role]), loaded.source), catalog, unchecked)
+        subs[role] = sub
+        for i in sub.issues:
+            moved = _rehome(i, t, role, first[role])
+            if moved[:4] not in [j[:4] for j in issues]:
+                issues.append(moved)
+    dec = subs["decode"]
+    hybrid = dec.model is not None and bool(dec.model.architecture.kda_layers)
+    issues += policy_issues(t) + cross_role_issues(t, hybrid)
+    gpus = {role: len(first[role].nodes) * t.hardware.gpus_per_node for role in ROLE_NAMES}
+    router = None
+    if t.router is not None and dec.model is not None and dec.hardware is not None:
+        rp, router_issues = router_plan(t, dec.model, dec.hardware, gpus["prefill"])
+        issues += router_issues
+        urls = {i: f"http://{host_port(t.nodes[i.nodes[0]].ip, t.engine.port + i.number)}" for i in insts}
+        settings = dataclasses.replace(
+            rp.settings, worker_urls=tuple(urls.values()),
+            prefill=tuple((urls[i], bootstrap_port(t, i)) for i in insts if i.role == "prefill"),
+            decode=tuple(urls[i] for i in insts if i.role == "decode"))
+        router = rp._replace(settings=settings)
+    family = pd_family(t)
+    backend = (t.roles.transfer.backend if t.roles else None) or BACKENDS.get(family, ("nixl",))[0]
+    pd = PdPlan(backend, *(RolePlan(role, role_group(t, role).instances, gpus[role], subs[role])
+                           for role in ROLE_NAMES))
+    return dec._replace(file=loaded.file, topology=t, issues=tuple(_locate(i, loaded) for i in issues),
+                        router=router, pd=pd)
+
+
+def instance_inputs(plan: Plan, inst: Instance, python: str = "python3") -> Inputs:
+    """What the renderers take for one prefill or decode instance of a feasible PD plan."""
+    assert plan.pd is not None
+    t = plan.topology
+    assert t.roles is not None
+    role = plan.pd.prefill if inst.role == "prefill" else plan.pd.decode
+    base = role.plan.render_inputs(python)
+    d = Disaggregation(mode=inst.role, backend=plan.pd.backend, bootstrap_port=bootstrap_port(t, inst),
+                       side_channel_port=side_channel_port(t, inst), ib_devices=tuple(t.roles.transfer.ib_devices or ()))
+    return dataclasses.replace(base, topology=instance_topology(t, inst), pd=d)

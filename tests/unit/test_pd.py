@@ -1,0 +1,281 @@
+"""Prefill/decode roles: the topology's checks (located exit-2 errors at load), the plan of each role and the
+cross-role rules the engines enforce, and `render` of every instance and the router in PD mode."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.engines.flag_tables import flag_table
+from k3deploy.engines.render import render_nodes
+from k3deploy.engines.router import argv_problems
+from k3deploy.planning.pd import instance_inputs
+from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.topology.loader import TopologyError, load_topology, parse_topology
+from k3deploy.topology.pd import instances
+from tests.k3deploy_cli import run_k3deploy
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"
+SGLANG = ROOT / "topologies" / "pd-h200-1p1d-sglang.yaml"
+VLLM = ROOT / "topologies" / "pd-h200-1p1d-vllm.yaml"
+
+
+def _doc(path: Path = LOCAL) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return doc
+
+
+def _load(doc: dict[str, Any]) -> Any:
+    return parse_topology(yaml.safe_dump(copy.deepcopy(doc), sort_keys=False), "p.yaml")
+
+
+def _codes(doc: dict[str, Any]) -> dict[str, str]:
+    """code -> `path: message` of every load-time error (none of them leaves a partial topology)."""
+    with pytest.raises(TopologyError) as exc:
+        _load(doc)
+    assert exc.value.partial is None
+    assert all(i.line is not None for i in exc.value.issues)  # located
+    return {i.code: f"{i.path}: {i.message}" for i in exc.value.issues}
+
+
+def _plan(doc: dict[str, Any]) -> Plan:
+    return make_plan(_load(doc), load_catalog())
+
+
+def _plan_codes(doc: dict[str, Any]) -> dict[str, str]:
+    return {i.code: f"{i.path}: {i.message} ({i.hint})" for i in _plan(doc).issues if i.severity != "info"}
+
+
+def _vllm_local() -> dict[str, Any]:
+    doc = _doc()
+    doc["engine"]["mimic"] = "vllm"
+    doc["router"]["kind"] = "vllm-router"
+    doc["roles"]["transfer"] = {"backend": "nixl", "side_channel_port": 15600}
+    return doc
+
+
+@pytest.mark.parametrize("path", [LOCAL, SGLANG, VLLM])
+def test_pd_topologies_plan_clean(path: Path) -> None:
+    plan = make_plan(load_topology(path), load_catalog())
+    assert plan.feasible and plan.pd is not None
+    assert [i for i in plan.issues if i.severity != "info"] == []
+    assert plan.pd.prefill.plan.shape is not None and plan.pd.decode.plan.shape is not None
+
+
+def test_each_role_is_planned_with_its_own_shape() -> None:
+    plan = make_plan(load_topology(SGLANG), load_catalog())
+    assert plan.pd is not None
+    pre, dec = plan.pd.prefill.plan, plan.pd.decode.plan
+    assert pre.shape is not None and dec.shape is not None and pre.memory and dec.memory
+    assert (pre.shape.dp, pre.shape.attn_tp) == (1, 16) and (dec.shape.dp, dec.shape.attn_tp) == (2, 8)
+    # DP attention holds the non-expert weights once per 8 GPUs on decode, once per 16 on prefill.
+    assert dec.memory.non_expert_weights_bytes == 2 * pre.memory.non_expert_weights_bytes
+    doc = json.loads(run_k3deploy("plan", "--json", str(SGLANG)).stdout)
+    roles = doc["roles"] if "roles" in doc else doc["files"][0]["roles"]
+    assert roles["backend"] == "mooncake" and roles["pool"]["gpus"] == 32
+    assert roles["pool"]["decode_kv_tokens"] == dec.capacity.kv_tokens if dec.capacity else False
+
+
+def test_a_role_that_does_not_fit_is_named() -> None:
+    doc = _doc(SGLANG)
+    doc["roles"]["decode"]["parallel"]["dp"] = 16
+    codes = _plan_codes(doc)
+    assert codes["MEM_WEIGHTS"].startswith("roles.decode.parallel: decode: weights")
+
+
+@pytest.mark.parametrize(("change", "code", "where"), [
+    (lambda d: d["roles"]["prefill"].update(instances=3), "PD_NODE_COUNT", "roles.prefill.nodes"),
+    (lambda d: d["roles"]["decode"]["nodes"].__setitem__(1, "10.9.9.9"), "PD_NODES", "roles.decode.nodes[1]"),
+    (lambda d: d["roles"]["decode"]["nodes"].__setitem__(0, "127.0.0.1"), "PD_NODES", "roles.decode.nodes[0]"),
+    (lambda d: d["roles"]["decode"]["nodes"].pop(), "PD_NODES", "roles"),
+    (lambda d: d.pop("router"), "PD_ROUTER", "roles"),
+    (lambda d: d.update(replicas=2), "PD_REPLICAS", "replicas"),
+    (lambda d: d["nodes"][0].update(rank=0), "PD_RANK", "nodes[0].rank"),
+    (lambda d: d["engine"].update(kind="vllm-ascend"), "PD_ENGINE", "roles"),
+    (lambda d: d["roles"]["transfer"].update(bootstrap_port=18001), "PD_PORTS", "roles.transfer.bootstrap_port"),
+    (lambda d: d["router"].update(port=18998), "PD_PORTS", "router.port"),
+])
+def test_layout_mistakes_are_located_load_errors(change: Any, code: str, where: str) -> None:
+    doc = _doc()
+    if code == "PD_ENGINE":
+        doc["engine"] = {"kind": "vllm-ascend", "port": 18000}
+        doc["router"]["kind"] = "vllm-router"
+    else:
+        change(doc)
+    codes = _codes(doc)
+    assert code in codes and codes[code].startswith(f"{where}:"), codes
+
+
+def test_backend_not_available_for_the_engine() -> None:
+    doc = _vllm_local()
+    doc["roles"]["transfer"]["backend"] = "mooncake"
+    assert _codes(doc)["PD_BACKEND"] == "roles.transfer.backend: vllm cannot move the cache with mooncake"
+
+
+def test_side_channel_ports_of_vllm_instances_collide_with_rendezvous() -> None:
+    doc = _vllm_local()
+    doc["roles"]["transfer"]["side_channel_port"] = 29499  # 29499-29502 runs into launch.port 29500
+    assert "PD_PORTS" in _codes(doc)
+
+
+def test_hybrid_model_needs_equal_tp_over_nixl() -> None:
+    doc = _vllm_local()
+    assert "PD_NIXL_TP" not in _plan_codes(doc)
+    doc["roles"]["decode"]["parallel"] = {"tp": 1, "ep": 2, "dp": 2}
+    codes = _plan_codes(doc)
+    assert codes["PD_NIXL_TP"].startswith("roles.decode.parallel.tp: prefill TP 2 != decode TP 1")
+    assert "vllm#50765" in codes["PD_NIXL_TP"]
+    plan = _plan(doc)
+    assert plan.valid and not plan.feasible  # a shape the engine refuses: exit 1
+
+
+@pytest.mark.parametrize("flag", ["--disaggregation-bootstrap-port", "--disaggregation-mode",
+                                  "--disaggregation-transfer-backend"])
+def test_role_flags_in_engine_args_are_refused(flag: str) -> None:
+    doc = _doc()
+    doc["engine"]["args"] = {flag: "prefill" if flag.endswith("mode") else ("nixl" if "backend" in flag else 9000)}
+    codes = _plan_codes(doc)
+    assert codes["PD_OWNED_FLAG"].startswith(f"engine.args.{flag}:")
+    assert "only decode registers" in codes["PD_OWNED_FLAG"]
+    assert not _plan(doc).valid  # a mistake in the file: exit 2
+
+
+@pytest.mark.parametrize("flag", ["--disaggregation-decode-tp", "--disaggregation-decode-dp"])
+def test_sglang_decode_layout_flags_are_refused_with_the_reason(flag: str) -> None:
+    doc = _doc()
+    doc["engine"]["args"] = {flag: 2}
+    assert "pinned SGLang 0.5.23 parser has no such flag" in _plan_codes(doc)["PD_DECODE_LAYOUT_FLAG"]
+    assert flag_table("sglang").get(flag) is None  # the rule's premise, from the real parser's table
+
+
+@pytest.mark.parametrize("name", ["VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"])
+def test_one_side_channel_value_for_every_node_is_refused(name: str) -> None:
+    doc = _vllm_local()
+    doc["engine"]["env"] = {name: "10.0.0.1"}
+    codes = _plan_codes(doc)
+    assert codes["PD_SIDE_CHANNEL_ENV"].startswith(f"engine.env.{name}:") and "vllm#27083" in codes["PD_SIDE_CHANNEL_ENV"]
+
+
+def test_pipelined_prefill_warns_of_the_ttft_floor() -> None:
+    doc = _doc()
+    assert "PD_PREFILL_PP" not in _plan_codes(doc)
+    doc["roles"]["prefill"]["parallel"] = {"tp": 1, "pp": 2}
+    assert "sglang#34815" in _plan_codes(doc)["PD_PREFILL_PP"]
+
+
+def _rendered(path_or_doc: Path | dict[str, Any]) -> tuple[Plan, list[Any]]:
+    plan = make_plan(load_topology(path_or_doc), load_catalog()) if isinstance(path_or_doc, Path) \
+        else _plan(path_or_doc)
+    return plan, [(inst, render_nodes(instance_inputs(plan, inst))) for inst in instances(plan.topology)]
+
+
+def _flag_problems(family: str, argv: tuple[str, ...]) -> list[str]:
+    """Flags after the model path the pinned engine's parser has no entry for (the stand-in's launcher
+    prefix, e.g. --mimic, is its own)."""
+    table = flag_table(family)  # type: ignore[arg-type]
+    rest, out = list(argv[argv.index("--host"):]), []
+    while rest:
+        word = rest.pop(0)
+        flag = table.get(word)
+        if flag is None:
+            out.append(f"no flag {word}")
+        elif flag.takes_value:
+            problem = table.value_problem(flag, rest.pop(0))
+            out += [problem] if problem else []
+    return out
+
+
+def test_sglang_2p1d_commands_ports_and_router() -> None:
+    doc = _doc()
+    doc["nodes"] += [{"host": "localhost", "ip": "127.0.0.5", "iface": "lo"},
+                     {"host": "localhost", "ip": "127.0.0.6", "iface": "lo"}]
+    doc["roles"]["prefill"] = {"instances": 2, "nodes": ["127.0.0.1", "127.0.0.2", "127.0.0.5", "127.0.0.6"],
+                               "parallel": {"tp": 2, "ep": 2}}
+    plan, rendered = _rendered(doc)
+    seen = {}
+    for inst, specs in rendered:
+        for spec in specs:
+            assert _flag_problems("sglang", spec.argv) == []
+            a = spec.argv
+            assert a[a.index("--disaggregation-mode") + 1] == inst.role
+            boot = a[a.index("--disaggregation-bootstrap-port") + 1] if "--disaggregation-bootstrap-port" in a else None
+            assert boot == (str(18998 + inst.index) if inst.role == "prefill" else None)
+            assert a[a.index("--port") + 1] == str(18000 + inst.number)
+            assert a[a.index("--dist-init-addr") + 1].endswith(f":{29500 + inst.number}")
+        seen[(inst.role, inst.index)] = specs[0].ip
+    assert seen == {("prefill", 0): "127.0.0.1", ("prefill", 1): "127.0.0.5", ("decode", 0): "127.0.0.3"}
+    assert plan.router is not None
+    s = plan.router.settings
+    assert s.prefill == (("http://127.0.0.1:18000", 18998), ("http://127.0.0.5:18001", 18999))
+    assert s.decode == ("http://127.0.0.3:18002",)
+    argv = plan.router and __import__("k3deploy.engines.router", fromlist=["router_argv"]).router_argv(s)
+    assert argv_problems("smg", argv[3:]) == []
+    assert "--worker-urls" not in argv and "--pd-disaggregation" in argv
+    i = argv.index("--prefill")
+    assert argv[i:i + 3] == ("--prefill", "http://127.0.0.1:18000", "18998")
+
+
+def test_vllm_commands_env_per_node_and_router() -> None:
+    plan, rendered = _rendered(VLLM)
+    ports = []
+    for inst, specs in rendered:
+        for spec in specs:
+            assert _flag_problems("vllm", spec.argv) == []
+            cfg = json.loads(spec.argv[spec.argv.index("--kv-transfer-config") + 1])
+            assert cfg == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+            assert spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == spec.ip  # each node its own (vllm#27083)
+            assert spec.env["UCX_NET_DEVICES"] == "mlx5_0,mlx5_1"
+            assert not any(a.startswith("--disaggregation") for a in spec.argv)
+        ports.append(int(specs[0].env["VLLM_NIXL_SIDE_CHANNEL_PORT"]))
+    assert ports == [5600, 5602]  # each instance's DP ranks listen on base + DP index: 2 ports apart
+    assert plan.router is not None
+    from k3deploy.engines.router import router_argv
+
+    argv = router_argv(plan.router.settings)
+    assert argv_problems("vllm-router", argv[3:]) == []
+    assert "--vllm-pd-disaggregation" in argv and argv[argv.index("--kv-connector") + 1] == "nixl"
+    i = argv.index("--prefill")
+    assert argv[i:i + 3] == ("--prefill", "http://10.0.0.10:8000", "--decode")  # NIXL: no bootstrap port
+
+
+@pytest.mark.parametrize("fmt", ["slurm", "lws"])
+def test_slurm_and_lws_exports_of_roles_are_refused(fmt: str) -> None:
+    r = run_k3deploy("render", str(SGLANG), "--format", fmt)
+    assert r.returncode == 2 and "roles" in r.stderr and "text, json, script" in r.stderr, r.stderr
+
+
+def test_render_script_and_json_and_role_selection(tmp_path: Path) -> None:
+    r = run_k3deploy("render", str(SGLANG), "--format", "script", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "router.sh" in names and any(n.startswith("prefill0-") for n in names) \
+        and any(n.startswith("decode0-") for n in names)
+    assert "--pd-disaggregation" in (tmp_path / "router.sh").read_text(encoding="utf-8")
+    doc = json.loads(run_k3deploy("render", str(SGLANG), "--format", "json").stdout)
+    assert [i["role"] for i in doc["instances"]] == ["prefill", "decode"] and doc["router"]["prefill"][0][1] == 8998
+    only = run_k3deploy("render", str(SGLANG), "--role", "decode").stdout
+    assert "--disaggregation-mode decode" in only and "prefill0" not in only and "router" not in only
+    bad = run_k3deploy("render", str(SGLANG), "--role", "encode")
+    assert bad.returncode == 2 and "no such role" in bad.stderr
+
+
+def test_schema_covers_roles() -> None:
+    doc = json.loads(run_k3deploy("schema").stdout)
+    props = doc["properties"]["roles"]
+    text = json.dumps(doc)
+    assert "Roles" in text and "bootstrap_port" in text and "side_channel_port" in text, props
+
+
+def test_a_layout_mistake_beside_a_schema_error_is_reported_not_planned() -> None:
+    doc = _doc()
+    doc["roles"]["decode"]["nodes"][1] = "10.9.9.9"
+    doc["serving"]["context_length"] = -1  # a schema error: the rest would be planned as a partial topology
+    codes = _codes(doc)  # no partial: nothing plans roles whose nodes do not exist (was IndexError, exit 70)
+    assert {"PD_NODES", "SCHEMA"} <= set(codes)
