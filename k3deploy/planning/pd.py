@@ -11,7 +11,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.context import Disaggregation, Inputs, host_port
 from k3deploy.engines.router import PD_FLAG, router_table
-from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.planning.plan import Plan, longest_prefill, make_plan
 from k3deploy.planning.pool import policy_issues, router_plan
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.pd import (
@@ -146,7 +146,9 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] 
     gpus = {role: len(first[role].nodes) * t.hardware.gpus_per_node for role in ROLE_NAMES}
     router = None
     if t.router is not None and dec.model is not None and dec.hardware is not None:
-        rp, router_issues = router_plan(t, dec.model, dec.hardware, gpus["prefill"])
+        pre = subs["prefill"]
+        rp, router_issues = router_plan(t, catalog.planner.router_health_margin, longest_prefill(
+            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family))
         issues += router_issues
         urls = {i: f"http://{host_port(t.nodes[i.nodes[0]].ip, t.engine.port + i.number)}" for i in insts}
         settings = dataclasses.replace(

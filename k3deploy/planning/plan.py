@@ -274,14 +274,14 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
                         capacity.max_running_requests)
     if whole.router is not None:
         router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
-                                            _longest_prefill(t, catalog, model, hw, shape, family))
+                                            longest_prefill(t, catalog, model, hw, shape, family))
         issues += router_issues
     located = tuple(_locate(i, loaded) for i in issues)
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
                 memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
 
 
-def _longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
+def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
                      shape: Shape | None, family: EngineFamily) -> float | str:
     """The predicted prefill of the longest prompt one replica allows (every attention group at once), or why
     it cannot be timed."""
