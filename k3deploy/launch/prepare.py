@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
@@ -14,6 +15,9 @@ from k3deploy.errors import InputError
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
+
+if TYPE_CHECKING:
+    from k3deploy.launch.service import ServicePlan
 
 
 @dataclass(frozen=True)
@@ -24,21 +28,35 @@ class Prepared:
     jobs: tuple[NodeJob, ...]
     catalog: Catalog
     warnings: tuple[Issue, ...]
+    service: ServicePlan | None = None  # replicas behind a router: each replica's plan and records
 
 
 def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOverrides,
-            environ: Mapping[str, str] | None = None) -> Prepared:
+            environ: Mapping[str, str] | None = None, *, services: bool = False) -> Prepared:
     """Plan `file` (InfeasibleError when it cannot run), warn about secrets the nodes will not get, and make
-    the per-node records with the executor targets the topology and `overrides` give."""
+    the per-node records with the executor targets the topology and `overrides` give (with replicas, when
+    `services` allows them: every replica's, rank 0 of each first; preflight refuses them)."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
 
     cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
     plan = require_feasible(file, cat)
-    if plan.topology.replicas > 1 or plan.topology.router is not None:
-        raise InputError(f"{plan.file}: launch and preflight of replicas or a router are not built yet (issue 26)",
-                         hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
+    if plan.topology.replicas > 1 or plan.topology.router is not None:
+        if plan.pd is not None:
+            raise InputError(f"{plan.file}: launch and preflight of prefill/decode roles are not built yet",
+                             hint=f"`k3deploy render {plan.file}` gives every role's and the router's command")
+        if not services:
+            raise InputError(f"{plan.file}: preflight of replicas or a router is not built yet (issue 26)",
+                             hint=f"`k3deploy launch {plan.file}` runs each replica's preflight before it starts")
+        if plan.topology.router is None:
+            raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
+                             hint="add router: {kind: smg} (or the router for the engine)")
+        from k3deploy.launch.service import service_plan
+
+        sp = service_plan(plan, overrides, cat)
+        jobs = tuple(j for _, rep in sp.replicas for j in rep)
+        return Prepared(plan=plan, jobs=jobs, catalog=cat, warnings=tuple(warnings), service=sp)
     return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
 
 

@@ -68,12 +68,14 @@ def engine_python(argv: Sequence[str]) -> str | None:
 
 
 def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
-             catalog: Catalog | None = None) -> tuple[NodeJob, ...]:
-    """Render every node (rank 0 first) and pair it with its executor target."""
+             catalog: Catalog | None = None, replica: int = 0) -> tuple[NodeJob, ...]:
+    """Render every node (rank 0 first) of one replica (the only one without replicas) and pair it with its
+    executor target."""
     from k3deploy.engines.render import render_nodes
     from k3deploy.engines.shell import node_shell
+    from k3deploy.topology.replicas import replica_topology
 
-    t = plan.topology
+    t = replica_topology(plan.topology, replica)
     targets = targets_for(t, overrides)
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
     # Nodes that are this machine run the stand-in under this interpreter, not the first python3 on PATH.
@@ -86,5 +88,5 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )
-        for s in render_nodes(plan.render_inputs(python), vendor)
+        for s in render_nodes(plan.render_inputs(python, replica), vendor)
     )

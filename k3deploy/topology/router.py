@@ -33,6 +33,8 @@ class Router(Strict):
                                      "collides with any second router on the machine)")
     listen: str | None = Field(None, description="address the router binds (default: 127.0.0.1 on local, "
                                "the node's ip on a node)")
+    python: str = Field("python3", description="the interpreter that has the router installed, on the machine "
+                        "the router runs on (it starts as `PYTHON -m <router module>`)")
     policy: str = Field("cache_aware", description="routing policy (one of the router's --policy choices); "
                         "cache_aware keeps a conversation on the replica holding its prefix")
     health_failure_threshold: int = Field(3, ge=1, description="consecutive failed health checks before a "

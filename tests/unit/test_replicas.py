@@ -303,9 +303,17 @@ def test_render_and_plan_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not built yet" in r.stderr, r.stderr
 
 
-def test_launch_of_replicas_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_launch_dry_run_of_replicas_shows_each_replica_and_the_router(tmp_path: Path) -> None:
     r = run_k3deploy("launch", str(LOCAL), "--dry-run")
-    assert r.returncode == 2 and "launch and preflight of replicas or a router are not built yet" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "# ===== replica k3-replicas-r0 =====" in r.stdout and "# ===== replica k3-replicas-r1 =====" in r.stdout
+    assert "--port 18001" in r.stdout and "--dist-init-addr 127.0.0.3:29501" in r.stdout
+    assert "-m smg.launch_router --host 127.0.0.1 --port 30000" in r.stdout
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 30001" in r.stdout
+    doc = json.loads(run_k3deploy("launch", str(LOCAL), "--dry-run", "--json").stdout)
+    assert [len(r) for r in doc["replicas"]] == [2, 2] and doc["router"]["ready"]["url"] == "http://127.0.0.1:30000"
+    r = run_k3deploy("preflight", str(LOCAL))
+    assert r.returncode == 2 and "preflight of replicas or a router is not built yet" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
