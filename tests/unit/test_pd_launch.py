@@ -88,3 +88,14 @@ def test_launch_dry_run_shows_each_instance_and_preflight_and_rollout_refuse(tmp
     assert r.returncode == 2 and "preflight of prefill/decode roles is not built yet" in r.stderr, r.stderr
     r = run_k3deploy("rollout", str(LOCAL), "--state-dir", str(tmp_path))
     assert r.returncode == 2 and "rollout of prefill/decode roles is not built yet" in r.stderr, r.stderr
+
+
+def test_validate_of_roles_runs_node_stages_per_instance_and_request_stages_once(tmp_path: Path) -> None:
+    r = run_k3deploy("validate", str(LOCAL), "--only", "kernels,short,effort", "--state-dir", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(s["name"], s["status"]) for s in doc["stages"]] == [
+        ("kernels[prefill0]", "skip"), ("kernels[decode0]", "skip"), ("short", "skip")], doc
+    assert "k3-pd-prefill0" in doc["stages"][0]["detail"] and doc["not_implemented"] == ["effort"]
+    text = run_k3deploy("validate", str(LOCAL), "--only", "kernels", "--state-dir", str(tmp_path))
+    assert "kernels[decode0]" in text.stdout and "kernels[decode0]: skip" in text.stderr  # not eaten as markup
