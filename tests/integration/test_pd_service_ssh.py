@@ -3,7 +3,8 @@ topology with `roles` starts each instance as its own deployment (NAME-prefill0,
 router with the rendered --pd-disaggregation command; ready is a completion through the router. A long-context
 chat through the router is answered from the state the decode fetched from the prefill host; turn 2 hits the
 decode's radix cache; status lists every instance beside the router's /workers; stop leaves nothing. Then 1P2D:
-both decode instances generate for requests the router hands them. `validate` passes across the roles (node
+both decode instances generate for requests the router hands them; one decode's node killed leaves the
+service degraded (status names it, the other serves), both killed leave it failed (exit 4). `validate` passes across the roles (node
 stages per instance, request stages through the router); a KDA state zeroed in the transfer fails `long`."""
 from __future__ import annotations
 
@@ -172,6 +173,22 @@ def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, r
         reply = _chat(port, [{"role": "user", "content": f"{os.urandom(4).hex()} {FACTS} {QUESTION}"}])
         assert all(value in _answer(reply) for value in RIGHT), (i, _answer(reply))
     assert all(_generated(u) > before[u] for u in decodes), (before, {u: _generated(u) for u in decodes})
+
+    rig_pd.kill_host_processes(rig_pd.hosts[2])  # decode1's only node dies while the others serve
+    assert wait_for(lambda: _status(topo)["replicas"][2]["problem"] != "", 60), _status(topo)
+    st = _status(topo)
+    assert st["status"] == "degraded" and [r["problem"] == "" for r in st["replicas"]] == [True, True, False], st
+    text = cli("status", str(topo))
+    assert "decode it-pd12-decode1:" in text.stdout and "instance" in text.stdout, text.stdout
+    # The router takes decode1 out: every request is served by the prefill and decode0.
+    assert wait_for(lambda: st["replicas"][2]["url"] not in {
+        w["url"] for w in httpx.get(f"http://127.0.0.1:{port}/workers", timeout=10).json()["workers"]
+        if w.get("is_healthy")}, 30)
+    for _ in range(3):
+        assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
+    rig_pd.kill_host_processes(rig_pd.hosts[1])  # decode0 too: no decode serves, so nothing does
+    assert wait_for(lambda: _status(topo)["status"] == "failed", 60), _status(topo)
+    assert cli("status", str(topo)).returncode == 4
     _stop_leaves_nothing(topo, rig_pd, store, name)
 
 
