@@ -129,6 +129,27 @@ class CacheDtypes(Sourced):
     conv_state_dtype: Literal["bf16", "fp32"]
 
 
+class DraftSpec(Sourced):
+    """The speculative draft model a checkpoint is served with (DSpark): what one drafting pass reads and
+    computes on top of the target's verify step."""
+
+    hub_repo: str
+    weights_bytes: int = Field(description="the draft's own weights (BF16), not counting the LM head it shares")
+    num_layers: int = Field(description="decoder layers of the draft (dense MLA)")
+    passes_per_step: int = Field(description="draft forward passes per verify step (DSpark: the whole block "
+                                 "in one parallel pass)")
+    shares_lm_head: bool = Field(description="the draft projects its drafted positions through the target's "
+                                 "LM head (read again per step)")
+
+
+class ChatParsers(Spec):
+    """The engines' chat plug-ins a model's own format needs (registry names); none: the engine's defaults."""
+
+    tokenizer_mode: str | None = Field(None, description="vLLM --tokenizer-mode (SGLang has no such flag)")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser: splits thinking from the answer")
+    tool_call_parser: str | None = Field(None, description="--tool-call-parser: reads tool calls from the text")
+
+
 class ModelSpec(Sourced):
     """A model checkpoint the planner can size."""
 
@@ -139,9 +160,12 @@ class ModelSpec(Sourced):
     weights: Weights
     cache: CacheDtypes
     quantization: str | None = Field(None, description="engine --quantization value the checkpoint needs")
+    parsers: ChatParsers = Field(default_factory=ChatParsers, description="the tokenizer mode and parsers the "
+                                 "engines need for this model's chat format (none given: no such flag)")
     draft_acceptance_length: dict[int, float] = Field(
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
+    draft: DraftSpec | None = Field(None, description="the draft model whose cost speculative decoding adds")
 
 
 class HardwareSpec(Sourced):
@@ -225,12 +249,17 @@ class EnginePerformance(Sourced):
                                   "through HBM (2: read and written back)")
     speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
                                   "stand-in's K3SIM_SPEED); none for real engines")
+    ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
+                                    "experts the step's tokens touch most (real routing), or paces the mean rank "
+                                    "(the stand-in)")
 
 
 class PlannerDefaults(Sourced):
     """Planner-wide defaults."""
 
     runtime_reserve_gib: float
+    router_health_margin: float = Field(gt=1, description="the router's health-check timeout is this many times "
+                                        "the predicted prefill of the longest prompt the plan allows")
 
 
 class Catalog(Spec):

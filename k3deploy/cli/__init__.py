@@ -16,8 +16,8 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "rerun with --debug and report it); 130 interrupted.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
-COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "render", "validate",
-            "manifest")
+COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "rollout", "render",
+            "validate", "manifest")
 
 
 def build_app(only: str | None = None) -> typer.Typer:

@@ -24,7 +24,7 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="show tracebacks")]
 FileArg = Annotated[Path, typer.Argument(help="topology YAML file", show_default=False)]
 
 # The executor options of `launch` and `preflight`: the same parameter names as ExecOverrides' fields.
-ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh | ray (default: launch.executor)")]
+ExecutorOpt = Annotated[str | None, typer.Option("--executor", help="local | ssh | ray | slurm (default: launch.executor)")]
 SshConfigOpt = Annotated[str, typer.Option("--ssh-config", help="ssh client config for host aliases")]
 AcceptNewOpt = Annotated[bool, typer.Option(
     "--accept-new-host-keys", help="trust and save host keys never seen before (changed keys are refused)")]
@@ -42,7 +42,7 @@ RayAddressOpt = Annotated[str | None, typer.Option(
     "(over launch.ray_address)")]
 EXEC_OPTIONS = ("executor", "ssh_user", "ssh_key", "known_hosts", "ssh_config", "accept_new_host_keys",
                 "connect_timeout_s", "ray_address", "ssh_jump")
-EXECUTORS = ("local", "ssh", "ray")
+EXECUTORS = ("local", "ssh", "ray", "slurm")
 
 
 def exec_overrides(params: dict[str, object]) -> ExecOverrides:

@@ -62,11 +62,21 @@ def launch(
     A failed preflight check starts nothing (exit 4, naming the check, node and fix; --skip-preflight
     starts anyway and records it). Any node exiting, the readiness deadline or Ctrl-C stops every node and
     names the one that failed first (exit 4; 3 when a host cannot be reached; 5 when the deployment already
-    runs)."""
+    runs).
+
+    With `replicas` and a `router`: every replica is launched in parallel as its own deployment (NAME-r0, ...),
+    then the router (NAME-router) with every ready replica registered; a replica that fails every try is named
+    and left out (exit 0 while one serves; 4 when none does)."""
     from k3deploy.launch.prepare import prepare
 
-    prep = prepare(file, catalog, exec_overrides(locals()))
+    prep = prepare(file, catalog, exec_overrides(locals()), services=True)
     print_warnings(prep.warnings, prep.plan.file)
+    if prep.service is not None:
+        from k3deploy.cli.launch_service import launch_service
+
+        launch_service(prep.service, dry_run=dry_run, as_json=as_json, attach=attach, skip_preflight=skip_preflight,
+                       state_dir=state_dir)
+        return
     if dry_run:
         _print_dry_run(prep.jobs, as_json)
         return

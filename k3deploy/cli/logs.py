@@ -17,12 +17,30 @@ def logs(
     lines: Annotated[int, typer.Option("--lines", "-n", min=1, help="lines per node")] = 50,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Print the end of each node's log, every line prefixed with `[rank host]`."""
+    """Print the end of each node's log, every line prefixed with `[rank host]` (replicas behind a router:
+    every replica's and the router's, prefixed `[NAME-rI rank host]`)."""
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch import lookup
 
     store, name = lookup.locate(deployment, str(state_dir) if state_dir else None)
     ranks = list(node) if node else None
+    from k3deploy.launch.service_state import ServiceStore
+
+    svc = ServiceStore(store).load(name)
+    if svc is not None and not follow:
+        for part in (*(r.name for r in svc.replicas), *((svc.router_name,) if svc.router_name else ())):
+            if store.load(part) is None:
+                continue
+            for entry in lookup.logs(store, part, open_executor, ranks, lines):
+                print(f"==> {part} rank {entry.rank} {entry.host} ({entry.source}) <==", file=sys.stderr)
+                for line in entry.text.splitlines():
+                    print(f"[{part} {entry.rank} {entry.host}] {line}")
+        return
+    if svc is not None:
+        from k3deploy.errors import InputError
+
+        raise InputError(f"{name} is replicas behind a router: follow one of them",
+                         hint=f"k3deploy logs {svc.replicas[0].name} --follow")
     if follow:
         from k3deploy.launch.follow import follow as follow_logs
         from k3deploy.launch.follow import prefixed

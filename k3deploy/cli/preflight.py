@@ -48,14 +48,14 @@ def preflight(
     from rich.console import Console
 
     from k3deploy.launch.deploy import fleet_of
-    from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.prepare import held_nodes, prepare
     from k3deploy.preflight.runner import run_preflight
     from k3deploy.preflight.views import table, write_junit
 
     prep = prepare(file, catalog, exec_overrides(locals()))
     print_warnings(prep.warnings, prep.plan.file)
-    with fleet_of(prep.jobs) as fleet:
-        report = run_preflight(prep.plan, prep.catalog, prep.jobs, fleet)
+    with held_nodes(prep) as jobs, fleet_of(jobs) as fleet:
+        report = run_preflight(prep.plan, prep.catalog, jobs, fleet)
     if junit is not None:
         write_junit(report, junit)
     if as_json:

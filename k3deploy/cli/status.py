@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from k3deploy.launch.state import StateStore
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: the topology's launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
@@ -16,12 +19,17 @@ def status(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Show a deployment: status, supervisor, each node's process, rank 0 serving, the failure if any.
-    Exit 4 when the deployment failed."""
+    Of replicas behind a router: each replica beside what the router's /workers says of it, and the router.
+    Exit 4 when the deployment failed (a service: when nothing serves)."""
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch.lookup import locate
     from k3deploy.launch.lookup import status as get_status
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
+    from k3deploy.launch.service_state import ServiceStore
+
+    if ServiceStore(store).load(name) is not None:
+        _service_status(store, name, as_json)
     report = get_status(store, name, open_executor)
     # A failed deployment is not success for a script asking `k3deploy status x && ...` (README: exit 4).
     code = 4 if report.status == "failed" else 0
@@ -36,4 +44,21 @@ def status(
     console.print(status_view(report))
     for n in report.nodes:  # one whole line each: a long path wraps in the terminal, never cut or folded
         console.print(f"rank {n.rank} log: {n.log_path}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _service_status(store: StateStore, name: str, as_json: bool) -> None:
+    from k3deploy.executors.factory import open_executor
+    from k3deploy.launch.service_status import service_status
+
+    report = service_status(store, name, open_executor)
+    code = 4 if report.status == "failed" else 0
+    if as_json:
+        print(report.model_dump_json(indent=2))
+        raise typer.Exit(code)
+    from rich.console import Console
+
+    from k3deploy.launch.service_views import status_view
+
+    Console(highlight=False, markup=False, emoji=False).print(status_view(report))
     raise typer.Exit(code)

@@ -62,6 +62,12 @@ class RouterSettings:
     # PD mode (roles): each prefill's URL with its bootstrap port (None: vLLM NIXL has none), each decode's URL.
     prefill: tuple[tuple[str, int | None], ...] = ()
     decode: tuple[str, ...] = ()
+    metrics_port: int | None = None  # None: port + 1
+
+    @property
+    def prometheus_port(self) -> int:
+        """Where the router's Prometheus exporter listens (on `listen`)."""
+        return self.metrics_port or self.port + 1
 
     @property
     def url(self) -> str:
@@ -123,7 +129,10 @@ def router_argv(s: RouterSettings, python: str = "python3") -> tuple[str, ...]:
             "--health-success-threshold", str(s.health_success_threshold),
             "--health-check-interval-secs", str(s.health_check_interval_s),
             "--health-check-timeout-secs", str(s.health_check_timeout_s),
-            "--worker-startup-timeout-secs", str(s.startup_timeout_s))
+            "--worker-startup-timeout-secs", str(s.startup_timeout_s),
+            # Every router's exporter binds 0.0.0.0:29000 unless told: a second router (or anything else on
+            # 29000) on the machine makes it exit at start ("failed to bind metrics server").
+            "--prometheus-host", s.listen, "--prometheus-port", str(s.prometheus_port))
     problems = argv_problems(s.kind, args)
     if problems:
         raise ValueError(f"router command refused by {router_table(s.kind).router}'s flag table: "

@@ -9,7 +9,13 @@ from k3deploy.engines.pd_flags import sglang_pd_opts
 
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
 SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-K3_PARSER = "kimi_k3"
+
+
+def parser_opts(inp: Inputs) -> list[Opt]:
+    """The reasoning and tool parsers the model's catalog entry names (a model without them gets none)."""
+    p = inp.model.parsers
+    return [_o(flag, name) for flag, name in (("--reasoning-parser", p.reasoning_parser),
+                                               ("--tool-call-parser", p.tool_call_parser)) if name]
 
 
 def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
@@ -43,7 +49,7 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     if inp.pool_ratio is not None:
         o.append(_o("--mamba-full-memory-ratio", decimal(inp.pool_ratio)))
     o += sglang_kernel_opts(inp.hardware, shape.dcp)
-    o += [_o("--reasoning-parser", K3_PARSER), _o("--tool-call-parser", K3_PARSER),
-          _o("--enable-cache-report"), _o("--enable-metrics")]
+    o += parser_opts(inp)
+    o += [_o("--enable-cache-report"), _o("--enable-metrics")]
     o += sglang_pd_opts(inp)
     return tuple(o)

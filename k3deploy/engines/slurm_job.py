@@ -57,8 +57,11 @@ def _address(var: str, iface: str, where: str) -> list[str]:
              "exit 1; }"), f"export {var}"]
 
 
-def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap | None = None) -> str:
-    """The sbatch script for the topology; `wrap` (a launch's) runs each rank's body detached and logged."""
+def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap | None = None,
+             hold: bool = False) -> str:
+    """The sbatch script for the topology; `wrap` (a launch's) runs each rank's body detached and logged;
+    `hold` (a launch's) keeps the allocation once the engines' step ends, until k3deploy has stopped and read
+    every node and cancels the job (steps can run only while the job does)."""
     t = inp.topology
     specs = slurm_specs(inp, vendor)
     n = len(specs)
@@ -89,5 +92,9 @@ def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap |
              "# shellcheck disable=SC2016",
              f"K3_NODE_SCRIPT={shlex.quote(chr(10).join(node) + chr(10))}",
              (f"srun --nodes={n} --ntasks={n} --ntasks-per-node=1 --kill-on-bad-exit=1 "
-              'sh -c "${K3_NODE_SCRIPT}"')]
+              'sh -c "${K3_NODE_SCRIPT}"' + (' || echo "k3deploy: the engines\' step ended with status $?" >&2'
+                                             if hold else ""))]
+    if hold:
+        lines += ["# k3deploy cancels the job once it has stopped and read every node.",
+                  "while :; do sleep 3600; done"]
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place
 from k3deploy.engines.kernels import vllm_kernel_opts
 from k3deploy.engines.pd_flags import vllm_pd_opts
-from k3deploy.engines.sglang import K3_PARSER
+from k3deploy.engines.sglang import parser_opts
 
 SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 # The two multi-node forms; vLLM rejects a command that mixes them ("must be divisible").
@@ -65,9 +65,12 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o.append(_o("--mamba-ssm-cache-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype]))
     if s.prefix_cache:
         o.append(_o("--enable-prefix-caching"))  # off by default for K3
-    o += [_o("--enable-prompt-tokens-details"), _o("--tokenizer-mode", K3_PARSER),
-          _o("--reasoning-parser", K3_PARSER), _o("--tool-call-parser", K3_PARSER),
-          _o("--enable-auto-tool-choice")]  # the tool parser is used only with auto tool choice
+    o.append(_o("--enable-prompt-tokens-details"))
+    if inp.model.parsers.tokenizer_mode:
+        o.append(_o("--tokenizer-mode", inp.model.parsers.tokenizer_mode))
+    o += parser_opts(inp)
+    if inp.model.parsers.tool_call_parser:
+        o.append(_o("--enable-auto-tool-choice"))  # the tool parser is used only with auto tool choice
     o += vllm_kernel_opts(inp.hardware)
     if inp.flavour == "vllm-ascend" and inp.model.quantization == "ascend":
         o.append(_o("--quantization", "ascend"))  # the W4A8 checkpoint; vanilla vLLM has no such method

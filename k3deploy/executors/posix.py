@@ -87,6 +87,22 @@ def _tagged_fn(pgid: int, tag: str) -> str:
     )
 
 
+def leader_script(tag: str) -> str:
+    """Print `PID STARTTICKS` of the session leader carrying our tag (a process started elsewhere, e.g. by
+    a Slurm job's task); exit 1 when there is none yet."""
+    want = shlex.quote(f"{TAG_VAR}={tag}")
+    return (
+        "for d in /proc/[0-9]*; do\n"
+        "  p=${d#/proc/}\n"
+        f"  tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | grep -qxF {want} || continue\n"
+        f"  {_STAT.format(pid='$p')} || continue\n"
+        # field 4 is the session id: the wrapper start_script runs under setsid leads its own
+        '  [ "$4" = "$p" ] && [ "$1" != Z ] && { echo "$p ${20}"; exit 0; }\n'
+        "done\n"
+        "exit 1\n"
+    )
+
+
 def signal_script(pgid: int, tag: str, sig: int) -> str:
     """Signal group `pgid` only if a live member still carries our tag; exit 1 when there is none."""
     return (

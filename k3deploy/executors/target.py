@@ -19,6 +19,8 @@ class Capabilities:
     node_is_here: bool  # the node is this machine: its processes can run under this very interpreter
     forwards_ports: bool  # `forward` returns a local endpoint; False: HTTP checks run on the node itself
     ray_runtime: bool  # commands run as Ray workers: Ray and Python must be the same on every node
+    # The nodes are a batch job's that launch submits (Slurm): the job starts the engines, launch finds them.
+    runs_in_job: bool = False
 
 
 class _Target(BaseModel):
@@ -93,7 +95,7 @@ class SlurmTarget(_Target):
     """A node of a Slurm allocation, reached by job steps (`srun --overlap`) from this machine."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        streams_logs=True, node_is_here=False, forwards_ports=False, ray_runtime=False)
+        streams_logs=True, node_is_here=False, forwards_ports=False, ray_runtime=False, runs_in_job=True)
     kind: Literal["slurm"] = Field("slurm", description="executor implementation")
     job_id: int | None = Field(None, description="the allocation's job id (set once the job is submitted)")
     slurm_conf: str | None = Field(None, description="slurm.conf for the clients (SLURM_CONF), else Slurm's own")

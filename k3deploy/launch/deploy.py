@@ -15,11 +15,13 @@ from k3deploy.errors import K3Error, LaunchError, StateError
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
+from k3deploy.launch import slurm_launch
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.preflight_gate import preflight_gate
 from k3deploy.launch.procs import Identity, start_ticks
 from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
+from k3deploy.launch.slurm_watch import end_slurm_job
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
@@ -84,17 +86,24 @@ def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHa
     return write
 
 
+StartFn = Callable[[Gang, Callable[[NodeJob, ProcessHandle], None]], None]
+
+
 def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: threading.Event | None = None,
-             *, last_try: bool = True, before_start: Callable[[Gang], None] | None = None) -> Deployment:
-    """Connect, run `before_start` (launch's preflight), start (head first), wait for readiness; on any
-    failure or interrupt stop every node that was started, record the cause and re-raise. After the last try
-    the owner lets go in the same write."""
+             *, last_try: bool = True, before_start: Callable[[Gang], None] | None = None,
+             start: StartFn | None = None) -> Deployment:
+    """Connect, run `before_start` (launch's preflight), start (head first; `start`: a Slurm job's go),
+    wait for readiness; on any failure or interrupt stop every node that was started, record the cause and
+    re-raise. After the last try the owner lets go in the same write."""
     name = gang.name
     try:
         gang.connect()
         if before_start is not None:
             before_start(gang)
-        gang.start(new_run_id(), on_started=record_started(store, name))
+        if start is None:
+            gang.start(new_run_id(), on_started=record_started(store, name))
+        else:
+            start(gang, record_started(store, name))
         gang.wait_ready(ready_timeout_s, interrupt=interrupt)
     except BaseException as exc:
         failure = _failure_of(exc, gang)
@@ -138,6 +147,9 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     dep = store.require(gang.name)
     gang.final_logs.clear()
     outcome = gang.stop(dep.stop_grace_s, log_lines=LOCAL_LOG_LINES)
+    if dep.slurm_job is not None:  # after every node is stopped and read (steps run only while the job does)
+        failure, gone = end_slurm_job(dep.slurm_job, failure)
+        outcome = {rank: "stopped" for rank in outcome} if gone else outcome  # Slurm ended what was left
     try:
         save_local_logs(gang, store)
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
@@ -177,10 +189,14 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     return with this process as its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
     fleet = fleet_of(jobs, factory)  # an executor kind that cannot work here fails before any record
+    in_job = all(j.target.capabilities.runs_in_job for j in jobs)
+    if in_job:
+        slurm_launch.require_no_restarts(plan)
     head = min(jobs, key=lambda j: j.rank)
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
     gang = Gang(name, jobs, fleet, on_event, probe_from=probe_from)
     ready = False
+    start: StartFn | None = None
     try:
         with store.lock(name):
             old = store.load(name)
@@ -189,8 +205,16 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
                                  hint=f"stop it first: k3deploy stop {name}")
             record = new_record(plan, jobs, Identity.me("launch"), probe_from)
             store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
+        if in_job:  # the job's nodes become the deployment's; its tasks wait for their go (preflight first)
+            run_id = new_run_id()
+            jobs = slurm_launch.allocate(plan, jobs, store, run_id, preflight_catalog or load_catalog(), factory, on_event)
+            gang.close()
+            gang = Gang(name, jobs, fleet_of(jobs, factory), on_event, probe_from=choose_probe_from(
+                plan.topology.launch.readiness_probe, jobs[0].ready.url))
+            store.update(name, lambda d: d.model_copy(update={"probe_from": gang.probe_from}))
+            start = slurm_launch.starter(name, run_id)
         gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
-        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate)
+        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate, start=start)
         ready = True
     finally:
         try:
@@ -273,4 +297,6 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
             outcome |= teardown(gang, store, None, status=final_status, release_owner=True)
         finally:
             gang.close()
+    elif dep.slurm_job is not None:
+        end_slurm_job(dep.slurm_job, None)  # idempotent: a job the supervisor already cancelled is fine
     return store.require(name), outcome

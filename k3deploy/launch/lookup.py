@@ -65,6 +65,7 @@ class StatusReport(BaseModel):
     nodes: tuple[NodeStatus, ...]
     failure: Failure | None
     attempts: tuple[Attempt, ...]
+    slurm: str = ""  # the Slurm job (scontrol show job: there may be no accounting database for sacct)
 
 
 def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusReport:
@@ -104,11 +105,16 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     supervised = owner is not None and owner.role in ("supervisor", "attach") and owner.alive()
     uptime = time.time() - dep.attempts[-1].ready_at if dep.attempts and dep.attempts[-1].ready_at \
         and dep.status == "ready" else None
+    slurm = ""
+    if dep.slurm_job is not None:
+        from k3deploy.executors.slurm_jobs import SlurmClient, job_summary
+
+        slurm = job_summary(SlurmClient(dep.slurm_job.slurm_conf), dep.slurm_job.job_id, dep.slurm_job.nodes)
     return StatusReport(
         name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
         url=dep.url, ready=ready, ready_detail=why, probe_from=probe_from, supervised=supervised,
         supervisor_pid=owner.pid if owner else None,
-        uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
+        uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts, slurm=slurm,
     )  # fmt: skip
 
 

@@ -2,10 +2,12 @@
 record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data."""
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
@@ -13,6 +15,9 @@ from k3deploy.errors import InputError
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
+
+if TYPE_CHECKING:
+    from k3deploy.launch.service import ServicePlan
 
 
 @dataclass(frozen=True)
@@ -23,19 +28,44 @@ class Prepared:
     jobs: tuple[NodeJob, ...]
     catalog: Catalog
     warnings: tuple[Issue, ...]
+    service: ServicePlan | None = None  # replicas behind a router: each replica's plan and records
 
 
 def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOverrides,
-            environ: Mapping[str, str] | None = None) -> Prepared:
+            environ: Mapping[str, str] | None = None, *, services: bool = False) -> Prepared:
     """Plan `file` (InfeasibleError when it cannot run), warn about secrets the nodes will not get, and make
-    the per-node records with the executor targets the topology and `overrides` give."""
+    the per-node records with the executor targets the topology and `overrides` give (with replicas or
+    prefill/decode roles, when `services` allows them: every replica's or instance's, rank 0 of each first;
+    preflight refuses them)."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
 
     cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
     plan = require_feasible(file, cat)
-    if plan.topology.replicas > 1 or plan.topology.router is not None:
-        raise InputError(f"{plan.file}: launch and preflight of replicas or a router are not built yet (issue 26)",
-                         hint=f"`k3deploy render {plan.file}` gives every replica's and the router's command")
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
+    if plan.topology.replicas > 1 or plan.topology.router is not None:
+        if not services:
+            what = "prefill/decode roles" if plan.pd is not None else "replicas or a router"
+            raise InputError(f"{plan.file}: preflight of {what} is not built yet",
+                             hint=f"`k3deploy launch {plan.file}` runs each instance's preflight before it starts")
+        if plan.topology.router is None:
+            raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
+                             hint="add router: {kind: smg} (or the router for the engine)")
+        from k3deploy.launch.service import service_plan
+
+        sp = service_plan(plan, overrides, cat)
+        jobs = tuple(j for _, rep in sp.replicas for j in rep)
+        return Prepared(plan=plan, jobs=jobs, catalog=cat, warnings=tuple(warnings), service=sp)
     return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
+
+
+def held_nodes(prep: Prepared) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
+    """The nodes `preflight` probes: the topology's, or a Slurm job's held for the probes (never started)."""
+    if not all(j.target.capabilities.runs_in_job for j in prep.jobs):
+        return contextlib.nullcontext(prep.jobs)
+    from k3deploy.launch.slurm_launch import held_allocation
+    from k3deploy.launch.state import StateStore, default_state_dir
+
+    t = prep.plan.topology
+    out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
+    return held_allocation(prep.plan, prep.jobs, prep.catalog, out)

@@ -57,6 +57,15 @@ class Attempt(Record):
     cause: str | None = None
 
 
+class SlurmJob(Record):
+    """The Slurm job a deployment runs in (launch.executor slurm): stopped with it (scancel)."""
+
+    job_id: int
+    slurm_conf: str | None = None
+    nodes: tuple[str, ...] = Field((), description="the allocation's nodes in SLURM_NODEID (= rank) order")
+    batch_log: str | None = Field(None, description="the batch script's output (sbatch --output), on node 0")
+
+
 class Deployment(Record):
     """Everything `status`, `logs`, `stop` and the supervisor need, without the topology file."""
 
@@ -82,6 +91,8 @@ class Deployment(Record):
     # Records written before preflight existed load as "none".
     preflight: Literal["passed", "failed", "skipped", "none"] = Field(
         "none", description="the preflight before the first start: passed, failed, skipped (--skip-preflight)")
+
+    slurm_job: SlurmJob | None = Field(None, description="the Slurm job it runs in, once submitted")
 
     def with_node(self, rank: int, **changes: object) -> Deployment:
         """A copy with one node's fields changed."""

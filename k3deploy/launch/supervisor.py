@@ -20,7 +20,8 @@ from k3deploy.launch.deploy import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity
-from k3deploy.launch.state import Attempt, Deployment, Failure, StateStore
+from k3deploy.launch.slurm_watch import node_failure, slurm_explained
+from k3deploy.launch.state import Attempt, Deployment, Failure, SlurmJob, StateStore
 from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
 
 # A process that ends is seen through its node's stream at once; this round only finds hosts gone silent.
@@ -44,10 +45,13 @@ class Supervisor:
         self.stop_event = stop_event or threading.Event()
         self.poll_s = poll_s
         self.gang: Gang | None = None
+        self.slurm_job: SlurmJob | None = None
 
     def run(self) -> Deployment:
         """Supervise; returns the final record (status ready when asked to stop, failed when gave up)."""
-        self.gang = open_gang(self.store.require(self.name), self.factory, self.emit)
+        dep = self.store.require(self.name)
+        self.slurm_job = dep.slurm_job
+        self.gang = open_gang(dep, self.factory, self.emit)
         try:
             self._watch(self.gang)
             if self.stop_event.is_set() and self.store.require(self.name).status == "stopping":
@@ -106,9 +110,13 @@ class Supervisor:
             lost = [p for p in probes if p.alive is None and misses[p.job.rank] >= UNREACHABLE_POLLS]
             if failure is None and lost:
                 failure = gang.first_failure(lost)
+            if failure is None and self.slurm_job is not None:  # a node drained or down keeps its engine running
+                failure = node_failure(self.slurm_job, gang.jobs)
             if failure is None:
                 continue
             failure = gang.explain(failure)
+            if self.slurm_job is not None:
+                failure = slurm_explained(self.slurm_job, failure, gang.jobs)
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
             dep = self.store.require(self.name)
             budget_left = len(dep.attempts) - 1 < dep.restart_max

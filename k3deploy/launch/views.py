@@ -102,6 +102,8 @@ def status_view(rep: StatusReport) -> RenderableType:
     head.add_row("uptime", f"{rep.uptime_s:.0f} s" if rep.uptime_s is not None else "-")
     head.add_row("plan", f"{rep.file} ({rep.plan_digest}), executor {rep.executor}")
     head.add_row("attempts", str(len(rep.attempts)))
+    if rep.slurm:
+        head.add_row("slurm", rep.slurm)
     nodes = Table()
     for col in ("rank", "host", "pid", "alive"):  # log paths: whole lines after the view (see cli/status)
         nodes.add_column(col)

@@ -107,6 +107,9 @@ class MemoryBudget(NamedTuple):
     block_tokens: int | None = None
     kv_tokens: int = 0
     state_requests: int = 0
+    draft_weights_bytes: int = 0  # the speculative draft's weights / attn_tp (in weights_bytes)
+    draft_kv_bytes_per_token: float = 0.0  # the draft's KV per token (each KV-pool token holds both)
+    draft_slots: int = 0  # extra KDA state slots per request while speculating (in slots_per_request)
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""
@@ -128,6 +131,7 @@ class MemoryInputs(NamedTuple):
     avg_request_tokens: int | None = None
     pool_ratio: float | None = None
     experts_bf16: bool = False
+    drafts: int = 0  # speculative draft tokens per step: the draft's weights, KV and state slots count
 
 
 def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: MemoryInputs) -> MemoryBudget:
@@ -135,7 +139,12 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     arch = model.architecture
     stage = heaviest_stage(arch, shape.pp)
     routed, rest = weights_bytes_per_gpu(model, shape, experts_bf16=inp.experts_bf16)
-    weights = routed + rest
+    draft = model.draft
+    draft_w = math.ceil(draft.weights_bytes / shape.attn_tp) if inp.drafts and draft is not None else 0
+    draft_kv = float(inp.engine.draft_kv_bytes_per_token or 0) if inp.drafts else 0.0
+    # SGLang keeps one intermediate KDA state per verified position (block + 1) of every running request.
+    extra = inp.drafts + 1 if inp.drafts and inp.engine.speculative_extra_slots else 0
+    weights = routed + rest + draft_w
     kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp,
                                     attn_tp=shape.attn_tp)
     state = kda_state_bytes_per_slot(arch, shape.attn_tp, inp.ssm_dtype, model.cache.conv_state_dtype,
@@ -143,18 +152,20 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     slots_key = inp.prefix_cache_strategy if inp.prefix_cache else "disabled"
     if inp.family == "vllm":
         slots_key = "enabled" if inp.prefix_cache else "disabled"
-    slots = inp.engine.slots_per_request.get(slots_key)
-    if slots is None:  # only a --catalog file overriding the engine's defaults can drop a key
+    found = inp.engine.slots_per_request.get(slots_key)
+    if found is None:  # only a --catalog file overriding the engine's defaults can drop a key
         have = ", ".join(sorted(inp.engine.slots_per_request)) or "none"
         raise InputError(f"catalog: engine {inp.family}: slots_per_request has no '{slots_key}' entry (it has "
                          f"{have})", hint="give every cache strategy of the engine its slots in the --catalog file")
+    slots = found + extra
     ratio: float | None = None
     block: int | None = None
     if inp.family == "sglang":
         static = usable_bytes * inp.mem_fraction
         cache = max(0.0, static - weights)
         ratio = inp.pool_ratio or sglang_pool_ratio(
-            slots, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1)
+            found, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1, draft_slots=extra,
+            draft_kv_bytes=draft_kv)
         kv_pool = int(cache / (1 + ratio))
         state_pool = int(cache) - kv_pool
         state_per_request = slots * state
@@ -175,10 +186,11 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_pool_bytes=state_pool, headroom_bytes=headroom, mem_fraction=inp.mem_fraction,
         mla_kv_bytes_per_token=kv_tok, kda_state_bytes_per_slot=state, slots_per_request=slots,
         pool_ratio=ratio, block_tokens=block,
-        kv_tokens=int(kv_pool // kv_tok) if kv_tok else 0,
+        kv_tokens=int(kv_pool // (kv_tok + draft_kv)) if kv_tok else 0,
         # A model without KDA layers keeps no recurrent state: only the KV pool bounds its requests.
         state_requests=int(state_pool // state_per_request) if state_per_request else
         (inp.max_running_requests if not arch.kda_layers else 0),
+        draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
     )
 
 

@@ -11,7 +11,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.context import Disaggregation, Inputs, host_port
 from k3deploy.engines.router import PD_FLAG, router_table
-from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.planning.plan import Plan, longest_prefill, make_plan
 from k3deploy.planning.pool import policy_issues, router_plan
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.pd import (
@@ -26,14 +26,26 @@ from k3deploy.topology.pd import (
     side_channel_port,
 )
 from k3deploy.topology.schema import Topology
+from k3deploy.topology.settings import Parallel
 
 # Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them
 # (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: only decode registers).
 OWNED = ("--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
          "--disaggregation-ib-device", "--kv-transfer-config")
 # Older SGLang took decode's layout on the prefill (--disaggregation-decode-tp/-dp); SGLang 0.5.23's parser
-# (engines/data/sglang-0.5.23.json) has neither flag.
+# (engines/data/sglang-0.5.23.json) has neither: each side learns the other's at run time. Decode asks the
+# prefill's bootstrap server (GET /route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&
+# target_pp_rank=-1, disaggregation/common/conn.py:1302) for its attn TP/CP, DP, PP (PrefillServerInfo,
+# :120) and maps its ranks onto them (_resolve_rank_mapping, :1432); prefill learns each decode's attn TP
+# when that decode registers (dst_attn_tp_size, mooncake/conn.py:190).
 DECODE_LAYOUT_FLAGS = ("--disaggregation-decode-tp", "--disaggregation-decode-dp")
+# SGLang 0.5.23 flags that tie both roles to one attention TP (checked when a decode bootstraps).
+SAME_ATTN_TP_FLAGS = {
+    "--enable-kv-cache-sharding": "MLA KV cache sharding requires equal prefill/decode attn TP sizes "
+                                  "(disaggregation/common/conn.py:1444)",
+    "--enable-unified-memory": "--enable-unified-memory does not support different prefill / decode attention "
+                               "TP sizes: the whole-envelope state cannot be TP-resliced "
+                               "(disaggregation/mooncake/conn.py:1301)"}
 SIDE_CHANNEL_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
 
 
@@ -94,7 +106,9 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
                             "remove it; set roles.transfer (backend, bootstrap_port, ib_devices)"))
         if family == "sglang" and flag in DECODE_LAYOUT_FLAGS:
             out.append(_err("PD_DECODE_LAYOUT_FLAG", f"{flag}: older SGLang took decode's TP/DP on the prefill; "
-                            "the pinned SGLang 0.5.23 parser has no such flag", f"engine.args.{flag}",
+                            "SGLang 0.5.23 has no such flag: decode fetches prefill's layout from its bootstrap "
+                            "server (GET /route, disaggregation/common/conn.py:1302) and registers its own "
+                            "attn TP with prefill", f"engine.args.{flag}",
                             "remove it; each role's layout is roles.<role>.parallel"))
     for name in t.engine.env:
         if name in SIDE_CHANNEL_ENV:
@@ -102,6 +116,8 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
                             "needs each node's own (an unset or shared host gives an engine-ID mismatch, "
                             "vllm#27083)", f"engine.env.{name}",
                             "remove it: k3deploy sets it per node (its ip; the port from roles.transfer)"))
+    if family == "sglang":
+        out += _sglang_layout_issues(t, hybrid)
     if pre.pp > 1:
         out.append(_err("PD_PREFILL_PP", f"prefill pp {pre.pp}: a pipelined prefill showed a ~30 s "
                         "time-to-first-token floor (sglang#34815)", "roles.prefill.parallel.pp",
@@ -110,6 +126,46 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
     if r is not None and PD_FLAG[r.kind] not in router_table(r.kind).by_flag:
         out.append(_err("PD_ROUTER_KIND", f"{r.kind} has no PD mode ({PD_FLAG[r.kind]})", "router.kind",
                         "use a router with prefill/decode support"))
+    return out
+
+
+def _attn_tp(p: Parallel) -> int:
+    """SGLang's attention TP of one instance (DP attention lives inside TP)."""
+    return p.tp // p.dp if p.attention_dp and p.tp % p.dp == 0 else p.tp
+
+
+def _sglang_layout_issues(t: Topology, hybrid: bool) -> list[Issue]:
+    """The prefill/decode layouts SGLang 0.5.23's decode refuses (or maps wrongly) when it bootstraps."""
+    assert t.roles is not None
+    pre, dec = t.roles.prefill.parallel, t.roles.decode.parallel
+    p_tp, d_tp = _attn_tp(pre), _attn_tp(dec)
+    out: list[Issue] = []
+    if dec.pp not in (1, pre.pp):
+        out.append(_err("PD_SGLANG_PP", f"decode pp {dec.pp}, prefill pp {pre.pp}: SGLang's decode asserts "
+                        "\"Decode pp size should be equal to prefill pp size or 1\" "
+                        "(disaggregation/common/conn.py:1516)", "roles.decode.parallel.pp",
+                        f"give decode pp {pre.pp} or 1"))
+    if p_tp != d_tp and max(p_tp, d_tp) % min(p_tp, d_tp):
+        # The rank mapping divides the larger attn TP by the smaller (common/conn.py:1452-1490).
+        out.append(_err("PD_SGLANG_ATTN_TP", f"prefill attn TP {p_tp} and decode attn TP {d_tp}: SGLang maps "
+                        "decode ranks onto prefill ranks by their whole ratio (disaggregation/common/conn.py:1452); "
+                        "this one is not whole, so ranks pull the wrong shards", "roles.decode.parallel.tp",
+                        "make one attn TP a multiple of the other"))
+    for flag, why in SAME_ATTN_TP_FLAGS.items():
+        if p_tp != d_tp and flag in t.engine.args:
+            out.append(_err("PD_SGLANG_SAME_TP", f"prefill attn TP {p_tp} != decode attn TP {d_tp} with {flag}: {why}",
+                            "roles.decode.parallel.tp", f"give both roles attn TP {p_tp}, or remove {flag}"))
+    if dec.dcp > 1 and "--enable-kv-cache-sharding" in t.engine.args:
+        out.append(_err("PD_SGLANG_DCP", f"decode dcp {dec.dcp} with --enable-kv-cache-sharding: \"PD decode DCP "
+                        "does not support a prefill with --enable-kv-cache-sharding\" "
+                        "(disaggregation/common/conn.py:1421)", "roles.decode.parallel.dcp",
+                        "give decode dcp 1, or remove --enable-kv-cache-sharding"))
+    if hybrid and p_tp != d_tp:
+        out.append(_err("PD_STATE_RESLICE", f"prefill attn TP {p_tp} != decode attn TP {d_tp}: SGLang moves the "
+                        "KDA state by TP-slicing it per head (\"Performance may be affected\", "
+                        "disaggregation/mooncake/conn.py:2357); it works, but each state slot crosses in pieces",
+                        "roles.decode.parallel.tp", f"equal attn TP ({p_tp}) moves each slot whole",
+                        severity="info"))  # a supported layout (DP-attention decode), not a mistake
     return out
 
 
@@ -146,7 +202,9 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] 
     gpus = {role: len(first[role].nodes) * t.hardware.gpus_per_node for role in ROLE_NAMES}
     router = None
     if t.router is not None and dec.model is not None and dec.hardware is not None:
-        rp, router_issues = router_plan(t, dec.model, dec.hardware, gpus["prefill"])
+        pre = subs["prefill"]
+        rp, router_issues = router_plan(t, catalog.planner.router_health_margin, longest_prefill(
+            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family))
         issues += router_issues
         urls = {i: f"http://{host_port(t.nodes[i.nodes[0]].ip, t.engine.port + i.number)}" for i in insts}
         settings = dataclasses.replace(

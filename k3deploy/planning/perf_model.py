@@ -11,7 +11,9 @@ each explained term by term (as the memory budget is). Pure arithmetic over cata
 - collectives per layer: the attention-TP all-reduce, the MoE combine (all-reduce over TP, or all-to-all
   dispatch and combine when experts span DP ranks), DCP's gather per MLA layer, each latency + ring bytes /
   bandwidth on the scale-up fabric when the group fits one domain, else on the scale-out network;
-- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer.
+- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer;
+- expert parallelism: a rank holding whole experts reads and computes as the slowest EP rank does
+  (planning/expert_balance: the expected maximum over ranks under uniform routing).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import NamedTuple
 from k3deploy.catalog.specs import EnginePerformance, HardwareSpec, ModelSpec
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
+from k3deploy.planning.expert_balance import slowest_rank_share, slowest_rank_tokens
 from k3deploy.planning.memory import heaviest_stage, kda_state_bytes_per_slot, mla_kv_bytes_per_token
 
 BF16 = 2
@@ -46,17 +49,18 @@ class Step(NamedTuple):
     collectives_s: float
     overhead_s: float
     terms: tuple[Term, ...]
+    draft_s: float = 0.0  # the speculative draft's passes, before the verify forward (planning/draft_cost)
 
     @property
     def seconds(self) -> float:
-        """Reads and compute overlap; collectives and overhead do not."""
-        return max(self.reads_s, self.compute_s) + self.collectives_s + self.overhead_s
+        """Reads and compute overlap; collectives, overhead and the draft's passes do not."""
+        return max(self.reads_s, self.compute_s) + self.collectives_s + self.overhead_s + self.draft_s
 
     @property
     def bound(self) -> str:
-        """The largest of the four parts."""
+        """The largest of the five parts."""
         parts = {"HBM reads": self.reads_s, "compute": self.compute_s, "collectives": self.collectives_s,
-                 "per-layer overhead": self.overhead_s}
+                 "per-layer overhead": self.overhead_s, "the draft model": self.draft_s}
         return max(parts, key=lambda k: parts[k])
 
 
@@ -73,6 +77,7 @@ class PerfInputs(NamedTuple):
     speed: float = 1.0
     drafts: int = 0  # speculative draft tokens per step: a step verifies drafts + 1 tokens per request
     accepted: float = 1.0  # tokens a (verify) step keeps per request
+    draft_kv_bytes_per_token: float = 0.0  # the draft's KV per context token per GPU (engine catalog)
 
     @property
     def attn_groups(self) -> int:
@@ -107,7 +112,8 @@ def link(inp: PerfInputs, group: int) -> tuple[float, float, str]:
     return bw * 1e9, lat * 1e-6, "scale-up" if inside else "scale-out"
 
 
-def _allreduce_s(inp: PerfInputs, group: int, nbytes: float) -> float:
+def allreduce_s(inp: PerfInputs, group: int, nbytes: float) -> float:
+    """One ring all-reduce of `nbytes` over `group` GPUs: latency + 2 (g - 1) / g x bytes / bandwidth."""
     if group <= 1:
         return 0.0
     bw, lat, _ = link(inp, group)
@@ -126,15 +132,15 @@ def collectives(inp: PerfInputs, attn_tokens: int, moe_tokens: int) -> tuple[flo
     s, arch = inp.shape, inp.model.architecture
     _frac, layers, mla, _kda = _stage(inp)
     hidden_bytes = arch.hidden_size * BF16
-    attn = layers * _allreduce_s(inp, s.attn_tp, attn_tokens * hidden_bytes)
+    attn = layers * allreduce_s(inp, s.attn_tp, attn_tokens * hidden_bytes)
     if inp.family == "vllm" and s.ep > 1 and s.dp > 1:
         group = s.tp * s.dp
         per = 2 * _alltoall_s(inp, group, attn_tokens * arch.num_experts_per_token * hidden_bytes)
         moe, moe_how = layers * per, f"MoE dispatch + combine all-to-all over {group}"
     else:
-        moe = layers * _allreduce_s(inp, s.tp, moe_tokens * hidden_bytes)
+        moe = layers * allreduce_s(inp, s.tp, moe_tokens * hidden_bytes)
         moe_how = f"MoE all-reduce over TP {s.tp}"
-    dcp = mla * _allreduce_s(inp, s.dcp, attn_tokens * arch.num_attention_heads / s.attn_tp
+    dcp = mla * allreduce_s(inp, s.dcp, attn_tokens * arch.num_attention_heads / s.attn_tp
                              * (arch.v_head_dim + 1) * 4) if s.dcp > 1 else 0.0
     groups = [g for g in (s.attn_tp, s.tp, s.dcp) if g > 1]
     where = ", ".join(sorted({link(inp, g)[2] for g in groups})) or "none"
@@ -143,7 +149,7 @@ def collectives(inp: PerfInputs, attn_tokens: int, moe_tokens: int) -> tuple[flo
     return (attn + moe + dcp) / inp.speed, how
 
 
-def _rates(inp: PerfInputs) -> tuple[float, float]:
+def rates(inp: PerfInputs) -> tuple[float, float]:
     """(non-expert, expert) FLOP/s after compute_efficiency."""
     hw, eff = inp.hw, inp.perf.compute_efficiency
     if hw.bf16_tflops is None:
@@ -181,23 +187,27 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     arch = m.architecture
     touched = 1 - (1 - arch.num_experts_per_token / arch.num_experts) ** m_moe
     fixed = m.weights.non_expert_bytes / s.attn_tp * frac
-    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched
+    # With EP the slowest rank bounds the step: it holds whole experts and the tokens touch them unevenly.
+    ep = s.ep if perf.ep_rank_imbalance else 1
+    skew = slowest_rank_share(arch.num_experts, ep, touched)
+    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched * skew
     kv = b_attn * context_tokens * mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=mla, dcp=s.dcp)
     state = b_attn * kda_state_bytes_per_slot(arch, s.attn_tp, inp.ssm_dtype, m.cache.conv_state_dtype,
                                               kda_layers=kda) * perf.kda_state_passes
     bw = hw.bandwidth_tbps * 1e12 * perf.hbm_efficiency * inp.speed
     reads = (fixed + experts + kv + state) / bw
     dense, routed = _params(inp)
-    r_dense, r_expert = _rates(inp)
+    r_dense, r_expert = rates(inp)
     flops_dense = b_attn * q * (2 * dense + _attention_flops(inp, context_tokens, decode=True))
-    compute = (flops_dense / r_dense + m_moe * 2 * routed / r_expert) / inp.speed
+    token_skew = slowest_rank_tokens(m_moe * arch.num_experts_per_token, ep)
+    compute = (flops_dense / r_dense + m_moe * 2 * routed * token_skew / r_expert) / inp.speed
     coll, coll_how = collectives(inp, b_attn * q, m_moe)
     overhead = layers * perf.layer_overhead_us * 1e-6 / inp.speed
     gb = 1e9
     terms = (
         Term("HBM reads", reads, f"({fixed / gb:.2f} non-expert + {experts / gb:.2f} experts touched "
              f"({touched:.0%} of {arch.num_experts // max(s.ep, 1) if s.ep > 1 else arch.num_experts} at "
-             f"{m_moe} tokens) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
+             f"{m_moe} tokens{f', slowest EP rank x {skew:.2f}' if ep > 1 else ''}) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
              f"{hw.bandwidth_tbps:g} TB/s x {perf.hbm_efficiency:g}"),
         Term("compute", compute, f"{(flops_dense + m_moe * 2 * routed) / 1e12:.3f} TFLOP at "
              f"{'FP4' if r_expert != r_dense else 'BF16'} experts, x {perf.compute_efficiency:g} of peak"),
@@ -214,7 +224,7 @@ def prefill(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> Step:
     frac, layers, _mla, _kda = _stage(inp)
     n = max(tokens, 1)
     dense, routed = _params(inp)
-    r_dense, r_expert = _rates(inp)
+    r_dense, r_expert = rates(inp)
     g = concurrent_groups if inp.experts_span_groups else 1
     flops_dense = n * (2 * dense + _attention_flops(inp, n / 2, decode=False))
     flops_expert = g * n * 2 * routed
@@ -231,6 +241,26 @@ def prefill(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> Step:
         Term("per-layer overhead", overhead, f"{layers} layers x {perf.layer_overhead_us:g} us"),
     )
     return Step(reads, compute, coll, overhead, terms)
+
+
+def prefill_latency_s(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> float:
+    """Seconds from a `tokens`-token prompt's arrival to its first token, `concurrent_groups` attention groups
+    prefilling alike: every pipeline stage in turn, plus the hand-offs between them."""
+    pp = inp.shape.pp
+    return pp * prefill(inp, tokens, concurrent_groups).seconds + (pp - 1) * p2p_s(inp, tokens)
+
+
+def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
+    """The engine's own speed factor (the stand-in's K3SIM_SPEED), 1 for real engines or when unset."""
+    if env_name is None or env_name not in env:
+        return 1.0
+    try:
+        speed = float(env[env_name])
+    except ValueError:
+        speed = 0.0
+    if not speed > 0:
+        raise PerfUnknown(f"engine.env {env_name}={env[env_name]!r}: expected a number > 0")
+    return speed
 
 
 def p2p_s(inp: PerfInputs, tokens: int) -> float:

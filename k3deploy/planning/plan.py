@@ -15,7 +15,9 @@ from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.errors import InfeasibleError
 from k3deploy.planning import rules
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget, weights_bytes_per_gpu
+from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.pool import Pool, RouterPlan, policy_issues, pool, router_plan
+from k3deploy.planning.speculation import acceptance, draft_tokens
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
@@ -133,8 +135,34 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
-        pool_ratio=s.mamba_full_memory_ratio,
+        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t),
     )
+
+
+def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, shape: Shape,
+                    family: EngineFamily) -> PerfInputs:
+    """The performance model's inputs for one replica of `t`; PerfUnknown when the catalog cannot time it."""
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    inp = memory_inputs(t, catalog, model, hw, family)
+    drafts = draft_tokens(t.engine.args)
+    return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
+                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                      accepted=acceptance(model, drafts),
+                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
+
+
+def _drafts(t: Topology) -> int:
+    """Draft tokens per step the engine flags ask for; 0 when the flags name no draft the model times (the
+    performance model then says why)."""
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.speculation import draft_tokens
+
+    try:
+        return draft_tokens(t.engine.args)
+    except PerfUnknown:
+        return 0
 
 
 def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
@@ -257,12 +285,26 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
     if replicated and capacity is not None and shape is not None:
         the_pool = pool(whole.replicas, len(t.nodes) * t.hardware.gpus_per_node, capacity.kv_tokens,
                         capacity.max_running_requests)
-    if whole.router is not None and model is not None and hw is not None:
-        router, router_issues = router_plan(whole, model, hw, len(t.nodes) * t.hardware.gpus_per_node)
+    if whole.router is not None:
+        router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
+                                            longest_prefill(t, catalog, model, hw, shape, family))
         issues += router_issues
     located = tuple(_locate(i, loaded) for i in issues)
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
                 memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
+
+
+def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
+                     shape: Shape | None, family: EngineFamily) -> float | str:
+    """The predicted prefill of the longest prompt one replica allows (every attention group at once), or why
+    it cannot be timed."""
+    if model is None or hw is None or shape is None:
+        return "the plan has no model, accelerator or shape to time"
+    try:
+        inp = perf_inputs_for(t, catalog, model, hw, shape, family)
+        return prefill_latency_s(inp, t.serving.context_length, inp.attn_groups)
+    except PerfUnknown as exc:
+        return str(exc)
 
 
 def _locate(issue: Issue, loaded: LoadedTopology) -> Issue:

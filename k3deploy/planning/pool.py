@@ -6,20 +6,15 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.context import host_port
 from k3deploy.engines.router import RouterSettings, router_table
 from k3deploy.topology.replicas import replica_groups, router_node
 from k3deploy.topology.schema import Topology
 
-BF16_BYTES = 2
-# A long prefill is chunked and its MoE layers run far from peak: the estimate assumes this share of the
-# accelerators' dense BF16 peak (pessimistic on purpose). The timeout is twice the estimate, never under the floor.
-PREFILL_PEAK_SHARE = 0.25
-HEALTH_TIMEOUT_FACTOR = 2
+# Never under this: a health check also waits behind one decode step and the HTTP round trip.
 HEALTH_TIMEOUT_FLOOR_S = 30
-# Without a FLOP figure for the accelerator nothing bounds the prefill: a generous fixed timeout.
+# When the performance model cannot time the prefill nothing bounds it: a generous fixed timeout.
 HEALTH_TIMEOUT_UNKNOWN_S = 300
 
 
@@ -42,6 +37,7 @@ class RouterPlan(NamedTuple):
     settings: RouterSettings
     runs_on: str
     longest_prefill_s: float | None
+    prefill_unknown: str | None = None  # why the performance model could not time the prefill
 
     def model_dump(self) -> dict[str, Any]:
         """The `plan --json` router object."""
@@ -61,32 +57,20 @@ def pool(replicas: int, gpus_per_replica: int, kv_tokens: int, max_running_reque
                 max_running_requests=replicas * max_running_requests)
 
 
-def longest_prefill_s(model: ModelSpec, hw: HardwareSpec, gpus: int, prompt_tokens: int) -> float | None:
-    """Seconds one replica of `gpus` accelerators takes to prefill a `prompt_tokens` prompt: 2 x active
-    parameters per token, plus causal attention in the full-attention (MLA) layers (QK^T and AV over the
-    prompt, L^2 / 2 pairs each), at PREFILL_PEAK_SHARE of the dense BF16 peak (None without a FLOP figure)."""
-    if hw.bf16_tflops is None:
-        return None
-    arch, w = model.architecture, model.weights
-    active = w.non_expert_bytes / BF16_BYTES + (
-        w.routed_expert_bytes * 8 / w.expert_bits_per_weight * arch.num_experts_per_token / arch.num_experts)
-    head_dims = arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim
-    attention = 2 * len(arch.full_attn_layers) * arch.num_attention_heads * head_dims * prompt_tokens ** 2 / 2
-    return (2 * active * prompt_tokens + attention) / (hw.bf16_tflops * 1e12 * gpus * PREFILL_PEAK_SHARE)
-
-
 def _warn(code: str, message: str, path: str, hint: str | None = None) -> Issue:
     return Issue(code=code, severity="warning", message=message, path=path, hint=hint)
 
 
-def router_plan(t: Topology, model: ModelSpec, hw: HardwareSpec, gpus_per_replica: int) -> tuple[RouterPlan, list[Issue]]:
-    """The router's settings for a topology with a `router` section, and the warnings on values set by hand."""
+def router_plan(t: Topology, margin: float, longest_prefill: float | str) -> tuple[RouterPlan, list[Issue]]:
+    """The router's settings for a topology with a `router` section, and the warnings on values set by hand;
+    `longest_prefill` is the performance model's prefill of the longest prompt a replica allows (seconds) or
+    why it could not be timed, `margin` the catalog's router_health_margin over it."""
     r = t.router
     assert r is not None
     issues: list[Issue] = []
-    prefill = longest_prefill_s(model, hw, gpus_per_replica, t.serving.context_length)
+    prefill = longest_prefill if isinstance(longest_prefill, float) else None
     sized = HEALTH_TIMEOUT_UNKNOWN_S if prefill is None else max(
-        HEALTH_TIMEOUT_FLOOR_S, math.ceil(HEALTH_TIMEOUT_FACTOR * prefill))
+        HEALTH_TIMEOUT_FLOOR_S, math.ceil(margin * prefill))
     if r.health_check_timeout_s is not None and prefill is not None and r.health_check_timeout_s <= prefill:
         issues.append(_warn("ROUTER_HEALTH_TIMEOUT", f"health_check_timeout_s {r.health_check_timeout_s} is not "
                             f"above the longest prefill a replica allows (~{prefill:.1f} s for "
@@ -108,9 +92,11 @@ def router_plan(t: Topology, model: ModelSpec, hw: HardwareSpec, gpus_per_replic
         kind=r.kind, listen=listen, port=r.port, worker_urls=tuple(urls), policy=r.policy,
         health_failure_threshold=r.health_failure_threshold, health_success_threshold=r.health_success_threshold,
         health_check_interval_s=r.health_check_interval_s,
-        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup)
+        health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup,
+        metrics_port=r.metrics_port)
     runs_on = "local" if node is None else f"{t.nodes[node].host} ({t.nodes[node].ip})"
-    return RouterPlan(settings=settings, runs_on=runs_on, longest_prefill_s=prefill), issues
+    return RouterPlan(settings=settings, runs_on=runs_on, longest_prefill_s=prefill,
+                      prefill_unknown=None if prefill is not None else str(longest_prefill)), issues
 
 
 def policy_issues(t: Topology) -> list[Issue]:

@@ -6,7 +6,8 @@ attention group; pipelined across PP stages), then decode together, one token pe
 
 - TTFT = one prefill's latency + (R - 1) / 2 prefills of queue ahead, on average (+ a whole wave for
   requests beyond what the caches admit);
-- TPOT = the decode step at batch R (PP: the stages in series) + the prefills that stall the batch
+- TPOT = the decode step at batch R (PP: the stages in series; speculating, the verify step plus the draft's
+  passes, over the tokens a verify keeps) + the prefills that stall the batch
   while it decodes, (R - 1) / 2 of them spread over (out - 1) tokens (engines whose prefill holds up
   decode: SGLang, vLLM); ITL's mean is TPOT's;
 - output throughput = R x out / (the wave's prefills + (out - 1) decode steps), per GPU over the replica.
@@ -17,9 +18,18 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
-from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, Step, Term, decode_step, p2p_s, prefill
-from k3deploy.planning.plan import Plan, memory_inputs
-from k3deploy.planning.speculation import acceptance, draft_tokens
+from k3deploy.planning.draft_cost import draft_cost, with_draft
+from k3deploy.planning.perf_model import (
+    PerfInputs,
+    PerfUnknown,
+    Step,
+    Term,
+    decode_step,
+    p2p_s,
+    prefill,
+    prefill_latency_s,
+)
+from k3deploy.planning.plan import Plan, memory_inputs, perf_inputs_for
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.schema import Topology
 
@@ -79,27 +89,7 @@ def perf_inputs(plan: Plan, catalog: Catalog) -> PerfInputs:
     t, model, hw, shape = plan.topology, plan.model, plan.hardware, plan.shape
     if model is None or hw is None or shape is None:
         raise PerfUnknown("the plan has no model, accelerator or shape to time")
-    perf = catalog.performance.get(t.engine.kind)
-    if perf is None:
-        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
-    inp = memory_inputs(t, catalog, model, hw, plan.family)
-    drafts = draft_tokens(t.engine.args)
-    return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=plan.family, kv_dtype=inp.kv_dtype,
-                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                      accepted=acceptance(model, drafts))
-
-
-def engine_speed(env_name: str | None, env: dict[str, str]) -> float:
-    """The engine's own speed factor (the stand-in's K3SIM_SPEED), 1 for real engines or when unset."""
-    if env_name is None or env_name not in env:
-        return 1.0
-    try:
-        speed = float(env[env_name])
-    except ValueError:
-        speed = 0.0
-    if not speed > 0:
-        raise PerfUnknown(f"engine.env {env_name}={env[env_name]!r}: expected a number > 0")
-    return speed
+    return perf_inputs_for(t, catalog, model, hw, shape, plan.family)
 
 
 def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_tokens: int | None = None
@@ -124,9 +114,11 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     pre = prefill(inp, w.input_tokens, min(groups, running))
     hop_pre = p2p_s(inp, w.input_tokens)
     prefill_gap = pre.seconds + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
-    prefill_latency = s.pp * pre.seconds + (s.pp - 1) * hop_pre
+    prefill_latency = prefill_latency_s(inp, w.input_tokens, min(groups, running))
     micro = min(running, s.pp)
-    step = decode_step(inp, math.ceil(running / micro), w.input_tokens + w.output_tokens / 2)
+    context = w.input_tokens + w.output_tokens / 2
+    batch = math.ceil(running / micro)
+    step = with_draft(decode_step(inp, batch, context), draft_cost(inp, math.ceil(batch / groups), context))
     hop = p2p_s(inp, math.ceil(running / micro))
     step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
     stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
@@ -186,11 +178,5 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     inp = memory_inputs(t, catalog, model, hw, family)
     budget = memory_budget(model, hw.usable_bytes, shape, inp)
     _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
-    perf = catalog.performance.get(t.engine.kind)
-    if perf is None:
-        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
-    drafts = draft_tokens(t.engine.args)
-    pin = PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
-                     ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                     accepted=acceptance(model, drafts))
+    pin = perf_inputs_for(t, catalog, model, hw, shape, family)
     return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)

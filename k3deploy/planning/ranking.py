@@ -6,6 +6,7 @@ from typing import Any, Literal, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
 from k3deploy.planning.prediction import Prediction, predict
@@ -63,17 +64,24 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     serving = Serving(max_running_requests=workload.concurrency, context_length=max(context, 1))
     model, hw = catalog.models.get(model_id), catalog.hardware.get(hardware_id)
     drafts = [0, *sorted(model.draft_acceptance_length)] if speculation and model is not None else [0]
-    out = []
-    for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
-                        gpus_per_node=gpus_per_node, engine_id=engine_id, serving=serving, dcp_options=True):
-        if c.error is not None or model is None or hw is None:
-            out.append(RankedShape(c, None, False, c.error or "not sized"))
-            continue
-        for n in drafts:
-            # The caches are sized as without speculation: the memory model does not count the draft.
+    eng = catalog.engines.get(engine_id)
+    draft_kv = (eng.draft_kv_bytes_per_token or 0) if eng is not None else 0
+    out: list[RankedShape] = []
+    fits: set[Shape] = set()
+    for n in drafts:
+        # Each draft length sizes its own caches: the draft's weights, KV and extra state slots take room.
+        for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
+                            gpus_per_node=gpus_per_node, engine_id=engine_id, serving=serving, dcp_options=True,
+                            drafts=n):
+            if c.error is not None or model is None or hw is None:
+                if n == 0 or c.shape in fits:  # a shape that fits only without the draft says so once more
+                    out.append(RankedShape(c, None, False, c.error or "not sized", n))
+                continue
+            if n == 0:
+                fits.add(c.shape)
             inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=perf, family=family,
                              kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype,
-                             drafts=n, accepted=acceptance(model, n))
+                             drafts=n, accepted=acceptance(model, n), draft_kv_bytes_per_token=draft_kv)
             try:
                 p = predict(inp, workload, max_running=c.capacity.max_running_requests,
                             kv_tokens=c.capacity.kv_tokens)

@@ -14,6 +14,7 @@ def render_files(plan: Plan, fmt: Format, *, node: int | None = None, replica: i
     if role is not None and plan.pd is None:
         raise InputError(f"--role {role}: {plan.file} has no roles")
     router = (plan.router.settings, plan.router.runs_on) if plan.router is not None else None
+    python = plan.topology.router.python if plan.topology.router is not None else "python3"
     if plan.pd is not None:
         from k3deploy.engines.pd_exports import export_pd
         from k3deploy.planning.pd import instance_inputs
@@ -22,12 +23,13 @@ def render_files(plan: Plan, fmt: Format, *, node: int | None = None, replica: i
         if replica is not None:
             raise InputError(f"--replica {replica}: {plan.file} has roles, not replicas (use --role)")
         inputs = [instance_inputs(plan, inst) for inst in instances(plan.topology)]
-        return export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor)
+        return export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor, router_python=python)
     if plan.pool is not None or plan.router is not None:
         from k3deploy.engines.replica_exports import export_replicas
 
         replicas = [plan.render_inputs(replica=i) for i in range(plan.topology.replicas)]
-        return export_replicas(replicas, router, fmt, replica=replica, node=node, vendor=vendor)
+        return export_replicas(replicas, router, fmt, replica=replica, node=node, vendor=vendor,
+                               router_python=python)
     if replica is not None:
         raise InputError(f"--replica {replica}: {plan.file} has no replicas")
     return export(plan.render_inputs(), fmt, node=node, vendor=vendor)

@@ -42,15 +42,20 @@ def budget_table(plan: Plan, role: str = "") -> Table:
     s = plan.shape
     assert s is not None
     kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
-    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"]
+    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"
+           + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
     kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
     kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
     rows = [
         ("weights: routed experts", m.routed_weights_bytes,
          [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
         ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
+        *([("weights: draft model", m.draft_weights_bytes, [f"draft / attn_tp {s.attn_tp}"])]
+          if m.draft_weights_bytes else []),
         ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
-        (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token", f"x {m.kv_tokens:,} tokens"]),
+        (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
+         + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
+         + [f"x {m.kv_tokens:,} tokens"]),
         ("KDA state pool", m.state_pool_bytes, kda),
         ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
@@ -86,7 +91,7 @@ def pool_table(plan: Plan) -> Table:
     r = plan.router
     if r is not None:
         s = r.settings
-        prefill = "unknown (no bf16_tflops)" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
+        prefill = f"unknown ({r.prefill_unknown})" if r.longest_prefill_s is None else f"~{r.longest_prefill_s:,.1f} s"
         t.add_row(f"router {s.kind} on {r.runs_on}", s.url)
         t.add_row("router policy", s.policy)
         t.add_row("longest prefill a replica allows", prefill)

@@ -2,9 +2,12 @@
 checkpoint's architecture, its torch, Ray and Python versions; one JSON line.
 
 argv: KIND (sglang | vllm | vllm-ascend | sim), MIMIC (sim only), ARCHITECTURES (JSON list)."""
+import ast
 import importlib
 import importlib.metadata as md
+import importlib.util
 import json
+import os
 import platform
 import sys
 
@@ -21,8 +24,51 @@ def dist_version(name):
         return None
 
 
+def vllm_registry_archs():
+    """vLLM's in-tree architectures read from its registry's source, or None when that cannot be read.
+
+    Importing `vllm.ModelRegistry` imports torch and most of vLLM: over a minute on a loaded 2-core host.
+    The registry is literal dicts (`_VLLM_MODELS = {**_TEXT_GENERATION_MODELS, ...}`), so parsing the file
+    gives the same names without running it; find_spec of the top package alone imports nothing."""
+    # A plugin from another package (vllm-ascend, ...) may register models at start-up: only the import knows.
+    # vLLM's own (its LoRA resolvers, `vllm.plugins...`) register none.
+    if any(not e.value.startswith("vllm.") for e in md.entry_points(group="vllm.general_plugins")):
+        return None
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "model_executor", "models", "registry.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    dicts = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    dicts[target.id] = node.value
+    top = dicts.get("_VLLM_MODELS")
+    if top is None:
+        return None
+    archs = []
+    for key, value in zip(top.keys, top.values):
+        if key is None and isinstance(value, ast.Name) and value.id in dicts:  # **_TEXT_GENERATION_MODELS
+            archs += [k.value for k in dicts[value.id].keys if isinstance(k, ast.Constant)]
+        elif isinstance(key, ast.Constant):
+            archs.append(key.value)
+        else:
+            return None  # a layout this reader does not know: ask the import
+    return archs or None
+
+
 def supported_archs(kind, mimic):
     """The architectures the engine's model registry can build (the K3 class lives only in K3 images)."""
+    if kind == "vllm":
+        archs = vllm_registry_archs()
+        if archs is not None:
+            return archs
     if kind == "sglang":
         from sglang.srt.models.registry import ModelRegistry
         return list(ModelRegistry.get_supported_archs())

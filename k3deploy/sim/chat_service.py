@@ -110,10 +110,14 @@ class ChatService(EngineCore):
         # prompt past the context and max_tokens past it are refused; otherwise max_tokens is clamped to the
         # room the prompt leaves. (A prompt of exactly the context leaves none: refused here too.)
         if prompt_tokens >= ctx:
+            # vLLM tokenizes at most context + 1 tokens (renderers/params.py get_encode_kwargs), so a longer
+            # prompt is reported as "at least" that many (_token_len_check).
+            seen = min(prompt_tokens, ctx + 1)
+            qualifier = "at least " if seen == ctx + 1 else ""
             raise validation_error(
                 f"This model's maximum context length is {ctx} tokens. However, your prompt contains "
-                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
-                "Please reduce the length of the input prompt.", "input_tokens", prompt_tokens)
+                f"{qualifier}{seen} input tokens, which exceeds this limit even without any output tokens. "
+                "Please reduce the length of the input prompt.", "input_tokens", seen)
         if asked and int(asked) > ctx:
             raise validation_error(f"max_tokens={asked} cannot be greater than max_model_len={ctx}. Please "
                                    "request fewer output tokens.", "max_tokens", asked)
@@ -253,7 +257,7 @@ class ChatService(EngineCore):
         if not finished:
             yield out(frame.chat({}, parser.finish_reason(job.done)))
         if include_usage:
-            yield frame.usage(self.usage(job))
+            yield frame.usage(self.usage(job, stream=True))
 
     def completion(self, body: Any) -> Reply:
         """Answer one /v1/completions request: the raw text, no chat template and no parsers."""
@@ -266,7 +270,9 @@ class ChatService(EngineCore):
         self._check_model(body)
         ids = token_ids(prompt)
         args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
-        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body))
+        _, transferred = self._received(body, ids, prompt, "")  # a PD decode generates from what it fetched
+        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body),
+                  transferred=transferred)
         frame = Frame(self._head("cmpl", body), "text_completion")
         if body.get("stream"):
             return Reply(chunks=self._text_chunks(job, frame, body))
@@ -274,7 +280,7 @@ class ChatService(EngineCore):
             text = "".join(p.text for p in pieces)
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.done.finish_reason}
         return Reply(
-            body={**frame.head, "object": "text_completion", "choices": [choice], "usage": self.usage(job)}
+            body={**frame.head, "object": "text_completion", "choices": [choice], "usage": self.usage(job, chat=False)}
         )
 
     def _text_chunks(self, job: Job, frame: Frame, body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
@@ -287,4 +293,4 @@ class ChatService(EngineCore):
         if last < 0:
             yield frame.text("", job.done.finish_reason)
         if include_usage:
-            yield frame.usage(self.usage(job))
+            yield frame.usage(self.usage(job, chat=False, stream=True))

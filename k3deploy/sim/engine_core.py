@@ -93,16 +93,21 @@ class EngineCore:
             "model": self.cfg.served_model_name,
         }
 
-    def usage(self, job: Job, *, brief: bool = False) -> dict[str, Any]:
+    def usage(self, job: Job, *, brief: bool = False, chat: bool = True, stream: bool = False) -> dict[str, Any]:
         """Token counts so far (brief: vLLM's continuous usage, the three totals only)."""
         n, g = len(job.ids), job.generated
         totals: dict[str, Any] = {"prompt_tokens": n, "completion_tokens": g, "total_tokens": n + g}
         if brief:
             return totals
         reasoning = sum(1 for p in job.done.pieces[:g] if p.kind in ("think", "reasoning"))
+        # vLLM counts reasoning tokens only in chat and only with a reasoning parser
+        # (chat_completion/serving.py: `_include_reasoning_tokens_details = bool(reasoning_parser)`); else null.
+        details = self.cfg.mimic != "vllm" or (chat and bool(self.cfg.reasoning_parser))
+        if not details and stream:  # a stream's usage chunk leaves the unset field out; a whole reply has null
+            return {**totals, "prompt_tokens_details": {"cached_tokens": job.cached} if self.cfg.cache_report else None}
         return {
             **totals,
-            "completion_tokens_details": {"reasoning_tokens": reasoning},
+            "completion_tokens_details": {"reasoning_tokens": reasoning} if details else None,
             "prompt_tokens_details": {"cached_tokens": job.cached} if self.cfg.cache_report else None,
         }
 

@@ -18,6 +18,16 @@ SGLANG_FLUSHED = (
 )
 
 
+# vLLM 0.32's scale-out routes (entrypoints/scale_out/factories.py): `vllm serve` without --enable-scale-out
+# registers each and answers 403; vllm-router 0.1.17 asks /v1/chat/completions/render first for every chat
+# request and falls back to /tokenize.
+VLLM_SCALE_OUT_ROUTES = (
+    "/v1/chat/completions/render", "/v1/messages/render", "/v1/completions/render", "/v1/responses/render",
+    "/v1/chat/completions/derender", "/v1/completions/derender", "/inference/v1/generate",
+)
+VLLM_SCALE_OUT_OFF = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+
+
 def _body(request: Any) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise ApiError(400, "Expected a JSON object")
@@ -65,6 +75,10 @@ def _reset_vllm(svc: ChatService, request: Any) -> Answer:
     return 200, b"", "text/plain"
 
 
+def _scale_out_off(svc: ChatService, request: Any) -> Answer:
+    raise ApiError(403, VLLM_SCALE_OUT_OFF, "PermissionDeniedError")
+
+
 def post_route(svc: ChatService, path: str) -> Route | None:
     """The handler for a POST path on this engine, or None (404)."""
     routes: dict[str, Callable[[ChatService, Any], Answer]] = {
@@ -76,6 +90,7 @@ def post_route(svc: ChatService, path: str) -> Route | None:
         routes["/flush_cache"] = _flush_sglang
     else:
         routes |= {"/tokenize": _tokenize, "/detokenize": _detokenize}
+        routes |= {path: _scale_out_off for path in VLLM_SCALE_OUT_ROUTES}
         if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # vLLM's development endpoints
             routes["/reset_prefix_cache"] = _reset_vllm
     handler = routes.get(path)

@@ -127,6 +127,8 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
                        range(tr.side_channel_port, tr.side_channel_port + n * side_channel_stride(t))))
     if t.router is not None:
         ranges.append(("router.port", "router.port", range(t.router.port, t.router.port + 1)))
+        m = t.router.metrics_port_or_default
+        ranges.append(("the router's metrics port", t.router.metrics_path, range(m, m + 1)))
     for what, path, r in ranges:
         if r[-1] > 65535:
             yield _err("PD_PORTS", f"{what} runs to {r[-1]}, past 65535", path, "lower it")

@@ -97,12 +97,25 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
                    f"rendezvous on {rendezvous.start}-{rendezvous[-1]} (launch.port + i): they overlap",
                    "replicas", "move engine.port or launch.port apart by at least the replica count")
     r = t.router
+    if r is None:
+        return
+    metrics = r.metrics_port_or_default
+    if metrics > 65535:
+        yield _err("ROUTER_PORT", f"router metrics port {metrics} (port + 1) is past 65535", r.metrics_path,
+                   "set router.metrics_port to a free port")
+    if r.metrics_port == r.port:
+        yield _err("ROUTER_PORT", f"router metrics_port {r.port} is the router's own port", "router.metrics_port",
+                   "pick another port (default: port + 1)")
     # The router shares a machine with the replicas on a node, or on this host when the nodes are local.
-    if r is not None and (r.runs_on != "local" or t.launch.nodes_are_here):
+    if r.runs_on != "local" or t.launch.nodes_are_here:
         for what, ports in (("engine.port + i", engine), ("launch.port + i", rendezvous)):
             if r.port in ports:
                 yield _err("ROUTER_PORT", f"router port {r.port} is a replica's port ({what}: "
                            f"{ports.start}-{ports[-1]}) on the same machine", "router.port", "pick another port")
+            if metrics in ports:
+                yield _err("ROUTER_PORT", f"router metrics port {metrics} is a replica's port ({what}: "
+                           f"{ports.start}-{ports[-1]}) on the same machine", r.metrics_path,
+                           "set router.metrics_port to a free port")
 
 
 def replica_issues(t: Topology) -> list[Issue]:

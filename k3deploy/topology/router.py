@@ -28,8 +28,13 @@ class Router(Strict):
     runs_on: str = Field("local", description="where the router runs: `local` (the host running k3deploy) or "
                          "the `host` of one of the nodes")
     port: int = Field(30000, ge=1, le=65535, description="the router's HTTP port (what clients call)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="the router's Prometheus exporter port "
+                                     "(default: port + 1; the routers' own default, 29000 on every address, "
+                                     "collides with any second router on the machine)")
     listen: str | None = Field(None, description="address the router binds (default: 127.0.0.1 on local, "
                                "the node's ip on a node)")
+    python: str = Field("python3", description="the interpreter that has the router installed, on the machine "
+                        "the router runs on (it starts as `PYTHON -m <router module>`)")
     policy: str = Field("cache_aware", description="routing policy (one of the router's --policy choices); "
                         "cache_aware keeps a conversation on the replica holding its prefix")
     health_failure_threshold: int = Field(3, ge=1, description="consecutive failed health checks before a "
@@ -43,6 +48,16 @@ class Router(Strict):
     startup_timeout_s: int | None = Field(
         None, ge=1, description="how long the router waits for a replica to come up; default: sized by the "
         "plan above launch.ready_timeout_s (the load time the deployment allows)")
+
+    @property
+    def metrics_port_or_default(self) -> int:
+        """The metrics port the router is given (port + 1 unless set)."""
+        return self.metrics_port if self.metrics_port is not None else self.port + 1
+
+    @property
+    def metrics_path(self) -> str:
+        """Where a metrics-port problem is located: the field when set, else the port it derives from."""
+        return "router.metrics_port" if self.metrics_port is not None else "router.port"
 
     @field_validator("runs_on")
     @classmethod

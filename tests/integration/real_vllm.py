@@ -77,8 +77,8 @@ class RealVllm(SimDeployments):
             "hardware": {"gpu": "cpu-host", "gpus_per_node": 1},
             "nodes": [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in self.rig.hosts[:hosts]],
             "engine": {"kind": "vllm", "port": 18000, "launcher": [str(self.vllm), "serve"],
-                       # eager: 20-40 s less start-up; the tokenizer is the checkpoint's own, not K3's
-                       "args": {"--enforce-eager": True, "--tokenizer-mode": "auto", **(args or {})},
+                       # eager: 20-40 s less start-up (the test catalog names no parsers: none are rendered)
+                       "args": {"--enforce-eager": True, **(args or {})},
                        # KV cache by size, not a share of host RAM; no CPU pinning (2 shared cores); compile
                        # cache in the test's scratch (real-engines.md)
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",

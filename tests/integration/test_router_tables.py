@@ -20,7 +20,7 @@ needs_routers = pytest.mark.skipif(not READY.is_file(), reason=f"no routers venv
                                    "(scripts/test.sh makes it with scripts/routers_venv.sh)")
 # The real parser, as each router's `python -m PACKAGE.launch_router` calls it on its command line.
 PARSE = ("import sys, importlib; m = importlib.import_module(sys.argv[1]); "
-         "a = m.parse_router_args(sys.argv[2:]); print(a.policy, ' '.join(a.worker_urls))")
+         "a = m.parse_router_args(sys.argv[2:]); print(a.policy, a.prometheus_host, a.prometheus_port, ' '.join(a.worker_urls))")
 
 
 @needs_routers
@@ -41,11 +41,12 @@ def test_rendered_router_command_is_accepted_by_the_real_parser(kind: str) -> No
     s = RouterSettings(kind=kind, listen="127.0.0.1", port=30000,
                        worker_urls=("http://10.0.0.1:8000", "http://10.0.0.3:8001"), policy="cache_aware",
                        health_failure_threshold=3, health_success_threshold=2, health_check_interval_s=10,
-                       health_check_timeout_s=262, startup_timeout_s=5940)
+                       health_check_timeout_s=262, startup_timeout_s=5940, metrics_port=30001)
     argv = router_argv(s, str(VENV / "bin" / "python"))
     out = subprocess.run([argv[0], "-c", PARSE, argv[2], *argv[3:]], capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["cache_aware", "http://10.0.0.1:8000", "http://10.0.0.3:8001"]
+    # the metrics server on the router's address and its own port, not the routers' shared 0.0.0.0:29000
+    assert out.stdout.split() == ["cache_aware", "127.0.0.1", "30001", "http://10.0.0.1:8000", "http://10.0.0.3:8001"]
     bad = subprocess.run([argv[0], "-c", PARSE, argv[2], "--policy", "no_such"], capture_output=True, text=True, check=False,
                          timeout=240)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr  # the parser checks what we rely on
@@ -55,7 +56,7 @@ def test_rendered_router_command_is_accepted_by_the_real_parser(kind: str) -> No
 PARSE_PD = ("import sys, importlib, json; m = importlib.import_module(sys.argv[1]); "
             "a = vars(m.parse_router_args(sys.argv[2:])); print(json.dumps([bool(a.get('pd_disaggregation') or "
             "a.get('vllm_pd_disaggregation')), a['prefill_urls'], a['decode_urls'], a['prefill_policy'], "
-            "a['decode_policy'], a.get('kv_connector')]))")
+            "a['decode_policy'], a.get('kv_connector'), a['prometheus_host'], a['prometheus_port']]))")
 
 
 @needs_routers
@@ -65,13 +66,14 @@ def test_rendered_pd_router_command_is_accepted_by_the_real_parser(kind: str) ->
     prefill = (("http://10.0.0.1:8000", 8998 if sglang else None), ("http://10.0.0.5:8001", 8999 if sglang else None))
     s = RouterSettings(kind=kind, listen="127.0.0.1", port=30000, worker_urls=(), policy="cache_aware",
                        health_failure_threshold=3, health_success_threshold=2, health_check_interval_s=10,
-                       health_check_timeout_s=262, startup_timeout_s=5940, prefill=prefill,
+                       health_check_timeout_s=262, startup_timeout_s=5940, metrics_port=30001, prefill=prefill,
                        decode=("http://10.0.0.3:8002",))
     argv = router_argv(s, str(VENV / "bin" / "python"))
     out = subprocess.run([argv[0], "-c", PARSE_PD, argv[2], *argv[3:]], capture_output=True, text=True, timeout=240,
                          check=False)
     assert out.returncode == 0, out.stderr
-    mode, prefills, decodes, p_policy, d_policy, connector = json.loads(out.stdout)
+    mode, prefills, decodes, p_policy, d_policy, connector, metrics_host, metrics_port = json.loads(out.stdout)
+    assert (metrics_host, metrics_port) == ("127.0.0.1", 30001)
     assert mode is True and decodes == ["http://10.0.0.3:8002"] and p_policy == d_policy == "cache_aware"
     assert [tuple(p) for p in prefills] == list(prefill)  # the bootstrap port the engines were given
     assert connector == (None if sglang else "nixl")

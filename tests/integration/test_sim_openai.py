@@ -243,3 +243,12 @@ def test_sglang_server_info_names_the_pacing(engines: dict[str, Engine]) -> None
     info = httpx.get(engines["sglang"].url + "/server_info", timeout=30).json()
     pacing = info["k3sim_pacing"]
     assert pacing["speed"] == 20.0 and 0 < pacing["decode_step_s_batch1"] < 0.01
+
+
+def test_vllm_scale_out_routes_answer_403_as_vllm_serve_does(engines: dict[str, Engine]) -> None:
+    # vllm-router 0.1.17 asks /v1/chat/completions/render first; vLLM 0.32 without --enable-scale-out: 403.
+    r = httpx.post(f"{engines['vllm'].url}/v1/chat/completions/render", json={"model": "m", "messages": QUESTION},
+                   timeout=30)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "PermissionDeniedError", r.text
+    assert "--enable-scale-out" in r.json()["error"]["message"]
+    assert httpx.post(f"{engines['sglang'].url}/v1/chat/completions/render", json={}, timeout=30).status_code == 404

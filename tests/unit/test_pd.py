@@ -101,6 +101,8 @@ def test_a_role_that_does_not_fit_is_named() -> None:
     (lambda d: d["engine"].update(kind="vllm-ascend"), "PD_ENGINE", "roles"),
     (lambda d: d["roles"]["transfer"].update(bootstrap_port=18001), "PD_PORTS", "roles.transfer.bootstrap_port"),
     (lambda d: d["router"].update(port=18998), "PD_PORTS", "router.port"),
+    (lambda d: d["router"].update(metrics_port=18001), "PD_PORTS", "router.metrics_port"),
+    (lambda d: d["router"].update(port=18997), "PD_PORTS", "router.port"),  # its metrics port 18998: bootstrap's
 ])
 def test_layout_mistakes_are_located_load_errors(change: Any, code: str, where: str) -> None:
     doc = _doc()
@@ -151,8 +153,60 @@ def test_role_flags_in_engine_args_are_refused(flag: str) -> None:
 def test_sglang_decode_layout_flags_are_refused_with_the_reason(flag: str) -> None:
     doc = _doc()
     doc["engine"]["args"] = {flag: 2}
-    assert "pinned SGLang 0.5.23 parser has no such flag" in _plan_codes(doc)["PD_DECODE_LAYOUT_FLAG"]
+    assert "SGLang 0.5.23 has no such flag: decode fetches prefill's layout from its bootstrap server (GET /route" \
+        in _plan_codes(doc)["PD_DECODE_LAYOUT_FLAG"]
     assert flag_table("sglang").get(flag) is None  # the rule's premise, from the real parser's table
+
+
+def test_sglang_decode_pp_is_prefills_or_one() -> None:
+    doc = _doc()
+    doc["roles"]["prefill"]["parallel"] = {"tp": 1, "pp": 2}
+    doc["roles"]["decode"]["parallel"] = {"tp": 1, "pp": 2}
+    assert "PD_SGLANG_PP" not in _plan_codes(doc)  # equal
+    doc["roles"]["decode"]["parallel"] = {"tp": 2, "ep": 2}
+    assert "PD_SGLANG_PP" not in _plan_codes(doc)  # decode pp 1 pulls from every prefill stage
+    doc["roles"]["prefill"]["parallel"] = {"tp": 2, "ep": 2}
+    doc["roles"]["decode"]["parallel"] = {"tp": 1, "pp": 2}
+    codes = _plan_codes(doc)
+    assert codes["PD_SGLANG_PP"].startswith("roles.decode.parallel.pp: decode pp 2, prefill pp 1: SGLang's decode "
+                                            "asserts") and "common/conn.py:1516" in codes["PD_SGLANG_PP"]
+    assert not _plan(doc).feasible  # an illegal shape (exit 1), like PD_NIXL_TP
+
+
+def test_sglang_different_attn_tp_warns_for_the_kda_state_and_is_refused_where_sglang_refuses() -> None:
+    doc = _doc()
+    assert not {"PD_STATE_RESLICE", "PD_SGLANG_SAME_TP", "PD_SGLANG_ATTN_TP"} & {i.code for i in _plan(doc).issues}
+    doc["roles"]["decode"]["parallel"] = {"tp": 2, "ep": 2, "dp": 2, "attention_dp": True}  # attn TP 1 vs 2
+    notes = {i.code: f"{i.path}: {i.message}" for i in _plan(doc).issues}
+    assert notes["PD_STATE_RESLICE"].startswith("roles.decode.parallel.tp: prefill attn TP 2 != decode attn TP 1")
+    assert "PD_SGLANG_SAME_TP" not in notes and all(i.severity != "error" or not i.code.startswith("PD_")
+                                                   for i in _plan(doc).issues)  # SGLang reslices it: allowed
+    for flag, where in (("--enable-kv-cache-sharding", "common/conn.py:1444"),
+                        ("--enable-unified-memory", "mooncake/conn.py:1301")):
+        doc["engine"]["args"] = {flag: True}
+        got = _plan_codes(doc)["PD_SGLANG_SAME_TP"]
+        assert got.startswith(f"roles.decode.parallel.tp: prefill attn TP 2 != decode attn TP 1 with {flag}") and where in got
+        assert flag_table("sglang").get(flag) is not None  # a flag the pinned parser has
+
+
+def test_sglang_decode_dcp_refuses_a_sharded_prefill_kv() -> None:
+    doc = _doc()
+    doc["roles"]["decode"]["parallel"] = {"tp": 2, "ep": 2, "dcp": 2}
+    assert "PD_SGLANG_DCP" not in _plan_codes(doc)  # K3's KV pool is hybrid MLA: decode DCP is allowed
+    doc["engine"]["args"] = {"--enable-kv-cache-sharding": True}
+    got = _plan_codes(doc)["PD_SGLANG_DCP"]
+    assert got.startswith("roles.decode.parallel.dcp: decode dcp 2 with --enable-kv-cache-sharding") and "1421" in got
+
+
+def test_sglang_attn_tp_ratio_must_be_whole() -> None:
+    doc = _doc()
+    doc["hardware"]["gpus_per_node"] = 3
+    doc["roles"]["prefill"]["parallel"] = {"tp": 6, "dp": 2, "attention_dp": True}  # attn TP 3
+    doc["roles"]["decode"]["parallel"] = {"tp": 6, "dp": 3, "attention_dp": True}  # attn TP 2
+    assert _plan_codes(doc)["PD_SGLANG_ATTN_TP"].startswith(
+        "roles.decode.parallel.tp: prefill attn TP 3 and decode attn TP 2: SGLang maps decode ranks")
+    doc["roles"]["decode"]["parallel"] = {"tp": 6, "dp": 6, "attention_dp": True}  # attn TP 1: 3 / 1 is whole
+    assert "PD_SGLANG_ATTN_TP" not in _plan_codes(doc)
 
 
 @pytest.mark.parametrize("name", ["VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"])

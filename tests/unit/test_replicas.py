@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.engines.replica_exports import export_replicas
 from k3deploy.engines.router import ROUTER_TABLES, RouterSettings, argv_problems, router_argv
 from k3deploy.errors import InputError
+from k3deploy.planning.perf_model import prefill_latency_s
 from k3deploy.planning.plan import Plan, make_plan
-from k3deploy.planning.pool import longest_prefill_s
+from k3deploy.planning.prediction import perf_inputs
 from k3deploy.topology.loader import TopologyError, load_topology, parse_topology
 from k3deploy.topology.replicas import replica_groups, replica_topology
 from tests.k3deploy_cli import run_k3deploy
@@ -115,8 +117,33 @@ def test_port_collisions_are_located() -> None:
     assert any("replicas: replicas serve on 18000-18001 (engine.port + i) and rendezvous on 18001-18002" in line
                for line in _errors(doc))
     doc = _doc()
+    doc["router"]["metrics_port"] = 18000  # the router's exporter where replica 0 serves
+    assert any("router.metrics_port: router metrics port 18000 is a replica's port" in line and "[ROUTER_PORT]" in line
+               for line in _errors(doc))
+    doc["router"]["metrics_port"] = 30000
+    assert any("router metrics_port 30000 is the router's own port" in line for line in _errors(doc))
+    doc = _doc()
     doc["engine"]["port"] = 65535
     assert any("replicas: 2 replicas need ports up to 65536, past 65535" in line for line in _errors(doc))
+
+
+def test_router_metrics_port_defaults_past_its_port_and_collisions_are_located() -> None:
+    doc = _doc()
+    settings = _plan(doc).router
+    assert settings is not None and settings.settings.prometheus_port == 30001  # not the routers' shared 29000
+    argv = router_argv(settings.settings)
+    assert argv[argv.index("--prometheus-port") + 1] == "30001" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    doc["router"]["metrics_port"] = 18001  # replica 1's API port, on this machine
+    assert _errors(doc) == [(f"{_at(doc, 'metrics_port', '18001')}: router.metrics_port: router metrics port 18001 is "
+                            "a replica's port (engine.port + i: 18000-18001) on the same machine (set "
+                            "router.metrics_port to a free port) [ROUTER_PORT]")]
+    doc["router"].pop("metrics_port")
+    doc["router"]["port"] = 65535  # its default metrics port would be 65536
+    assert any(line.startswith(f"{_at(doc, 'port', '65535')}: router.port: router metrics port 65536 (port + 1) is past "
+                               "65535") for line in _errors(doc))
+    doc["router"]["port"] = 29499  # its default metrics port, 29500, is replica 0's rendezvous port
+    assert any(line.startswith(f"{_at(doc, 'port', '29499')}: router.port: router metrics port 29500 is a replica's "
+                               "port (launch.port + i") for line in _errors(doc))
 
 
 def test_router_on_a_node_collides_with_that_nodes_ports_and_must_name_one_node() -> None:
@@ -155,17 +182,32 @@ def test_plan_is_one_replica_plus_the_pool() -> None:
 
 def test_router_timeouts_sized_above_prefill_and_load() -> None:
     plan = _plan(_doc())
-    assert plan.router is not None and plan.model is not None and plan.hardware is not None
+    assert plan.router is not None and plan.router.longest_prefill_s is not None
     s = plan.router.settings
-    prefill = longest_prefill_s(plan.model, plan.hardware, 2, 32768)
-    assert prefill is not None and s.health_check_timeout_s > prefill
+    assert s.health_check_timeout_s > plan.router.longest_prefill_s
     assert s.startup_timeout_s > 120  # launch.ready_timeout_s
     assert s.worker_urls == ("http://127.0.0.1:18000", "http://127.0.0.3:18001")
     assert (s.policy, s.listen, s.port) == ("cache_aware", "127.0.0.1", 30000)
-    # K3 on 4 x 8 H100 at 131072 tokens: the timeout is above the estimate and SGLang's 20 s default.
+
+
+def test_router_health_timeout_is_the_perf_models_longest_prefill_times_the_catalog_margin() -> None:
     cat = load_catalog()
-    k3 = longest_prefill_s(cat.model("kimi-k3"), cat.gpu("h100-80gb"), 32, 131072)
-    assert k3 is not None and k3 > 0
+    plan = make_plan(_load(_doc()), cat)
+    assert plan.router is not None
+    inp = perf_inputs(plan, cat)
+    prefill = prefill_latency_s(inp, 32768, inp.attn_groups)  # serving.context_length: the longest prompt
+    assert plan.router.longest_prefill_s == pytest.approx(prefill)
+    margin = cat.planner.router_health_margin
+    assert plan.router.settings.health_check_timeout_s == max(30, math.ceil(margin * prefill))
+    # The engine's own speed (K3SIM_SPEED) scales the prefill the model predicts, and so the timeout.
+    doc = _doc()
+    doc["engine"]["env"] = {"K3SIM_SPEED": "0.25"}
+    slow = make_plan(_load(doc), cat).router
+    assert slow is not None and slow.longest_prefill_s == pytest.approx(4 * prefill)
+    assert slow.settings.health_check_timeout_s == math.ceil(margin * 4 * prefill)
+    wider = cat.model_copy(update={"planner": cat.planner.model_copy(update={"router_health_margin": 3.0})})
+    wide = make_plan(_load(doc), wider).router
+    assert wide is not None and wide.settings.health_check_timeout_s == math.ceil(3 * 4 * prefill)
 
 
 def test_hand_set_timeouts_below_the_plan_warn() -> None:
@@ -193,7 +235,7 @@ def _settings(kind: str) -> RouterSettings:
     return RouterSettings(kind=kind, listen="127.0.0.1", port=30000, worker_urls=("http://10.0.0.1:8000",
                           "http://10.0.0.3:8001"), policy="round_robin", health_failure_threshold=3,
                           health_success_threshold=2, health_check_interval_s=10, health_check_timeout_s=120,
-                          startup_timeout_s=6000)
+                          startup_timeout_s=6000, metrics_port=30001)
 
 
 @pytest.mark.parametrize("kind", sorted(ROUTER_TABLES))
@@ -201,6 +243,9 @@ def test_router_argv_passes_its_flag_table(kind: str) -> None:
     argv = router_argv(_settings(kind))
     assert argv[:2] == ("python3", "-m") and argv[2].endswith(".launch_router")
     assert argv_problems(kind, argv[3:]) == []
+    # The exporter is bound beside the router (its default, 0.0.0.0:29000, collides between routers).
+    joined = " ".join(argv)
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 30001" in joined
     assert argv_problems(kind, ("--policy", "no_such", "--no-such-flag", "--port", "x")) == [
         f"--policy: 'no_such' is not one of {', '.join(c for c in _choices(kind))}",
         f"{_table_name(kind)} has no flag --no-such-flag", "--port takes an integer, not 'x'"]
@@ -258,9 +303,17 @@ def test_render_and_plan_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not built yet" in r.stderr, r.stderr
 
 
-def test_launch_of_replicas_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_launch_dry_run_of_replicas_shows_each_replica_and_the_router(tmp_path: Path) -> None:
     r = run_k3deploy("launch", str(LOCAL), "--dry-run")
-    assert r.returncode == 2 and "launch and preflight of replicas or a router are not built yet" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "# ===== replica k3-replicas-r0 =====" in r.stdout and "# ===== replica k3-replicas-r1 =====" in r.stdout
+    assert "--port 18001" in r.stdout and "--dist-init-addr 127.0.0.3:29501" in r.stdout
+    assert "-m smg.launch_router --host 127.0.0.1 --port 30000" in r.stdout
+    assert "--prometheus-host 127.0.0.1 --prometheus-port 30001" in r.stdout
+    doc = json.loads(run_k3deploy("launch", str(LOCAL), "--dry-run", "--json").stdout)
+    assert [len(r) for r in doc["replicas"]] == [2, 2] and doc["router"]["ready"]["url"] == "http://127.0.0.1:30000"
+    r = run_k3deploy("preflight", str(LOCAL))
+    assert r.returncode == 2 and "preflight of replicas or a router is not built yet" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -95,9 +95,10 @@ def reasoning_problems(answer: Answer, key: str) -> list[str]:
     return out
 
 
-def chat_problems(answer: Answer, key: str, budget: int) -> list[str]:
-    """A plain chat answer: reasoning split off, some content, finish_reason stop."""
-    out = reasoning_problems(answer, key)
+def chat_problems(answer: Answer, key: str | None, budget: int) -> list[str]:
+    """A plain chat answer: reasoning split off (key None: the model has no reasoning parser), some content,
+    finish_reason stop."""
+    out = reasoning_problems(answer, key) if key else []
     if not answer.content.strip():
         out.append("empty content")
     if answer.finish_reason != "stop":
@@ -106,11 +107,11 @@ def chat_problems(answer: Answer, key: str, budget: int) -> list[str]:
     return out
 
 
-def tool_problems(answer: Answer, key: str, tool: dict[str, Any]) -> list[str]:
+def tool_problems(answer: Answer, key: str | None, tool: dict[str, Any]) -> list[str]:
     """A tool-call answer: structured tool_calls naming the tool, arguments valid per its schema."""
     from jsonschema import Draft202012Validator
 
-    out = reasoning_problems(answer, key)
+    out = reasoning_problems(answer, key) if key else []
     fn = tool["function"]
     if not answer.calls:
         out.append("no structured tool_calls: the tool-call parser did not run")
@@ -140,7 +141,10 @@ class ShortStage:
 
     def run(self, ctx: ValidateContext) -> StageResult:
         """Four requests through rank 0's API."""
-        key = REASONING_KEY[family_of(ctx)]
+        parsers = ctx.model.parsers
+        # A model whose catalog entry names no parser is rendered without it: nothing to split or structure.
+        key = REASONING_KEY[family_of(ctx)] if parsers.reasoning_parser else None
+        asks = ("chat", "tool call") if parsers.tool_call_parser else ("chat",)
         timeout_s = ctx.topology.validate_.request_timeout_s
         problems: list[str] = []
         seen: list[str] = []
@@ -151,7 +155,7 @@ class ShortStage:
             chat = {**base, "messages": [{"role": "user", "content": CHAT_QUESTION}]}
             tool = {**base, "messages": [{"role": "user", "content": TOOL_QUESTION}], "tools": [TOOL],
                     "tool_choice": "auto"}
-            for what, body in (("chat", chat), ("tool call", tool)):
+            for what, body in ((w, {"chat": chat, "tool call": tool}[w]) for w in asks):
                 for stream in (False, True):
                     label = f"{what} ({'streamed' if stream else 'not streamed'})"
                     try:
@@ -167,9 +171,19 @@ class ShortStage:
             more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
             return StageResult(name=self.name, status="fail", detail=problems[0] + more,
                                evidence="\n".join(problems + seen))
-        return StageResult(name=self.name, status="pass", evidence="\n".join(seen),
-                           detail=f"chat and tool call, streamed and not: reasoning in `{key}`, "
-                                  "tool_calls valid per the schema, finish_reason stop / tool_calls")
+        return StageResult(name=self.name, status="pass", evidence="\n".join(seen), detail=_passed(key, asks))
+
+
+def _passed(key: str | None, asks: tuple[str, ...]) -> str:
+    """What a passing run showed, and what the model's catalog entry left out."""
+    if key and len(asks) == 2:
+        return (f"chat and tool call, streamed and not: reasoning in `{key}`, tool_calls valid per the schema, "
+                "finish_reason stop / tool_calls")
+    shown = "chat and tool call" if len(asks) == 2 else "chat"
+    return (f"{shown}, streamed and not: " + (f"reasoning in `{key}`, " if key else "")
+            + ("tool_calls valid per the schema, " if len(asks) == 2 else "") + "finish_reason as expected; not "
+            + " nor ".join(w for w, on in (("the reasoning split", not key), ("tool calls", len(asks) < 2)) if on)
+            + ": the model's catalog entry names no such parser")
 
 
 def served_model(http: NodeHttp, default: str) -> str:

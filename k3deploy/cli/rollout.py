@@ -1,0 +1,68 @@
+"""`k3deploy rollout`: restart replicas behind their router one at a time, never fewer than N-1 serving."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from k3deploy.cli.common import (
+    AcceptNewOpt,
+    CatalogOpt,
+    ConnectTimeoutOpt,
+    ExecutorOpt,
+    KnownHostsOpt,
+    RayAddressOpt,
+    SshConfigOpt,
+    SshJumpOpt,
+    SshKeyOpt,
+    SshUserOpt,
+    exec_overrides,
+)
+from k3deploy.cli.status import StateDirOpt
+
+
+def rollout(
+    target: Annotated[str, typer.Argument(help="the service's topology file (its current content is applied), "
+                                          "or its name (the file it was launched from)", show_default=False)],
+    drain_s: Annotated[float, typer.Option("--drain-s", min=1, help="longest wait for a replica's in-flight "
+                                           "requests")] = 120.0,
+    executor: ExecutorOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    ssh_config: SshConfigOpt = "~/.ssh/config",
+    ssh_user: SshUserOpt = None,
+    ssh_key: SshKeyOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    connect_timeout_s: ConnectTimeoutOpt = None,
+    ssh_jump: SshJumpOpt = None,
+    ray_address: RayAddressOpt = None,
+    state_dir: StateDirOpt = None,
+    catalog: CatalogOpt = None,
+) -> None:
+    """One replica at a time: out of the router (drained), stopped, started, a real completion, back in and
+    healthy. Exit 4 at the first failure, naming the replica and stage (the others keep serving)."""
+    from k3deploy.launch.lookup import locate
+    from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.rollout import rollout as roll
+    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.launch.service_views import summary
+
+    store, name = locate(target, str(state_dir) if state_dir else None)
+    svc = ServiceStore(store).load(name)
+    file = Path(target) if Path(target).suffix in (".yaml", ".yml") or Path(target).is_file() else \
+        Path(svc.file) if svc is not None else Path(target)
+    overrides = exec_overrides(locals())
+    prep = prepare(file, catalog, overrides, services=True)
+    if prep.service is None:
+        from k3deploy.errors import InputError
+
+        raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
+                         hint=f"k3deploy stop {name}, then k3deploy launch {file}")
+    if prep.service.roles:
+        from k3deploy.errors import InputError
+
+        raise InputError(f"{file}: rollout of prefill/decode roles is not built yet",
+                         hint=f"k3deploy stop {name}, then k3deploy launch {file}")
+    done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s)
+    print(summary(done))

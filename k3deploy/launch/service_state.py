@@ -1,0 +1,111 @@
+"""The service record: one file per service (replicas behind a router) listing its replica deployments and its
+router deployment; each of those is an ordinary deployment record. Atomic writes, 0600, under a lock."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from k3deploy.errors import StateError
+from k3deploy.launch.state import Record, StateStore
+
+ServiceStatus = Literal["starting", "ready", "degraded", "failed", "stopping", "stopped"]
+ReplicaPhase = Literal["starting", "ready", "failed", "stopped"]
+SERVICE_ACTIVE: tuple[ServiceStatus, ...] = ("starting", "ready", "degraded", "stopping")
+
+
+class ReplicaEntry(Record):
+    """One replica: its deployment record, its worker URL, and what launch saw of it."""
+
+    index: int
+    name: str = Field(description="its deployment record (NAME-rI)")
+    url: str = Field(description="the worker URL the router is given")
+    role: str = Field("", description="prefill | decode (an instance of a PD role); empty for a replica")
+    phase: ReplicaPhase = "starting"
+    tries: int = 0
+    cause: str = Field("", description="why it is out of the router (a failed start, after every try)")
+    served_through_router: bool = Field(False, description="a completion through the router was answered by it")
+
+
+class Service(Record):
+    """Replicas behind a router, as launched."""
+
+    name: str
+    file: str
+    status: ServiceStatus
+    created_at: float = Field(default_factory=time.time)
+    ready_at: float | None = None
+    router_kind: str
+    router_name: str | None = Field(None, description="the router's deployment record (NAME-router), once started")
+    router_url: str
+    replicas: tuple[ReplicaEntry, ...]
+    cause: str = ""
+
+    def with_replica(self, index: int, **changes: object) -> Service:
+        """A copy with one replica's fields changed."""
+        reps = tuple(r.model_copy(update=changes) if r.index == index else r for r in self.replicas)
+        return self.model_copy(update={"replicas": reps})
+
+
+class ServiceStore:
+    """Service records in `services/` beside the deployment records (which hold the replicas and router)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.deployments = store
+        self._dir = StateStore(store.directory / "services")  # its lock and directory handling, not its records
+
+    def path(self, name: str) -> os.PathLike[str]:
+        """The record file of a service."""
+        return self._dir.path(name)
+
+    def load(self, name: str) -> Service | None:
+        """The service, or None when `name` is no service."""
+        try:
+            text = self._dir.path(name).read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StateError(f"cannot read {self._dir.path(name)}: {exc}") from exc
+        try:
+            return Service.model_validate_json(text)
+        except ValidationError as exc:
+            raise StateError(f"{self._dir.path(name)} is not a k3deploy service record: {exc}") from exc
+
+    def save(self, svc: Service) -> None:
+        """Write atomically: temp file in the same directory, fsync, rename; mode 0600."""
+        self._dir._ensure()
+        target = self._dir.path(svc.name)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{svc.name}.", suffix=".tmp", dir=self._dir.directory)
+        except OSError as exc:
+            raise StateError(f"cannot write {target}: {exc}") from exc
+        try:
+            with os.fdopen(fd, "w") as fh:
+                os.fchmod(fh.fileno(), 0o600)
+                fh.write(svc.model_dump_json(indent=2))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StateError(f"cannot write {target}: {exc}") from exc
+
+    def update(self, name: str, change: Callable[[Service], Service]) -> Service:
+        """Load, change and save under the service's lock (replica threads write concurrently)."""
+        with self._dir.lock(name):
+            svc = self.load(name)
+            if svc is None:
+                raise StateError(f"no service named {name} in {self._dir.directory}")
+            new = change(svc)
+            self.save(new)
+            return new
+
+    def lock(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The service's lock."""
+        return self._dir.lock(name)

@@ -1,0 +1,125 @@
+"""Two replicas x 2 local nodes of the stand-in (SGLang mimic) behind the real smg 1.13.0, launched by one
+`k3deploy launch`: status shows both healthy in the router's /workers, requests through the router are served
+by both (smg names the worker: x-smg-routed-worker-id); a replica's node killed is named and restarted within
+the budget while the other serves; the router killed is named; stop leaves no process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from k3deploy.launch.state import StateStore
+from tests.integration.test_router_tables import VENV, needs_routers
+from tests.k3deploy_cli import run_k3deploy as cli
+from tests.polling import wait_for
+from tests.ports import closed_port
+
+pytestmark = [pytest.mark.integration, needs_routers]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _topology(tmp: Path, checkpoint: Path) -> tuple[Path, int]:
+    doc = yaml.safe_load((ROOT / "tests/assets/replicas/local-2x2-smg.yaml").read_text())
+    port, engine, rdzv = closed_port(), closed_port(), closed_port()
+    doc["model"]["path"] = str(checkpoint)
+    doc["name"] = f"svc-{uuid.uuid4().hex[:6]}"
+    doc["engine"]["port"] = engine
+    doc["router"] = {"kind": "smg", "port": port, "metrics_port": closed_port(), "python": str(VENV / "bin/python"),
+                     "health_check_interval_s": 1, "health_failure_threshold": 2, "health_success_threshold": 1}
+    doc["launch"].update({"port": rdzv, "stop_grace_s": 3, "log_dir": str(tmp / "logs"),
+                          "state_dir": str(tmp / "state"), "restart": {"max": 1, "backoff_s": 1}})
+    path = tmp / "svc.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, port
+
+
+def _served_by(port: int, n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+            "model": "kimi-k3-tiny", "prompt": f"{uuid.uuid4().hex} {i}", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        out.append(r.headers["x-smg-routed-worker-id"])
+    return out
+
+
+def _status(topo: Path) -> tuple[int, dict]:  # type: ignore[type-arg]
+    run = cli("status", str(topo), "--json")
+    return run.returncode, json.loads(run.stdout)
+
+
+def _pids(store: StateStore, names: list[str]) -> list[int]:
+    pids = []
+    for name in names:
+        rec = store.load(name)
+        pids += [n.handle.pid for n in rec.nodes if n.handle] if rec else []
+        if rec and rec.owner:
+            pids.append(rec.owner.pid)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.timeout(600)
+def test_two_replicas_behind_smg_launch_status_faults_stop(tmp_path: Path, checkpoint: Path) -> None:
+    topo, port = _topology(tmp_path, checkpoint)
+    name = yaml.safe_load(topo.read_text())["name"]
+    store = StateStore(tmp_path / "state")
+    parts = [f"{name}-r0", f"{name}-r1", f"{name}-router"]
+    try:
+        run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
+        assert run.returncode == 0, run.stderr
+        svc = json.loads(run.stdout)
+        assert svc["status"] == "ready" and [r["phase"] for r in svc["replicas"]] == ["ready", "ready"]
+        code, st = _status(topo)
+        assert code == 0 and st["status"] == "ready", st
+        assert [r["router_healthy"] for r in st["replicas"]] == [True, True], st
+        urls = {r["url"] for r in st["replicas"]}
+        assert set(_served_by(port, 16)) == urls  # both replicas serve requests through the router
+
+        # A replica's node killed while serving: named, the other serves, restarted within the budget.
+        r0 = store.require(f"{name}-r0")
+        os.kill(r0.nodes[1].handle.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        assert wait_for(lambda: _status(topo)[1]["replicas"][0]["problem"] != "", 60)
+        code, st = _status(topo)
+        assert st["status"] == "degraded" and code == 0, st
+        assert st["replicas"][1]["problem"] == "" and f"{name}-r0" in cli("status", str(topo)).stdout
+        assert set(_served_by(port, 6)) == {st["replicas"][1]["url"]}  # the router no longer sends to it
+        assert wait_for(lambda: _status(topo)[1]["status"] == "ready", 180), _status(topo)
+        assert len(store.require(f"{name}-r0").attempts) == 2
+        assert wait_for(lambda: set(_served_by(port, 8)) == urls, 60)
+
+        # The router killed (its process, not the shell that waits for it): named; restarted by its supervisor.
+        router = store.require(f"{name}-router")
+        child = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == router.nodes[0].handle.pid]  # type: ignore[union-attr]
+        assert child, "the router's process"
+        os.kill(int(child[0].name), signal.SIGKILL)
+        assert wait_for(lambda: "router" in _status(topo)[1]["router_problem"]
+                        or len(store.require(f"{name}-router").attempts) == 2, 30), _status(topo)
+    finally:
+        pids = _pids(store, parts)
+        stop = cli("stop", str(topo), timeout_s=120)
+    assert stop.returncode == 0, stop.stderr
+    assert f"{name}: stopped" in stop.stdout
+    assert wait_for(lambda: not any(_alive(p) for p in pids), 20), [p for p in pids if _alive(p)]
+    assert not any(_alive(p) for p in _pids(store, parts))
+    assert _status(topo)[1]["status"] == "stopped"
+
+
+def _ppid(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

@@ -1,0 +1,203 @@
+"""Replicas behind a real router over SSH on the namespace rig: 2 replicas x 2 hosts of the stand-in behind smg
+(SGLang mimic) and behind vllm-router (vLLM mimic), the router on this host. One `k3deploy launch`; status
+shows both replicas healthy in the router's /workers; requests through the router are served by both; a
+replica's node killed while serving is named and restarted within the budget while the other serves; the
+router killed is named; stop leaves nothing on any host and no router here. `k3deploy rollout` under a steady
+client stream fails no request and never leaves fewer than 1 of 2 healthy in /workers (polled every 0.5 s);
+a rollout whose new replica fails readiness stops there, names it and the stage, and the other serves."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from k3deploy.launch.state import StateStore
+from tests.integration.test_launch_ssh import Deployments, hosts_empty
+from tests.integration.test_router_tables import VENV, needs_routers
+from tests.k3deploy_cli import run_k3deploy as cli
+from tests.polling import wait_for
+from tests.ports import closed_port
+from tests.rig import HostRig
+
+pytestmark = [pytest.mark.integration, needs_routers]
+
+
+@pytest.fixture
+def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
+    d = Deployments(rig4, checkpoint, tmp_path)
+    yield d
+    problems = d.cleanup()
+    assert problems == [], problems
+
+
+def _service(d: Deployments, name: str, router: str, mimic: str) -> tuple[Path, int]:
+    topo = d.topology(name, launch={"restart": {"max": 1, "backoff_s": 1}, "ready_timeout_s": 120})
+    doc: dict[str, Any] = yaml.safe_load(topo.read_text())
+    port = closed_port()
+    doc["parallel"] = {"tp": 2, "ep": 2}
+    doc["replicas"] = 2
+    doc["engine"]["mimic"] = mimic
+    doc["engine"]["launcher"] = [*doc["engine"]["launcher"][:-1], mimic]
+    doc["router"] = {"kind": router, "port": port, "metrics_port": closed_port(), "python": str(VENV / "bin/python"),
+                     "health_check_interval_s": 1, "health_failure_threshold": 2, "health_success_threshold": 1}
+    d.names += [f"{name}-r0", f"{name}-r1", f"{name}-router"]
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return topo, port
+
+
+def _complete(port: int, n: int) -> list[str]:
+    """n completions through the router; who served each (smg names the worker; '' when the router does not)."""
+    out = []
+    for i in range(n):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+            "model": "kimi-k3-tiny", "prompt": f"{uuid.uuid4().hex} {i}", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        out.append(r.headers.get("x-smg-routed-worker-id", ""))
+    return out
+
+
+def _status(topo: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(cli("status", str(topo), "--json").stdout)
+    return doc
+
+
+def _router_gone(store: StateStore, name: str) -> bool:
+    rec = store.load(f"{name}-router")
+    return rec is None or all(n.handle is None or not Path(f"/proc/{n.handle.pid}").exists() for n in rec.nodes)
+
+
+@pytest.mark.timeout(600)
+def test_two_replicas_behind_smg_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
+    topo, port = _service(deployments, "it-svc-smg", "smg", "sglang")
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
+    assert run.returncode == 0, run.stderr
+    svc = json.loads(run.stdout)
+    assert svc["status"] == "ready", svc
+    st = _status(topo)
+    assert st["status"] == "ready" and [r["router_healthy"] for r in st["replicas"]] == [True, True], st
+    urls = {r["url"] for r in st["replicas"]}
+    assert set(_complete(port, 16)) == urls
+
+    rig4.kill_host_processes(rig4.hosts[1])  # replica 0's second node: its engine dies while serving
+    assert wait_for(lambda: _status(topo)["replicas"][0]["problem"] != "", 60), _status(topo)
+    st = _status(topo)
+    assert st["status"] == "degraded" and st["replicas"][1]["problem"] == "", st
+    assert "it-svc-smg-r0" in cli("status", str(topo)).stdout
+    assert wait_for(lambda: set(_complete(port, 4)) == {st["replicas"][1]["url"]}, 30)  # router stops sending
+    assert wait_for(lambda: _status(topo)["status"] == "ready", 240), _status(topo)
+    assert len(store.require("it-svc-smg-r0").attempts) == 2  # restarted within the budget
+    assert wait_for(lambda: set(_complete(port, 8)) == urls, 60)
+
+    router = store.require("it-svc-smg-router").nodes[0].handle
+    assert router is not None
+    os.killpg(router.pid, signal.SIGKILL)  # the router's whole group: nothing restarts it from inside
+    assert wait_for(lambda: "it-svc-smg-router" in _status(topo)["router_problem"]
+                    or len(store.require("it-svc-smg-router").attempts) == 2, 30), _status(topo)
+
+    stop = cli("stop", str(topo), timeout_s=120)
+    assert stop.returncode == 0, stop.stderr
+    assert "it-svc-smg: stopped" in stop.stdout
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert wait_for(lambda: _router_gone(store, "it-svc-smg"), 20)
+    assert _status(topo)["status"] == "stopped"
+
+
+@pytest.mark.timeout(900)
+def test_two_replicas_behind_vllm_router_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
+    topo, port = _service(deployments, "it-svc-vr", "vllm-router", "vllm")
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
+    assert run.returncode == 0, run.stderr
+    st = _status(topo)
+    assert st["status"] == "ready" and [r["router_healthy"] for r in st["replicas"]] == [True, True], st
+    assert len(_complete(port, 8)) == 8
+    stream = Stream(port)  # vllm-router drops a worker at once: the drain waits on the replica's own gauge
+    try:
+        roll = cli("rollout", str(topo), timeout_s=600)
+    finally:
+        stream.end()
+    assert roll.returncode == 0, roll.stderr
+    assert stream.failed == [] and stream.ok > 0 and stream.fewest >= 1, (stream.failed[:5], stream.fewest)
+    stop = cli("stop", str(topo), timeout_s=120)
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert wait_for(lambda: _router_gone(store, "it-svc-vr"), 20)
+
+
+class Stream:
+    """A steady client through the router and a /workers poll every 0.5 s, until stopped."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.ok, self.failed, self.fewest = port, 0, [], 99  # type: ignore[var-annotated]
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._client), threading.Thread(target=self._poll)]
+        for t in self.threads:
+            t.start()
+
+    def _client(self) -> None:
+        while not self.stop.is_set():
+            try:
+                r = httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", timeout=60, json={
+                    "model": "kimi-k3-tiny", "prompt": uuid.uuid4().hex, "max_tokens": 2})
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                self.failed.append(repr(exc))
+
+    def _poll(self) -> None:
+        while not self.stop.wait(0.5):
+            workers = httpx.get(f"http://127.0.0.1:{self.port}/workers", timeout=5).json()["workers"]
+            self.fewest = min(self.fewest, sum(1 for w in workers if w["is_healthy"]))
+
+    def end(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+@pytest.mark.timeout(900)
+def test_rollout_behind_smg_drops_no_request_and_stops_at_a_failing_replica(
+        deployments: Deployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    topo, port = _service(deployments, "it-svc-roll", "smg", "sglang")
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", timeout_s=400)
+    assert run.returncode == 0, run.stderr
+    stream = Stream(port)
+    try:
+        roll = cli("rollout", str(topo), timeout_s=600)
+    finally:
+        stream.end()
+    assert roll.returncode == 0, roll.stderr
+    assert stream.failed == [] and stream.ok > 0, stream.failed[:5]
+    assert stream.fewest >= 1, stream.fewest
+    assert [len(store.require(f"it-svc-roll-r{i}").attempts) for i in (0, 1)] == [1, 1]  # new records
+    assert "it-svc-roll-r1: serving again" in roll.stderr
+    with capsys.disabled():
+        print(f"\nrollout over SSH: {stream.ok} requests through smg, 0 failed, fewest healthy {stream.fewest}")
+
+    doc = yaml.safe_load(topo.read_text())
+    doc["engine"]["env"] = {"K3SIM_FAULT": "crash_after_load"}  # the new version cannot get ready
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    bad = cli("rollout", str(topo), timeout_s=600)
+    assert bad.returncode == 4, bad.stderr
+    assert "rollout stopped at it-svc-roll-r0, stage start" in bad.stderr, bad.stderr
+    st = _status(topo)
+    assert st["status"] == "degraded" and "rollout start" in st["replicas"][0]["problem"], st
+    assert st["replicas"][1]["problem"] == "" and st["replicas"][1]["router_healthy"] is True, st
+    assert set(_complete(port, 4)) == {st["replicas"][1]["url"]}  # N-1 serve
+    stop = cli("stop", str(topo), timeout_s=120)
+    assert stop.returncode == 0, stop.stderr
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
+    assert wait_for(lambda: _router_gone(store, "it-svc-roll"), 20)
