@@ -2,22 +2,22 @@
 dtypes, shapes and byte spans, the index against the shards (shipped with the shard probe)."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 import multiprocessing
 import os
 import struct
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
+from operator import mul
 from typing import Any
 
 from k3deploy.probes.fast_json import Loads
+from k3deploy.probes.shard_layout import DTYPE_BITS, EXPERTS, Layout
 from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, SINGLE_FILE, label, listed
 
 HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
-DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "I16": 16,
-              "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64}
-SCALE_DTYPES = ("U8", "F8_E8M0")  # MXFP4 scales: E8M0 exponents, stored as either
-EXPERTS = ".block_sparse_moe.experts."
 MAX_WORKERS = 32  # header-parsing processes; a 200-core node gains nothing from more for ~100 shards
 
 Problem = dict[str, str]
@@ -56,71 +56,31 @@ def config_problems(config: dict[str, Any], expect: dict[str, Any]) -> list[str]
     return out
 
 
-class Layout:
-    """The dtypes and shapes config.json implies: MXFP4 packed/scale pairs for routed experts, BF16 elsewhere."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        t = config.get("text_config") or config
-        self.layers, hidden, vocab = int(t["num_hidden_layers"]), int(t["hidden_size"]), int(t["vocab_size"])
-        self.expert_shapes: dict[str, list[int]] = {}
-        if "text_config" not in config:  # not K3's layout (a flat config: Llama, DeepSeek): BF16 tensors only
-            self.experts, self.first_moe = 0, 0
-            self.exact = {n: [vocab, hidden] for n in ("model.embed_tokens.weight", "lm_head.weight")}
-            return
-        group = int((config.get("quantization_config") or {}).get("group_size", 32))
-        inter, latent = int(t["moe_intermediate_size"]), int(t["routed_expert_hidden_size"])
-        self.experts, self.first_moe = int(t["num_experts"]), int(t.get("first_k_dense_replace", 0))
-        # w1 = gate, w3 = up: latent -> inter; w2 = down: inter -> latent. Two E2M1 per byte, one scale per group.
-        dims = {"w1": (inter, latent), "w2": (latent, inter), "w3": (inter, latent)}
-        for w, (rows, cols) in dims.items():
-            self.expert_shapes[f"{w}.weight_packed"] = [rows, cols // 2]
-            self.expert_shapes[f"{w}.weight_scale"] = [rows, cols // group]
-        self.exact = {n: [vocab, hidden] for n in ("language_model.model.embed_tokens.weight",
-                                                    "language_model.lm_head.weight")}
-        # What a sound routed-expert tensor looks like, for one set lookup each (~500k tensors in a full K3).
-        self.expert_ids = frozenset(str(e) for e in range(self.experts))
-        self.moe_layers = frozenset(str(layer) for layer in range(self.first_moe, self.layers))
-        self.sound = {k: (("U8",) if k.endswith("packed") else SCALE_DTYPES, want)
-                      for k, want in self.expert_shapes.items()}
-
-    @property
-    def expert_count(self) -> int:
-        """Routed-expert tensors a complete checkpoint has."""
-        return (self.layers - self.first_moe) * self.experts * len(self.expert_shapes)
-
-    def check(self, name: str, dtype: str, shape: list[int]) -> str | None:
-        """None when the tensor is what the config implies, else what is wrong ('' = not a routed expert)."""
-        head, sep, tail = name.partition(EXPERTS)
-        if not sep:
-            if dtype != "BF16" and not name.startswith("vision"):
-                return f"dtype {dtype}, expected BF16"
-            want = self.exact.get(name)
-            return f"shape {shape}, expected {want}" if want is not None and shape != want else None
-        expert, _, kind = tail.partition(".")
-        layer = head.rpartition(".")[2]
-        sound = self.sound.get(kind)
-        if sound is not None and expert in self.expert_ids and layer in self.moe_layers and dtype in sound[0] \
-                and shape == sound[1]:
-            return None
-        if not (expert.isdigit() and int(expert) < self.experts and layer.isdigit()
-                and self.first_moe <= int(layer) < self.layers and kind in self.expert_shapes):
-            return "not a routed-expert tensor of this config"
-        if kind.endswith("packed") and dtype != "U8":
-            return f"dtype {dtype}, expected U8 (two E2M1 values per byte)"
-        if not kind.endswith("packed") and dtype not in SCALE_DTYPES:
-            return f"dtype {dtype}, expected U8 or F8_E8M0 (E8M0 scales)"
-        want = self.expert_shapes[kind]
-        return f"shape {shape}, expected {want}" if shape != want else None
-
-
 def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, int | None]:
-    """What is wrong with one shard's header and length, its routed-expert tensor count, and the hash of its
-    tensor names (None when the header is unreadable)."""
+    """What is wrong with one shard's header and length, its routed-expert tensor count, and the fingerprint of
+    its tensor names (None when the header is unreadable)."""
     try:
         n, header, size = read_header(path)
     except (OSError, ValueError) as exc:
         return [getattr(exc, "strerror", None) or str(exc)], 0, None
     header.pop("__metadata__", None)
+    names = fingerprint(header)
+    experts = layout.sound_experts(header, size - 8 - n) if layout is not None else None
+    if experts is not None:  # sound as a whole: nothing for the per-tensor check to name
+        return [], experts, names
+    return (*tensor_problems(header, n, size, layout), names)
+
+
+def fingerprint(names: Iterable[str]) -> int:
+    """An order-free fingerprint of tensor names: the sum of their hashes (a dict's keys carry theirs), exact,
+    so shards' fingerprints add up (see _names_agree). Python's string hash is per process, but forked workers
+    share the parent's."""
+    return sum(map(hash, names))
+
+
+def tensor_problems(header: dict[str, Any], n: int, size: int, layout: Layout | None) -> tuple[list[str], int]:
+    """Each tensor's problems, then the tiling of the data, and the sound routed-expert count: tensor by tensor,
+    to name what the bulk check refused."""
     out: list[str] = []
     spans = []
     bad_layout: list[str] = []
@@ -157,8 +117,7 @@ def shard_problems(path: str, layout: Layout | None) -> tuple[list[str], int, in
         out.append(f"{want - size:,} bytes short (file {size:,}, header says {want:,})")
     elif size > want:
         out.append(f"{size - want:,} bytes of trailing data after the last tensor")
-    # Python's string hash is per process, but forked workers share the parent's: comparable with the index's.
-    return out, experts, hash(frozenset(header))
+    return out, experts
 
 
 def name_problems(shard: str, path: str, indexed: list[str]) -> list[str]:
@@ -219,8 +178,44 @@ def read_weight_map(root: str, loads: Loads = json.loads) -> dict[str, str]:
         return dict(loads(f.read())["weight_map"])
 
 
+def _names_agree(weight_map: dict[str, str], results: dict[str, Any], single: bool) -> bool:
+    """Whether every shard the index names was read and holds exactly the tensors the index puts in it, without
+    grouping ~500k names by shard: each tensor's hash weighted by its shard's, summed over the weight_map,
+    against the shards' fingerprints weighted alike. Exact integers: a tensor missing, extra or in another
+    shard changes the sum by a product of hash differences (sums of tuple hashes cancel on a swap)."""
+    try:
+        named = set(weight_map.values()) | ({SINGLE_FILE} if single else set())
+        if not named <= results.keys() or any(results[s][2] is None for s in named):
+            return False
+        weight = {s: hash(s) for s in named}
+        indexed = sum(map(mul, map(hash, weight_map), map(weight.__getitem__, weight_map.values())))
+        return indexed == sum(weight[s] * results[s][2] for s in named)
+    except TypeError:  # a shard name that is not a string: the grouping below names what is wrong
+        return False
+
+
+def _group(weight_map: dict[str, str], single: bool) -> dict[str, list[str]]:
+    """Shard -> the tensors the index puts in it (the single file: whatever its header holds)."""
+    by_shard: dict[str, list[str]] = {SINGLE_FILE: []} if single else {}
+    for tensor, shard in weight_map.items():
+        by_shard.setdefault(shard, []).append(tensor)
+    return by_shard
+
+
 def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads) -> list[Problem]:
     """Index, config and every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
+    # Headers are trees, freed by reference counting: the cyclic collector's passes over their ~1.5M containers
+    # found nothing and cost a third of the parse. Forked workers inherit the setting.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _structure(root, expect, workers, loads)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _structure(root: str, expect: dict[str, Any], workers: int, loads: Loads) -> list[Problem]:
     global _LAYOUT, _LOADS
     problems: list[Problem] = []
 
@@ -248,15 +243,14 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads 
                 add(INDEX_FILE, f"cannot read the weight map: {exc}")
                 return problems
             weight_map = {}  # the file's own check below says what is wrong with its header
-        by_shard: dict[str, list[str]] = {SINGLE_FILE: []} if single else {}
-        for tensor, shard in weight_map.items():
-            by_shard.setdefault(shard, []).append(tensor)
         results = dict(zip(on_disk, (fut.result() for fut in futures)))
     finally:
         if pool is not None:
             pool.shutdown()
+    by_shard = None if _names_agree(weight_map, results, single) else _group(weight_map, single)
+    named = by_shard.keys() if by_shard is not None else set(weight_map.values()) | ({SINGLE_FILE} if single else set())
     experts = 0
-    for shard in sorted(by_shard):
+    for shard in sorted(named):
         if shard not in results:
             add(shard, "missing (named by the index)")
             continue
@@ -264,7 +258,7 @@ def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads 
         experts += count
         for message in found:
             add(shard, message)
-        if names is not None and names != hash(frozenset(by_shard[shard])):
+        if by_shard is not None and names is not None and names != fingerprint(by_shard[shard]):
             for message in name_problems(shard, os.path.join(root, shard), by_shard[shard]):
                 add(shard, message)
     if _LAYOUT is not None and experts < _LAYOUT.expert_count and not problems:

@@ -18,7 +18,7 @@ from k3deploy.probes import fast_json
 from k3deploy.probes.shard_inventory import local_files, revision_hint, sha256_files
 from k3deploy.probes.shard_structure import structure
 
-SHIPS_WITH = ("fast_json", "shard_names", "shard_inventory", "shard_structure")
+SHIPS_WITH = ("fast_json", "shard_names", "shard_inventory", "shard_layout", "shard_structure")
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
