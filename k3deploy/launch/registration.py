@@ -37,9 +37,11 @@ def _model(http: NodeHttp) -> str | None:
     return listed[0].get("id") if listed else None
 
 
-def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind: str = "smg") -> set[str]:
+def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind: str = "smg",
+                    rounds: int | None = None) -> set[str]:
     """Until every URL is healthy in the router (LaunchError naming the others at the deadline); then the
-    URLs seen serving a completion through the router."""
+    URLs seen serving a completion through the router (`rounds` completions; default: until each has served,
+    at most PROMPTS_PER_REPLICA each)."""
     want = {u.rstrip("/") for u in urls}
     deadline = time.monotonic() + timeout_s
     with NodeHttp(router.ready.url or "") as http:
@@ -55,17 +57,17 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
                                   f"{WORKERS_PATH} after {timeout_s:.0f} s" + (f" ({why})" if why else ""))
             time.sleep(POLL_S)
         header = SERVED_BY_HEADER.get(kind)
-        if header is None:
+        if header is None and rounds is None:
             return set()
         model = _model(http)
         served: set[str] = set()
-        for n in range(PROMPTS_PER_REPLICA * len(want)):
+        for n in range(rounds if rounds is not None else PROMPTS_PER_REPLICA * len(want)):
             reply = http.post("/v1/completions", {"model": model, "prompt": f"{uuid.uuid4().hex} {n}", "max_tokens": 1,
                                                   "temperature": 0}, 60.0)
             if not reply.ok:
                 raise LaunchError(f"router {router.ready.url}: /v1/completions: HTTP {reply.status}: "
                                   f"{reply.text[:300]}")
-            who = reply.headers.get(header, "").rstrip("/")
+            who = reply.headers.get(header, "").rstrip("/") if header else ""
             served.add(who)
             if want <= served:
                 break
