@@ -11,6 +11,7 @@ from typing import Any
 
 from k3deploy.sim.engine_core import STALL_S, EngineCore, Job
 from k3deploy.sim.generation import Completion, complete
+from k3deploy.sim.peer_loss import DEAD_MESSAGE, engine_death
 from k3deploy.sim.recall import Facts, recall_answer, state_view
 from k3deploy.sim.stream import ChatParser, Frame, stream_flags
 from k3deploy.sim.tokens import message_text, render_prompt, token_ids
@@ -84,12 +85,15 @@ class ChatService(EngineCore):
     def _check_alive(self) -> None:
         if self.state == "starting":
             raise ApiError(503, "The server is starting up.", "ServiceUnavailableError")
+        if self.state == "peer_lost":  # vLLM finds a lost node only at its next collective (peer_loss.py)
+            with self._cond:
+                first, self.state = self.state == "peer_lost", "dead"
+            if first and self.lost_peer is not None:
+                engine_death(self.log, self.lost_peer)
+                self.on_death()
         if self.state == "dead":
-            raise ApiError(
-                500,
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "EngineDeadError",
-            )
+            # vLLM 0.32.0's body for an EngineDeadError (seen by tests/realengine/test_health_peer_gone.py).
+            raise ApiError(500, DEAD_MESSAGE, "InternalServerError")
         if self.state == "stalled":  # as the real head stuck in a collective: the request never finishes
             self._never.wait(STALL_S)
             raise ApiError(503, "The engine stopped making progress.", "ServiceUnavailableError")

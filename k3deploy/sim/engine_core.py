@@ -22,11 +22,12 @@ from k3deploy.sim.generation import Completion, Piece
 from k3deploy.sim.log_format import EngineLog
 from k3deploy.sim.metrics import EngineMetrics, ServingStats
 from k3deploy.sim.pacing import Gpu, PerfModel
+from k3deploy.sim.peer_loss import LostPeer
 from k3deploy.sim.prefix_cache import PrefixCache
 from k3deploy.sim.serve_config import ServeConfig
 from k3deploy.sim.tokens import token_ids
 
-State = Literal["starting", "ready", "stalled", "dead"]
+State = Literal["starting", "ready", "stalled", "peer_lost", "dead"]
 HASH_BLOCK_TOKENS = 512  # K3's documented fine hash block; 12 of them make one physical block
 PHYSICAL_BLOCKS_PER_PAGE = 12
 # A head stuck in a collective never answers; the stand-in gives up after this long so tests end.
@@ -65,6 +66,8 @@ class EngineCore:
         self.admission = admission
         self.log = log
         self.state: State = "starting"
+        self.lost_peer: LostPeer | None = None  # set with state "peer_lost"
+        self.on_death: Callable[[], None] = lambda: None  # the process's own reaction (vLLM: shut down)
         block = cfg.prefix_match_unit or HASH_BLOCK_TOKENS
         self.cache: PrefixCache[None] = PrefixCache(
             hash_block_tokens=block,

@@ -164,7 +164,8 @@ class ApiServer:
                 else (404, NOT_FOUND, json_type)
             )
         sglang = s.cfg.mimic == "sglang"
-        healthy = s.state == "ready" or (sglang and s.state == "stalled")
+        # SGLang's head stuck in a collective, vLLM's before a request finds its peer gone: both still say yes.
+        healthy = s.state == "ready" or s.state == ("stalled" if sglang else "peer_lost")
         if path == "/health" or (path == "/ping" and not sglang):
             return (200, b"", "text/plain") if healthy else (503, b"", "text/plain")
         if sglang and path in ("/health_generate", "/ready"):

@@ -1,9 +1,9 @@
 """`serve`: one stand-in node from flags to serving, in the engine's order (rendezvous, load, caches, HTTP).
 
-When a worker node dies after start-up, the head logs an error and keeps its HTTP server up, as the real
-heads do: SGLang's head is stuck in a collective, so /health stays 200 while generation stalls; vLLM's
-engine core is dead, so /health turns 503 and requests fail with 500. Stopping the group is the supervisor's
-job. When the head dies, workers notice through the heartbeat within seconds and exit 1.
+When a worker node dies after start-up, the head's /health stays 200, as the real heads' do: SGLang's head
+is stuck in a collective, so generation stalls and the process waits to be stopped; vLLM's notices nothing
+until its next request, which fails 500, and then exits 0 (peer_loss.py). Stopping the group is the
+supervisor's job. When the head dies, workers notice through the heartbeat within seconds and exit 1.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from k3deploy.sim.model_info import ModelError, hardware, missing_shards, model_
 from k3deploy.sim.nixl_service import NixlChatService
 from k3deploy.sim.pacing import PacingError, PerfModel, speed_factor
 from k3deploy.sim.pd_service import PdChatService
+from k3deploy.sim.peer_loss import LostPeer, keep_alive, shut_down_after_reply
 from k3deploy.sim.serve_config import ConfigError, ServeConfig, resolve_config
 
 LIFETIME_ENV = "K3SIM_MAX_LIFETIME_S"
@@ -223,13 +224,15 @@ class Node:
                 f"Lost node rank {rank}: {cause}. The scheduler is stuck in a collective: /health stays "
                 "up, generation stalls until the group is stopped."
             )
-        else:
-            self.service.state = "dead"
-            self.log.error(
-                f"Worker on node rank {rank} died unexpectedly ({cause}). EngineCore encountered a fatal "
-                "error; /health now returns 503.",
-                where="core.py:980",
-            )
+        else:  # real vLLM logs nothing now: its next request fails, then it shuts down (peer_loss.py)
+            self.service.lost_peer = LostPeer(rank, cause)
+            self.service.on_death = self._engine_died
+            self.service.state = "peer_lost"
+            self.log.info(f"k3sim: lost node rank {rank} ({cause}); as vLLM, the next request will fail")
+
+    def _engine_died(self) -> None:
+        if not keep_alive(self.env):
+            shut_down_after_reply(self.log, exit_now)
 
     def _serve_forever(self) -> NoReturn:
         stop = threading.Event()

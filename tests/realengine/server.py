@@ -53,10 +53,9 @@ class RealVllm:
         return "\n".join(self.log().splitlines()[-lines:])
 
 
-def start_vllm(argv: Sequence[str], model: str, env: Mapping[str, str] | None = None,
-               ready_timeout_s: float = READY_TIMEOUT_S) -> RealVllm:
-    """Run argv (a rendered `vllm serve ...`, argv[0] the venv's vllm) in its own session; return when a
-    completion for `model` answers. The port is the one argv's --port names."""
+def spawn_vllm(argv: Sequence[str], env: Mapping[str, str] | None = None) -> RealVllm:
+    """Run argv (a rendered `vllm serve ...`, argv[0] the venv's vllm) in its own session, not waiting for
+    it (a headless node never serves). The URL is the one argv's --port names."""
     port = argv[list(argv).index("--port") + 1]
     # Short: a unix socket path is at most 107 bytes, and vLLM adds "/" + a 36-character uuid4.
     scratch = Path(tempfile.mkdtemp(prefix="k3rt-", dir="/tmp"))
@@ -67,7 +66,13 @@ def start_vllm(argv: Sequence[str], model: str, env: Mapping[str, str] | None = 
     with log_path.open("wb") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=full_env, start_new_session=True)
-    engine = RealVllm(proc, f"http://127.0.0.1:{port}", log_path, scratch)
+    return RealVllm(proc, f"http://127.0.0.1:{port}", log_path, scratch)
+
+
+def start_vllm(argv: Sequence[str], model: str, env: Mapping[str, str] | None = None,
+               ready_timeout_s: float = READY_TIMEOUT_S) -> RealVllm:
+    """spawn_vllm, then return when a completion for `model` answers."""
+    engine = spawn_vllm(argv, env)
     try:
         _wait_serving(engine, model, ready_timeout_s)
     except BaseException:

@@ -4,7 +4,7 @@ rely on. Each difference is fixed in the stand-in or listed in KEPT with why it 
 
 Real vLLM starts once for the module (30-80 s alone, minutes on a loaded machine; ~3 GiB) on the tiny dense
 Llama; the stand-in serves its own K3-shaped checkpoint (it sizes and answers only K3-shaped models), under
-the same served name and flags."""
+the same served name and flags. `/health` while a peer is gone needs two nodes: test_health_peer_gone.py."""
 from __future__ import annotations
 
 import json
