@@ -59,8 +59,8 @@ class SlurmExecutor(ShellExecutor):
     def _argv(self, command: str, extra: Sequence[str] = ()) -> list[str]:
         if self.target.job_id is None:
             raise ExecError("no Slurm allocation to run in (the target has no job id)", host=self.host,
-                            hint="k3deploy launch does not submit Slurm jobs yet: write the job with `k3deploy "
-                            "render TOPOLOGY --format slurm --out DIR` and submit it with `sbatch DIR/k3deploy.sbatch`")
+                            hint="run it through `k3deploy launch` with `launch.executor: slurm`, which submits the job and "
+                            "records its id, or submit the exported job (`k3deploy render TOPOLOGY --format slurm`)")
         return step_argv(self.target.job_id, self.host, command, extra=extra)
 
     def _popen(self, argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
