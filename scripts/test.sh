@@ -50,4 +50,6 @@ fi
 # The unit tier again under Python 3.10, the oldest pyproject.toml promises (also skipped when pytest gets
 # arguments): scripts/py310_units.sh, which says why when it skips.
 [ "$#" -gt 0 ] || bash scripts/py310_units.sh
+# A full run lists its slowest tests, so each tier's cost in CI can be read off the log.
+[ "$#" -gt 0 ] || set -- --durations=60
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
