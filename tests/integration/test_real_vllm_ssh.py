@@ -224,7 +224,8 @@ def test_two_replicas_behind_vllm_router_serve_roll_out_under_a_stream_and_stop_
     port = closed_port()
     doc["replicas"] = 2  # one host each, TP 1
     doc["router"] = {"kind": "vllm-router", "port": port, "metrics_port": closed_port(),
-                     # round_robin: cache_aware (the default) sent 8 of 8 distinct prompts to replica 0 here
+                     # round_robin: cache_aware (the default) sent 8 of 8 distinct prompts, one at a time, to
+                     # replica 0 here, and launch's 16 of 16 with --enable-scale-out in engine.args
                      "policy": "round_robin", "python": str(VENV / "bin/python"), "health_check_interval_s": 1,
                      "health_failure_threshold": 3, "health_success_threshold": 1}
     topo.write_text(yaml.safe_dump(doc, sort_keys=False))
