@@ -59,5 +59,10 @@ def rollout(
 
         raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
+    if prep.service.roles:
+        from k3deploy.errors import InputError
+
+        raise InputError(f"{file}: rollout of prefill/decode roles is not built yet",
+                         hint=f"k3deploy stop {name}, then k3deploy launch {file}")
     done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s)
     print(summary(done))

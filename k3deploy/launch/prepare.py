@@ -34,8 +34,9 @@ class Prepared:
 def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOverrides,
             environ: Mapping[str, str] | None = None, *, services: bool = False) -> Prepared:
     """Plan `file` (InfeasibleError when it cannot run), warn about secrets the nodes will not get, and make
-    the per-node records with the executor targets the topology and `overrides` give (with replicas, when
-    `services` allows them: every replica's, rank 0 of each first; preflight refuses them)."""
+    the per-node records with the executor targets the topology and `overrides` give (with replicas or
+    prefill/decode roles, when `services` allows them: every replica's or instance's, rank 0 of each first;
+    preflight refuses them)."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
 
@@ -43,12 +44,10 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
     plan = require_feasible(file, cat)
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
     if plan.topology.replicas > 1 or plan.topology.router is not None:
-        if plan.pd is not None:
-            raise InputError(f"{plan.file}: launch and preflight of prefill/decode roles are not built yet",
-                             hint=f"`k3deploy render {plan.file}` gives every role's and the router's command")
         if not services:
-            raise InputError(f"{plan.file}: preflight of replicas or a router is not built yet (issue 26)",
-                             hint=f"`k3deploy launch {plan.file}` runs each replica's preflight before it starts")
+            what = "prefill/decode roles" if plan.pd is not None else "replicas or a router"
+            raise InputError(f"{plan.file}: preflight of {what} is not built yet",
+                             hint=f"`k3deploy launch {plan.file}` runs each instance's preflight before it starts")
         if plan.topology.router is None:
             raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
                              hint="add router: {kind: smg} (or the router for the engine)")

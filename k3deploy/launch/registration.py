@@ -46,9 +46,11 @@ def _model(http: NodeHttp) -> str | None:
     return listed[0].get("id") if listed else None
 
 
-def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind: str = "smg") -> set[str]:
+def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind: str = "smg",
+                    rounds: int | None = None) -> set[str]:
     """Until every URL is healthy in the router (LaunchError naming the others at the deadline); then the
-    URLs seen serving a completion through the router."""
+    URLs seen serving a completion through the router, by its served-by header or else by their own finished
+    counts (`rounds` completions; default: until each has served, at most PROMPTS_PER_REPLICA each)."""
     want = {u.rstrip("/") for u in urls}
     deadline = time.monotonic() + timeout_s
     with NodeHttp(router.ready.url or "") as http:
@@ -65,11 +67,11 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
             time.sleep(POLL_S)
         header = SERVED_BY_HEADER.get(kind)
         before = None if header else finished_counts(want)
-        if header is None and before is None:
+        if header is None and before is None and rounds is None:
             return set()  # neither the router nor the replicas say who served: no claim
         model = _model(http)
         served: set[str] = set()
-        for n in range(PROMPTS_PER_REPLICA * len(want)):
+        for n in range(rounds if rounds is not None else PROMPTS_PER_REPLICA * len(want)):
             reply = http.post("/v1/completions", {"model": model, "prompt": f"{uuid.uuid4().hex} {n}", "max_tokens": 1,
                                                   "temperature": 0}, 60.0)
             if not reply.ok:
@@ -77,12 +79,12 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
                                   f"{reply.text[:300]}")
             if header is not None:
                 served.add(reply.headers.get(header, "").rstrip("/"))
-            elif (n + 1) % len(want) == 0:
+            elif before is not None and (n + 1) % len(want) == 0:
                 served = _grown(before, finished_counts(want))
             if want <= served:
                 break
         lag = time.monotonic() + COUNT_LAG_S
-        while header is None and not want <= served and time.monotonic() < lag:
+        while before is not None and not want <= served and time.monotonic() < lag:
             time.sleep(POLL_S)
             served = _grown(before, finished_counts(want))
         return served & want

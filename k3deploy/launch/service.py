@@ -1,8 +1,11 @@
 """Replicas behind a router: each replica an ordinary supervised deployment (NAME-rI, its own gang, record and
 supervisor), started in parallel; then the router (NAME-router, a one-node deployment) fronting every replica
-that became ready; one service record lists them. The per-replica start and stop are what a rollout calls."""
+that became ready; one service record lists them. The per-replica start and stop are what a rollout calls.
+Prefill/decode roles are the same machinery: each instance a deployment (NAME-prefill0, NAME-decode0, ...),
+then the router in PD mode fronting the ready ones (at least one of each role)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +37,7 @@ class ServicePlan:
     replicas: tuple[tuple[Plan, tuple[NodeJob, ...]], ...]
     overrides: ExecOverrides
     catalog: Catalog
+    roles: tuple[str, ...] = ()  # with roles: each entry's role (prefill | decode); empty for replicas
 
     @property
     def name(self) -> str:
@@ -42,12 +46,28 @@ class ServicePlan:
 
 
 def service_plan(plan: Plan, overrides: ExecOverrides, catalog: Catalog) -> ServicePlan:
-    """Each replica as a deployment of its own (its nodes, ports and records)."""
+    """Each replica (or prefill/decode instance) as a deployment of its own (its nodes, ports and records)."""
+    if plan.pd is not None:
+        return _pd_service_plan(plan, overrides, catalog)
     reps = []
     for i in range(plan.topology.replicas):
         sub = plan._replace(topology=replica_topology(plan.topology, i))
         reps.append((sub, jobs_for(sub, overrides, catalog)))
     return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog)
+
+
+def _pd_service_plan(plan: Plan, overrides: ExecOverrides, catalog: Catalog) -> ServicePlan:
+    from k3deploy.nodeplan.jobs import instance_jobs
+    from k3deploy.topology.pd import instance_topology, instances
+
+    assert plan.pd is not None
+    reps, roles = [], []
+    for inst in instances(plan.topology):
+        role = plan.pd.prefill if inst.role == "prefill" else plan.pd.decode
+        sub = role.plan._replace(file=plan.file, topology=instance_topology(plan.topology, inst))
+        reps.append((sub, instance_jobs(plan, inst, overrides, catalog)))
+        roles.append(inst.role)
+    return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog, roles=tuple(roles))
 
 
 def router_plan(sp: ServicePlan) -> Plan:
@@ -57,7 +77,7 @@ def router_plan(sp: ServicePlan) -> Plan:
     node = t.nodes[index if index is not None else replica_groups(t)[0][0]]
     return sp.plan._replace(topology=t.model_copy(update={
         "name": router_name(t.name), "nodes": [node.model_copy(update={"rank": None})], "replicas": 1,
-        "replica_nodes": None, "router": None}))
+        "replica_nodes": None, "router": None, "roles": None}))
 
 
 def start_replica(sp: ServicePlan, index: int, store: StateStore, *, factory: ExecutorFactory = open_executor,
@@ -110,18 +130,19 @@ def launch_service(sp: ServicePlan, store: StateStore, *, factory: ExecutorFacto
         services.save(Service(
             name=sp.name, file=sp.plan.file, status="starting", router_kind=t.router.kind,
             router_url=sp.plan.router.settings.url,
-            replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i]) for i, (p, _) in
+            replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i],
+                                        role=sp.roles[i] if sp.roles else "") for i, (p, _) in
                            enumerate(sp.replicas))))
     try:
         ready = _start_replicas(sp, store, services, factory, on_event, skip_preflight)
-        if not ready:
-            raise LaunchError(f"{sp.name}: no replica became ready; " + _causes(services.load(sp.name)),
-                              hint=f"k3deploy logs {sp.name}-r0")
-        job = router_job(sp.plan, [urls[i] for i in ready], sp.overrides)
+        _require_ready(sp, ready, services.load(sp.name))
+        job = router_job(_fronting(sp, ready), [urls[i] for i in ready], sp.overrides)
         services.update(sp.name, lambda s: s.model_copy(update={"router_name": router_name(sp.name)}))
         sink = (lambda e: on_event(router_name(sp.name), e)) if on_event else ignore
         deploy.launch(router_plan(sp), (job,), store, factory=factory, on_event=sink, skip_preflight=True)
-        served = wait_registered(job, [urls[i] for i in ready], t.launch.ready_timeout_s, t.router.kind)
+        # In PD mode every request passes a prefill and a decode: one completion through the router shows both.
+        served = wait_registered(job, [urls[i] for i in ready], t.launch.ready_timeout_s, t.router.kind,
+                                 rounds=1 if sp.roles else None)
     except BaseException as exc:
         stop_service(store, sp.name, factory=factory, status="failed", cause=str(exc))
         raise
@@ -154,6 +175,30 @@ def _start_replicas(sp: ServicePlan, store: StateStore, services: ServiceStore, 
     with ThreadPoolExecutor(max_workers=len(sp.replicas), thread_name_prefix="replica") as pool:
         results = list(pool.map(one, range(len(sp.replicas))))
     return [i for i, ok in enumerate(results) if ok]
+
+
+def _require_ready(sp: ServicePlan, ready: list[int], svc: Service | None) -> None:
+    """LaunchError when nothing can serve: no replica ready, or a role without a ready instance."""
+    if not sp.roles:
+        if not ready:
+            raise LaunchError(f"{sp.name}: no replica became ready; " + _causes(svc), hint=f"k3deploy logs {sp.name}-r0")
+        return
+    for role in ("prefill", "decode"):
+        if not any(sp.roles[i] == role for i in ready):
+            first = sp.replicas[sp.roles.index(role)][0].topology.name
+            raise LaunchError(f"{sp.name}: no {role} instance became ready (a request needs one of each); "
+                              + _causes(svc), hint=f"k3deploy logs {first}")
+
+
+def _fronting(sp: ServicePlan, ready: list[int]) -> Plan:
+    """The plan whose router fronts only the ready instances (PD: its --prefill/--decode lists)."""
+    rp = sp.plan.router
+    if not sp.roles or rp is None:
+        return sp.plan
+    urls = {rp.settings.worker_urls[i] for i in ready}
+    settings = dataclasses.replace(rp.settings, prefill=tuple(p for p in rp.settings.prefill if p[0] in urls),
+                                   decode=tuple(u for u in rp.settings.decode if u in urls))
+    return sp.plan._replace(router=rp._replace(settings=settings))
 
 
 def _causes(svc: Service | None) -> str:

@@ -25,6 +25,7 @@ class ReplicaEntry(Record):
     index: int
     name: str = Field(description="its deployment record (NAME-rI)")
     url: str = Field(description="the worker URL the router is given")
+    role: str = Field("", description="prefill | decode (an instance of a PD role); empty for a replica")
     phase: ReplicaPhase = "starting"
     tries: int = 0
     cause: str = Field("", description="why it is out of the router (a failed start, after every try)")

@@ -20,6 +20,7 @@ class ReplicaView(BaseModel):
 
     name: str
     url: str
+    role: str = ""  # prefill | decode with roles
     status: str  # its deployment record's status ("none": never recorded)
     report: lookup.StatusReport | None
     router_healthy: bool | None  # None: the router lists it without a verdict, or could not be asked
@@ -77,7 +78,7 @@ def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> Se
                                          if rep.failure else "")
         elif active and healthy is False:
             problem = "the router takes it out (health checks fail)"
-        views.append(ReplicaView(name=r.name, url=r.url, status=status, report=rep, router_healthy=healthy,
+        views.append(ReplicaView(name=r.name, url=r.url, role=r.role, status=status, report=rep, router_healthy=healthy,
                                  router_says=says, problem=problem))
     router_problem = ""
     if active and router is not None and not router_alive:
@@ -87,7 +88,9 @@ def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> Se
         router_problem = f"{svc.router_name}: {why}"
     status = svc.status
     serving = [v for v in views if not v.problem]
-    if active and router_problem or active and not serving:
+    # With roles a request needs a prefill and a decode: a role with no instance serving serves nobody.
+    role_down = any(not any(v.role == role for v in serving) for role in {v.role for v in views if v.role})
+    if active and (router_problem or not serving or role_down):
         status = "failed"  # nothing answers clients
     elif active and len(serving) < len(views):
         status = "degraded"

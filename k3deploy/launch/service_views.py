@@ -22,8 +22,9 @@ def dry_run(sp: ServicePlan, router: NodeJob) -> RenderableType:
     from k3deploy.launch.views import dry_run as nodes
 
     parts: list[RenderableType] = []
-    for plan, jobs in sp.replicas:
-        parts += [Text(f"# ===== replica {plan.topology.name} =====", style="bold"), nodes(jobs)]
+    for i, (plan, jobs) in enumerate(sp.replicas):
+        what = sp.roles[i] if sp.roles else "replica"
+        parts += [Text(f"# ===== {what} {plan.topology.name} =====", style="bold"), nodes(jobs)]
     parts += [Text(f"# ===== router {router.ready.url} on {router.host} via {router.target.via()}; log "
                    f"{router.log_path} =====", style="bold"), Text(f"  {router.command}\n")]
     return Group(*parts)
@@ -52,7 +53,8 @@ def status_view(rep: ServiceReport) -> RenderableType:
     head.add_row("router", f"{rep.router_kind} {rep.router_url} ({router})"
                  + (f": {rep.workers_error}" if rep.workers_error else ""))
     table = Table()
-    for col in ("replica", "url", "k3deploy", "nodes alive", "router says"):
+    for col in ("instance" if any(r.role for r in rep.replicas) else "replica", "url", "k3deploy", "nodes alive",
+                "router says"):
         table.add_column(col)
     for r in rep.replicas:
         alive = "-" if r.report is None else f"{sum(1 for n in r.report.nodes if n.alive)}/{len(r.report.nodes)}"
@@ -61,7 +63,7 @@ def status_view(rep: ServiceReport) -> RenderableType:
     parts: list[RenderableType] = [head, table]
     for r in rep.replicas:
         if r.problem:
-            parts.append(Text.assemble(("replica ", "bold red"), f"{r.name}: {r.problem}"))
+            parts.append(Text.assemble((f"{r.role or 'replica'} ", "bold red"), f"{r.name}: {r.problem}"))
     if rep.router_problem:
         parts.append(Text.assemble(("router: ", "bold red"), rep.router_problem))
     return Group(*parts)

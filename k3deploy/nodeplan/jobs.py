@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import posixpath
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,13 +14,19 @@ from k3deploy.executors.target import ExecTarget
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
 
+if TYPE_CHECKING:
+    from k3deploy.engines.context import Inputs
+    from k3deploy.topology.pd import Instance
+    from k3deploy.topology.schema import Topology
+
 
 class ReadyCheck(BaseModel):
     """How a node shows it is up (the renderer's ReadySpec, as data)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: str = Field(description="http | dummy-health | none")
+    kind: str = Field(description="http (its paths, then a completion) | health (its paths only: a PD role, "
+                      "whose completion goes through the router) | dummy-health | none")
     url: str | None = None
     paths: tuple[str, ...] = ()
 
@@ -71,11 +78,31 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
              catalog: Catalog | None = None, replica: int = 0) -> tuple[NodeJob, ...]:
     """Render every node (rank 0 first) of one replica (the only one without replicas) and pair it with its
     executor target."""
-    from k3deploy.engines.render import render_nodes
-    from k3deploy.engines.shell import node_shell
     from k3deploy.topology.replicas import replica_topology
 
-    t = replica_topology(plan.topology, replica)
+    return _jobs(plan, replica_topology(plan.topology, replica), lambda python: plan.render_inputs(python, replica),
+                 overrides, catalog)
+
+
+def instance_jobs(plan: Plan, inst: Instance, overrides: ExecOverrides | None = None,
+                  catalog: Catalog | None = None) -> tuple[NodeJob, ...]:
+    """Every node (rank 0 first) of one prefill or decode instance of a PD plan, with its role's flags and env.
+    Its head is ready once it answers its health paths: a request to one role alone has no pair, so the
+    completion that makes the service ready goes through the router."""
+    from k3deploy.planning.pd import instance_inputs
+    from k3deploy.topology.pd import instance_topology
+
+    jobs = _jobs(plan, instance_topology(plan.topology, inst), lambda python: instance_inputs(plan, inst, python),
+                 overrides, catalog)
+    return tuple(j.model_copy(update={"ready": j.ready.model_copy(update={"kind": "health"})})
+                 if j.ready.kind == "http" else j for j in jobs)
+
+
+def _jobs(plan: Plan, t: Topology, inputs: Callable[[str], Inputs], overrides: ExecOverrides | None,
+          catalog: Catalog | None) -> tuple[NodeJob, ...]:
+    from k3deploy.engines.render import render_nodes
+    from k3deploy.engines.shell import node_shell
+
     targets = targets_for(t, overrides)
     vendor = catalog.vendors.get(plan.hardware.vendor) if catalog and plan.hardware else None
     # Nodes that are this machine run the stand-in under this interpreter, not the first python3 on PATH.
@@ -88,5 +115,5 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )
-        for s in render_nodes(plan.render_inputs(python, replica), vendor)
+        for s in render_nodes(inputs(python), vendor)
     )

@@ -270,7 +270,9 @@ class ChatService(EngineCore):
         self._check_model(body)
         ids = token_ids(prompt)
         args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
-        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body))
+        _, transferred = self._received(body, ids, prompt, "")  # a PD decode generates from what it fetched
+        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body),
+                  transferred=transferred)
         frame = Frame(self._head("cmpl", body), "text_completion")
         if body.get("stream"):
             return Reply(chunks=self._text_chunks(job, frame, body))

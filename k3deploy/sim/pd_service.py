@@ -21,7 +21,7 @@ from k3deploy.sim.disaggregation import (
     timeout_s,
 )
 from k3deploy.sim.recall import Facts, read_facts
-from k3deploy.sim.tokens import message_text, render_prompt
+from k3deploy.sim.tokens import message_text, render_prompt, token_ids
 
 _BOOTSTRAP_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
@@ -65,15 +65,34 @@ class PdChatService(ChatService):
             return super().chat(body)
         return self._prefill(body, boot)
 
+    def completion(self, body: Any) -> Reply:
+        """A PD /v1/completions request (the router sends it to both roles, as it does a chat)."""
+        boot = bootstrap_of(body, self.cfg.bootstrap_port)
+        if boot is None or self.cfg.pd_mode != "prefill":
+            return super().completion(body)
+        reply = super().completion({**_plain(body), "stream": False, "max_tokens": 1})
+        prompt = body["prompt"][0] if isinstance(body["prompt"], list) else body["prompt"]
+        self._publish(boot, token_ids(prompt), read_facts(prompt, ""), reply)
+        if body.get("stream") and reply.body is not None:
+            return Reply(chunks=_as_chunks(reply.body, text=True))
+        return reply
+
     def _prefill(self, body: dict[str, Any], boot: Bootstrap) -> Reply:
-        assert self.bootstrap is not None
         # The prefill server computes the prompt and one token; the decode server generates the rest.
         reply = super().chat({**_plain(body), "stream": False, "max_tokens": 1, "max_completion_tokens": None})
         messages = body["messages"]
         prompt = render_prompt(messages, body.get("tools") if body.get("tool_choice") != "none" else None)
         asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
+        self._publish(boot, prompt.ids, read_facts(prompt.text, asked), reply)
+        if body.get("stream") and reply.body is not None:
+            return Reply(chunks=_as_chunks(reply.body))
+        return reply
+
+    def _publish(self, boot: Bootstrap, ids: list[int], facts: Facts, reply: Reply) -> None:
+        """The room's state for the decode, then wait until the decode fetched it (ApiError at the timeout)."""
+        assert self.bootstrap is not None
         rooms = self.bootstrap.rooms
-        rooms.publish(str(boot.room), prompt.ids, read_facts(prompt.text, asked))
+        rooms.publish(str(boot.room), ids, facts)
         wait_s = self.timeouts_s.get(BOOTSTRAP_TIMEOUT_ENV, 300.0)
         if not rooms.wait_fetched(str(boot.room), wait_s):
             err = TransferError(boot.room, f"Request timed out after {wait_s:.0f}s in KVPoll.Bootstrapping")
@@ -82,9 +101,6 @@ class PdChatService(ChatService):
                 f"req.bootstrap_room={boot.room} with exception {err}"
             )
             raise ApiError(500, str(err), "InternalServerError")
-        if body.get("stream") and reply.body is not None:
-            return Reply(chunks=_as_chunks(reply.body))
-        return reply
 
     def _received(self, body: dict[str, Any], ids: list[int], text: str, asked: str) -> tuple[Facts | None, int]:
         boot = bootstrap_of(body, self.cfg.bootstrap_port)
@@ -105,9 +121,13 @@ class PdChatService(ChatService):
         return {**own, **received_facts(state, ids, held)}, len(ids) - held
 
 
-def _as_chunks(body: dict[str, Any]) -> Generator[dict[str, Any], None, None]:
+def _as_chunks(body: dict[str, Any], text: bool = False) -> Generator[dict[str, Any], None, None]:
     """A prefill's one-token answer as the stream it was asked as (the router drains it unread)."""
     choice = body["choices"][0]
     head = {k: body[k] for k in ("id", "created", "model")}
+    if text:
+        yield {**head, "object": "text_completion",
+               "choices": [{"index": 0, "text": choice["text"], "finish_reason": choice["finish_reason"]}]}
+        return
     yield {**head, "object": "chat.completion.chunk",
            "choices": [{"index": 0, "delta": choice["message"], "finish_reason": choice["finish_reason"]}]}

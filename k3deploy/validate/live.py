@@ -42,13 +42,16 @@ class LiveProgress:
 
     def stage(self, name: str, result: StageResult | None) -> None:
         """Say a stage started, or how it ended (its bars go)."""
+        from rich.markup import escape
+
+        shown = escape(name)  # a stage of one PD instance is named kernels[prefill0], not a markup tag
         if result is None:
-            self.console.print(f"[bold]{name}[/]: running", highlight=False)
+            self.console.print(f"[bold]{shown}[/]: running", highlight=False)
             return
         for key in [k for k in self.tasks if k[0] == name]:
             self.progress.remove_task(self.tasks.pop(key))
         style = STATUS_STYLE[result.status]
-        self.console.print(f"[bold]{name}[/]: [{style}]{result.status}[/] in {result.seconds:.1f} s", highlight=False)
+        self.console.print(f"[bold]{shown}[/]: [{style}]{result.status}[/] in {result.seconds:.1f} s", highlight=False)
 
 
 @contextlib.contextmanager

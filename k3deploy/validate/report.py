@@ -24,7 +24,7 @@ def report_table(report: Report) -> RenderableType:
     for column in ("stage", "status", "seconds", "detail"):
         table.add_column(column, overflow="fold", justify="right" if column == "seconds" else "left")
     for stage in report.stages:
-        table.add_row(stage.name, Text(stage.status.upper(), style=STYLE[stage.status]), f"{stage.seconds:.1f}",
+        table.add_row(Text(stage.name), Text(stage.status.upper(), style=STYLE[stage.status]), f"{stage.seconds:.1f}",
                       Text(stage.detail))
         for node in stage.nodes if stage.status != "pass" else ():
             lines = node.problems or [node.detail]

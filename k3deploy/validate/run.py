@@ -84,6 +84,11 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
     if topology.model.id not in catalog.models:
         raise InputError(f"{target.file}: model.id {topology.model.id!r} is not in the catalog "
                          f"(known: {', '.join(sorted(catalog.models))})")
+    if topology.roles is not None:
+        from k3deploy.validate.roles import validate_roles
+
+        return validate_roles(target, runner_factory, [s.name for s in stages], manifest=manifest,
+                              fail_fast=fail_fast, catalog_dirs=catalog_dirs, progress=progress, on_stage=on_stage)
     nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(runner_factory(topology, target.deployment))

@@ -1,0 +1,101 @@
+"""Launch of prefill/decode roles: each instance a deployment of its own (its role's flags, nodes, ports and
+records), the router in PD mode fronting the ready instances, a role with none ready refused, and the CLI's
+dry run, preflight and rollout of a PD file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.errors import LaunchError
+from k3deploy.launch.service import ServicePlan, _fronting, _require_ready, service_plan
+from k3deploy.nodeplan.router_job import router_job
+from k3deploy.nodeplan.targets import ExecOverrides
+from k3deploy.planning.files import require_feasible
+from tests.k3deploy_cli import run_k3deploy
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ROOT / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"
+
+
+def _sp(tmp_path: Path, decodes: int = 1) -> ServicePlan:
+    text = LOCAL.read_text(encoding="utf-8")
+    if decodes == 2:  # 1P2D: the TP2 prefill, two one-node decodes
+        text = text.replace("decode: {instances: 1, nodes: [127.0.0.3, 127.0.0.4], parallel: {tp: 2, ep: 2}}",
+                            "decode: {instances: 2, nodes: [127.0.0.3, 127.0.0.4], parallel: {tp: 1}}")
+    path = tmp_path / "pd.yaml"
+    path.write_text(text, encoding="utf-8")
+    cat = load_catalog()
+    return service_plan(require_feasible(path, cat), ExecOverrides(), cat)
+
+
+def test_each_instance_is_a_deployment_with_its_role_flags_ports_and_health_readiness(tmp_path: Path) -> None:
+    sp = _sp(tmp_path)
+    assert sp.roles == ("prefill", "decode")
+    (pre, pre_jobs), (dec, dec_jobs) = sp.replicas
+    assert (pre.topology.name, dec.topology.name) == ("k3-pd-prefill0", "k3-pd-decode0")
+    assert (pre.topology.roles, pre.pd, pre.file) == (None, None, sp.plan.file)
+    assert [j.ip for j in pre_jobs] == ["127.0.0.1", "127.0.0.2"] and [j.ip for j in dec_jobs] == [
+        "127.0.0.3", "127.0.0.4"]
+    head = pre_jobs[0].argv
+    assert head[head.index("--disaggregation-mode") + 1] == "prefill"
+    assert head[head.index("--disaggregation-bootstrap-port") + 1] == "18998"
+    assert head[head.index("--port") + 1] == "18000" and "--disaggregation-decode-enable-radix-cache" not in head
+    d = dec_jobs[0].argv
+    assert d[d.index("--disaggregation-mode") + 1] == "decode" and d[d.index("--port") + 1] == "18001"
+    assert "--disaggregation-decode-enable-radix-cache" in d
+    # Rendezvous ports apart (both instances could share one machine), every rank under its own log name.
+    assert pre_jobs[0].argv[pre_jobs[0].argv.index("--dist-init-addr") + 1] == "127.0.0.1:29500"
+    assert d[d.index("--dist-init-addr") + 1] == "127.0.0.3:29501"
+    assert dec_jobs[1].log_path.endswith("k3-pd-decode0-rank1.log")
+    # A role alone has no pair for a completion: its head is ready on its health paths; the router's is asked
+    # for the completion.
+    assert (pre_jobs[0].ready.kind, dec_jobs[0].ready.kind) == ("health", "health")
+    assert pre_jobs[0].ready.url == "http://127.0.0.1:18000"
+    router = router_job(_fronting(sp, [0, 1]), sp.plan.router.settings.worker_urls if sp.plan.router else ())
+    assert router.ready.kind == "http"
+    argv = list(router.argv)
+    assert "--pd-disaggregation" in argv
+    assert argv[argv.index("--prefill") + 1:argv.index("--prefill") + 3] == ["http://127.0.0.1:18000", "18998"]
+    assert argv[argv.index("--decode") + 1] == "http://127.0.0.3:18001"
+
+
+def test_the_router_fronts_the_ready_instances_and_a_role_without_one_is_refused(tmp_path: Path) -> None:
+    sp = _sp(tmp_path, decodes=2)
+    assert sp.roles == ("prefill", "decode", "decode")
+    assert [p.topology.name for p, _ in sp.replicas] == ["k3-pd-prefill0", "k3-pd-decode0", "k3-pd-decode1"]
+    urls = sp.plan.router.settings.worker_urls if sp.plan.router else ()
+    argv = list(router_job(_fronting(sp, [0, 2]), [urls[0], urls[2]]).argv)
+    assert argv.count("--decode") == 1 and argv[argv.index("--decode") + 1] == "http://127.0.0.4:18002", argv
+    _require_ready(sp, [0, 2], None)
+    with pytest.raises(LaunchError, match="no decode instance became ready"):
+        _require_ready(sp, [0], None)
+    with pytest.raises(LaunchError, match="no prefill instance became ready"):
+        _require_ready(sp, [1, 2], None)
+
+
+def test_launch_dry_run_shows_each_instance_and_preflight_and_rollout_refuse(tmp_path: Path) -> None:
+    r = run_k3deploy("launch", str(LOCAL), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "# ===== prefill k3-pd-prefill0 =====" in r.stdout and "# ===== decode k3-pd-decode0 =====" in r.stdout
+    assert "--pd-disaggregation" in r.stdout and "--prefill http://127.0.0.1:18000 18998" in r.stdout
+    doc = json.loads(run_k3deploy("launch", str(LOCAL), "--dry-run", "--json").stdout)
+    assert [len(r) for r in doc["replicas"]] == [2, 2]
+    r = run_k3deploy("preflight", str(LOCAL))
+    assert r.returncode == 2 and "preflight of prefill/decode roles is not built yet" in r.stderr, r.stderr
+    r = run_k3deploy("rollout", str(LOCAL), "--state-dir", str(tmp_path))
+    assert r.returncode == 2 and "rollout of prefill/decode roles is not built yet" in r.stderr, r.stderr
+
+
+def test_validate_of_roles_runs_node_stages_per_instance_and_request_stages_once(tmp_path: Path) -> None:
+    r = run_k3deploy("validate", str(LOCAL), "--only", "kernels,short,effort", "--state-dir", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [(s["name"], s["status"]) for s in doc["stages"]] == [
+        ("kernels[prefill0]", "skip"), ("kernels[decode0]", "skip"), ("short", "skip")], doc
+    assert "k3-pd-prefill0" in doc["stages"][0]["detail"] and doc["not_implemented"] == ["effort"]
+    text = run_k3deploy("validate", str(LOCAL), "--only", "kernels", "--state-dir", str(tmp_path))
+    assert "kernels[decode0]" in text.stdout and "kernels[decode0]: skip" in text.stderr  # not eaten as markup
