@@ -66,19 +66,33 @@ MEMBERSHIP = {
 }
 
 # What a replica is still serving, from its own /metrics (real names: SGLang's and vLLM's gauges); the drain
-# waits on these after a router that drops a worker at once (vllm-router) took it out.
-RUNNING_GAUGES = ("sglang:num_running_reqs", "vllm:num_requests_running")
+# waits on these after a router that drops a worker at once (vllm-router) took it out. Waiting requests count:
+# one the router sent just before dropping the worker may still be queued, not yet running.
+RUNNING_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "vllm:num_requests_running",
+                  "vllm:num_requests_waiting")
+# Requests a replica has finished, from its own /metrics (vLLM 0.32.0's counter, read from the real engine):
+# who served through a router that names no worker (vllm-router) is whose count grew.
+FINISHED_COUNTERS = ("vllm:request_success_total",)
 
 
-def running_requests(metrics_text: str) -> float | None:
-    """The sum of the running-request gauges in a Prometheus text page (None when it has none)."""
+def _sum(metrics_text: str, names: tuple[str, ...]) -> float | None:
     total, seen = 0.0, False
     for line in metrics_text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in RUNNING_GAUGES:
+        if name in names:
             try:
                 total += float(line.rsplit(" ", 1)[1])
                 seen = True
             except (IndexError, ValueError):
                 continue
     return total if seen else None
+
+
+def running_requests(metrics_text: str) -> float | None:
+    """The requests running or waiting, from a Prometheus text page (None when it has no such gauge)."""
+    return _sum(metrics_text, RUNNING_GAUGES)
+
+
+def finished_requests(metrics_text: str) -> float | None:
+    """The requests the engine has finished, from a Prometheus text page (None when it does not count them)."""
+    return _sum(metrics_text, FINISHED_COUNTERS)

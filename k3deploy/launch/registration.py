@@ -1,12 +1,19 @@
 """A router's workers registered and serving: every ready replica healthy in the router's `/workers`, then real
-completions through the router until each replica has answered one (when the router names who served)."""
+completions through the router until each replica has answered one (the router names who served, or else
+each replica's own finished-requests counter grew)."""
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Sequence
 
-from k3deploy.engines.router_api import SERVED_BY_HEADER, WORKERS_PATH, RouterWorker, router_workers
+from k3deploy.engines.router_api import (
+    SERVED_BY_HEADER,
+    WORKERS_PATH,
+    RouterWorker,
+    finished_requests,
+    router_workers,
+)
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.http import NodeHttp
 from k3deploy.nodeplan.jobs import NodeJob
@@ -15,6 +22,8 @@ POLL_S = 0.5
 # Cache-aware routing keeps a shared prefix on one replica: prompts that differ from their first character
 # spread over the replicas; this many per replica at most.
 PROMPTS_PER_REPLICA = 8
+# An engine counts a request finished a moment after its answer went out: how long to wait for the count.
+COUNT_LAG_S = 5.0
 
 
 def workers_of(http: NodeHttp, timeout_s: float = 5.0) -> tuple[list[RouterWorker], str]:
@@ -40,8 +49,8 @@ def _model(http: NodeHttp) -> str | None:
 def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind: str = "smg",
                     rounds: int | None = None) -> set[str]:
     """Until every URL is healthy in the router (LaunchError naming the others at the deadline); then the
-    URLs seen serving a completion through the router (`rounds` completions; default: until each has served,
-    at most PROMPTS_PER_REPLICA each)."""
+    URLs seen serving a completion through the router, by its served-by header or else by their own finished
+    counts (`rounds` completions; default: until each has served, at most PROMPTS_PER_REPLICA each)."""
     want = {u.rstrip("/") for u in urls}
     deadline = time.monotonic() + timeout_s
     with NodeHttp(router.ready.url or "") as http:
@@ -57,8 +66,9 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
                                   f"{WORKERS_PATH} after {timeout_s:.0f} s" + (f" ({why})" if why else ""))
             time.sleep(POLL_S)
         header = SERVED_BY_HEADER.get(kind)
-        if header is None and rounds is None:
-            return set()
+        before = None if header else finished_counts(want)
+        if header is None and before is None and rounds is None:
+            return set()  # neither the router nor the replicas say who served: no claim
         model = _model(http)
         served: set[str] = set()
         for n in range(rounds if rounds is not None else PROMPTS_PER_REPLICA * len(want)):
@@ -67,8 +77,36 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
             if not reply.ok:
                 raise LaunchError(f"router {router.ready.url}: /v1/completions: HTTP {reply.status}: "
                                   f"{reply.text[:300]}")
-            who = reply.headers.get(header, "").rstrip("/") if header else ""
-            served.add(who)
+            if header is not None:
+                served.add(reply.headers.get(header, "").rstrip("/"))
+            elif before is not None and (n + 1) % len(want) == 0:
+                served = _grown(before, finished_counts(want))
             if want <= served:
                 break
+        lag = time.monotonic() + COUNT_LAG_S
+        while before is not None and not want <= served and time.monotonic() < lag:
+            time.sleep(POLL_S)
+            served = _grown(before, finished_counts(want))
         return served & want
+
+
+def finished_counts(urls: set[str]) -> dict[str, float] | None:
+    """Each replica's finished requests from its own /metrics; None when one cannot be read from here."""
+    out = {}
+    for url in urls:
+        try:
+            with NodeHttp(url) as http:
+                page = http.get("/metrics", 5.0)
+        except ExecError:
+            return None
+        count = finished_requests(page.text) if page.ok else None
+        if count is None:
+            return None
+        out[url] = count
+    return out
+
+
+def _grown(before: dict[str, float] | None, after: dict[str, float] | None) -> set[str]:
+    if before is None or after is None:
+        return set()
+    return {u for u, n in after.items() if n > before.get(u, n)}

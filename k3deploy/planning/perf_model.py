@@ -243,9 +243,19 @@ def prefill(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> Step:
     return Step(reads, compute, coll, overhead, terms)
 
 
+def require_timeable(model: ModelSpec) -> None:
+    """PerfUnknown unless the model is MLA + MoE, the only kind the terms here describe."""
+    arch = model.architecture
+    if arch.attention != "mla" or arch.num_experts < 1:
+        # The terms are K3's: MLA's latent KV and routed experts (a dense GQA model divided by zero experts).
+        raise PerfUnknown(f"model {model.id}: the performance model times MLA + MoE models like K3; this one "
+                          f"is {arch.attention.upper()} with {arch.num_experts} routed experts")
+
+
 def prefill_latency_s(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> float:
     """Seconds from a `tokens`-token prompt's arrival to its first token, `concurrent_groups` attention groups
     prefilling alike: every pipeline stage in turn, plus the hand-offs between them."""
+    require_timeable(inp.model)
     pp = inp.shape.pp
     return pp * prefill(inp, tokens, concurrent_groups).seconds + (pp - 1) * p2p_s(inp, tokens)
 

@@ -28,6 +28,7 @@ from k3deploy.planning.perf_model import (
     p2p_s,
     prefill,
     prefill_latency_s,
+    require_timeable,
 )
 from k3deploy.planning.plan import Plan, memory_inputs, perf_inputs_for
 from k3deploy.planning.workload import Workload
@@ -95,11 +96,7 @@ def perf_inputs(plan: Plan, catalog: Catalog) -> PerfInputs:
 def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_tokens: int | None = None
             ) -> Prediction:
     """The workload's mean TTFT, TPOT and throughput on one replica laid out as `inp` says."""
-    arch = inp.model.architecture
-    if arch.attention != "mla" or arch.num_experts < 1:
-        # The terms are K3's: MLA's latent KV and routed experts (a dense GQA model divided by zero experts).
-        raise PerfUnknown(f"model {inp.model.id}: the performance model times MLA + MoE models like K3; this one "
-                          f"is {arch.attention.upper()} with {arch.num_experts} routed experts")
+    require_timeable(inp.model)
     s = inp.shape
     need = w.input_tokens + w.output_tokens
     caps = {"concurrency": w.concurrency}

@@ -100,7 +100,7 @@ class RealVllm(SimDeployments):
 
     def run(self, *args: str, timeout_s: float = READY_TIMEOUT_S + 300) -> subprocess.CompletedProcess[str]:
         """The CLI with the tier's catalog on the commands that take it."""
-        extra = ("--catalog", str(CATALOG)) if args[0] in ("plan", "launch", "preflight", "validate") else ()
+        extra = ("--catalog", str(CATALOG)) if args[0] in ("plan", "launch", "preflight", "validate", "rollout") else ()
         return cli(*args, *extra, timeout_s=timeout_s, env=self.cli_env)
 
     def validate(self, topo: Path, *more: str) -> dict[str, Any]:

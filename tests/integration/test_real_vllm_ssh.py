@@ -15,6 +15,7 @@ import pytest
 
 from k3deploy.launch.state import StateStore
 from tests.integration.real_vllm import RealVllm, children, engine_main, kill
+from tests.integration.test_router_tables import needs_routers
 from tests.polling import wait_for
 from tests.rig import HostRig
 
@@ -193,3 +194,81 @@ def test_a_model_that_answers_health_and_dies_on_its_first_request_is_a_failed_l
     assert cause.startswith("exited with status 0 (a serving engine never ends on its own: it failed); its log "
                             "says: ") and "Unsupported CPU attention configuration: head_dim=16" in cause, cause
     assert wait_for(lambda: not any(real.left_on_hosts().values()), 30)
+
+
+def _served(urls: list[str]) -> dict[str, float]:
+    """Each replica's own count of finished requests (vllm-router names no worker: the engine counts)."""
+    import httpx
+
+    out = {}
+    for url in urls:
+        page = httpx.get(f"{url}/metrics", timeout=30).text
+        out[url] = sum(float(m.group(1)) for m in re.finditer(
+            r"^vllm:request_success_total(?:\{[^}]*\})? (\S+)$", page, re.MULTILINE))
+    return out
+
+
+@needs_routers
+def test_two_replicas_behind_vllm_router_serve_roll_out_under_a_stream_and_stop_clean(
+        real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+    import yaml
+
+    from k3deploy.launch.ipc import ipc_dir
+    from tests.integration.test_router_tables import VENV
+    from tests.integration.test_service_ssh import Stream
+    from tests.ports import closed_port
+
+    topo = real.real_topology("rv-svc", tp=1, hosts=2)
+    doc = yaml.safe_load(topo.read_text())
+    port = closed_port()
+    doc["replicas"] = 2  # one host each, TP 1
+    doc["router"] = {"kind": "vllm-router", "port": port, "metrics_port": closed_port(),
+                     # round_robin: cache_aware (the default) sent 8 of 8 distinct prompts, one at a time, to
+                     # replica 0 here, and launch's 16 of 16 with --enable-scale-out in engine.args
+                     "policy": "round_robin", "python": str(VENV / "bin/python"), "health_check_interval_s": 1,
+                     "health_failure_threshold": 3, "health_success_threshold": 1}
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    real.names += ["rv-svc-r0", "rv-svc-r1", "rv-svc-router"]
+    store = StateStore(real.state_dir)
+    tags: set[str] = set()
+
+    def note_tags() -> None:
+        for name in ("rv-svc-r0", "rv-svc-r1", "rv-svc-router"):
+            tags.update(n.handle.tag for n in store.require(name).nodes if n.handle is not None)
+
+    svc = launched(real, topo, capsys, "2 replicas x TP 1 behind vllm-router")
+    # vllm-router names no serving worker: launch counted each replica's own finished requests
+    assert [r["served_through_router"] for r in svc["replicas"]] == [True, True], svc
+    note_tags()
+    st = json.loads(real.run("status", str(topo), "--json").stdout)
+    assert st["status"] == "ready" and [r["router_healthy"] for r in st["replicas"]] == [True, True], st
+    urls = [r["url"].rstrip("/") for r in st["replicas"]]
+    before = _served(urls)
+    for i in range(8):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300, json={
+            "model": "tiny-llama", "prompt": f"{i} {time.time()}", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    after = _served(urls)
+    assert all(after[u] > before[u] for u in urls), (before, after)  # both replicas served
+
+    stream = Stream(port, "tiny-llama")
+    t0 = time.monotonic()
+    try:
+        roll = real.run("rollout", str(topo))
+    finally:
+        stream.end()
+    assert roll.returncode == 0, roll.stdout[-2000:] + roll.stderr[-4000:]
+    with capsys.disabled():
+        print(f"rollout: {time.monotonic() - t0:.0f} s, {stream.ok} requests through vllm-router, "
+              f"{len(stream.failed)} failed, fewest healthy {stream.fewest}")
+    assert stream.failed == [] and stream.ok > 0 and stream.fewest >= 1, (stream.failed[:5], stream.fewest)
+    note_tags()
+
+    stop = real.run("stop", str(topo))
+    assert stop.returncode == 0, stop.stderr
+    left = real.left_on_hosts()
+    assert not any(left.values()), left
+    assert [ipc_dir(t) for t in tags if Path(ipc_dir(t)).exists()] == [], tags
+    router = store.require("rv-svc-router").nodes[0].handle  # the router ran here
+    assert router is not None and wait_for(lambda: not Path(f"/proc/{router.pid}").exists(), 20)

@@ -137,8 +137,8 @@ def test_two_replicas_behind_vllm_router_over_ssh(deployments: Deployments, rig4
 class Stream:
     """A steady client through the router and a /workers poll every 0.5 s, until stopped."""
 
-    def __init__(self, port: int) -> None:
-        self.port, self.ok, self.failed, self.fewest = port, 0, [], 99  # type: ignore[var-annotated]
+    def __init__(self, port: int, model: str = "kimi-k3-tiny") -> None:
+        self.port, self.model, self.ok, self.failed, self.fewest = port, model, 0, [], 99  # type: ignore[var-annotated]
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._client), threading.Thread(target=self._poll)]
         for t in self.threads:
@@ -148,7 +148,7 @@ class Stream:
         while not self.stop.is_set():
             try:
                 r = httpx.post(f"http://127.0.0.1:{self.port}/v1/completions", timeout=60, json={
-                    "model": "kimi-k3-tiny", "prompt": uuid.uuid4().hex, "max_tokens": 2})
+                    "model": self.model, "prompt": uuid.uuid4().hex, "max_tokens": 2})
                 if r.status_code == 200:
                     self.ok += 1
                 else:

@@ -17,6 +17,7 @@ from k3deploy.engines.router import ROUTER_TABLES, RouterSettings, argv_problems
 from k3deploy.errors import InputError
 from k3deploy.planning.perf_model import prefill_latency_s
 from k3deploy.planning.plan import Plan, make_plan
+from k3deploy.planning.pool import HEALTH_TIMEOUT_UNKNOWN_S
 from k3deploy.planning.prediction import perf_inputs
 from k3deploy.topology.loader import TopologyError, load_topology, parse_topology
 from k3deploy.topology.replicas import replica_groups, replica_topology
@@ -208,6 +209,20 @@ def test_router_health_timeout_is_the_perf_models_longest_prefill_times_the_cata
     wider = cat.model_copy(update={"planner": cat.planner.model_copy(update={"router_health_margin": 3.0})})
     wide = make_plan(_load(doc), wider).router
     assert wide is not None and wide.settings.health_check_timeout_s == math.ceil(3 * 4 * prefill)
+
+
+def test_a_dense_model_behind_a_router_plans_with_an_untimed_prefill() -> None:
+    # The tiny dense Llama of the real-vLLM tier: the K3-shaped prefill model divided by its zero experts.
+    cat = load_catalog((ROOT / "tests" / "assets" / "catalog",))
+    doc = _doc()
+    doc.update(model={"id": "tiny-llama", "path": "/tmp/k3deploy-replicas/tiny-llama"}, hardware={"gpu": "cpu-host", "gpus_per_node": 1},
+               parallel={"tp": 1}, serving={"context_length": 2048, "max_running_requests": 4})
+    doc["engine"] = {"kind": "vllm", "port": 18000}
+    doc["router"]["kind"] = "vllm-router"
+    router = make_plan(_load(doc), cat).router
+    assert router is not None and router.longest_prefill_s is None
+    assert router.prefill_unknown is not None and "MLA + MoE" in router.prefill_unknown, router
+    assert router.settings.health_check_timeout_s == HEALTH_TIMEOUT_UNKNOWN_S
 
 
 def test_hand_set_timeouts_below_the_plan_warn() -> None:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from k3deploy.engines.router_api import MEMBERSHIP, SERVED_BY_HEADER, router_workers, running_requests
+from k3deploy.engines.router_api import (
+    MEMBERSHIP,
+    SERVED_BY_HEADER,
+    finished_requests,
+    router_workers,
+    running_requests,
+)
 
 SMG = {"workers": [
     {"id": "01a231c0", "model_id": "kimi-k3-tiny", "url": "http://127.0.0.1:18500", "worker_type": "regular",
@@ -44,6 +50,16 @@ def test_every_router_kind_has_membership_routes() -> None:
 def test_running_requests_from_either_engines_metrics() -> None:
     page = ('# HELP vllm:num_requests_running x\nvllm:num_requests_running{model_name="m",engine="0"} 2.0\n'
             'vllm:num_requests_running{model_name="m",engine="1"} 1.0\nvllm:num_requests_waiting{m="m"} 7.0\n')
-    assert running_requests(page) == 3.0
-    assert running_requests('sglang:num_running_reqs{model_name="m"} 0.0\n') == 0.0
+    assert running_requests(page) == 10.0  # waiting requests are still to be served: the drain waits for them
+    assert running_requests('sglang:num_running_reqs{model_name="m"} 0.0\nsglang:num_queue_reqs 1.0\n') == 1.0
     assert running_requests("other_metric 1\n") is None
+
+
+@pytest.mark.timeout(10)
+def test_finished_requests_from_vllms_counter() -> None:
+    page = ('# TYPE vllm:request_success_total counter\n'
+            'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 9.0\n'
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 1.0\n'
+            'vllm:request_success_created{engine="0"} 1.7e9\n')
+    assert finished_requests(page) == 10.0
+    assert finished_requests("vllm:num_requests_running 0.0\n") is None
