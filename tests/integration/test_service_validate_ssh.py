@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from k3deploy.launch.state import StateStore
-from tests.integration.conftest import _require_root
+from tests.integration.conftest import named_rig
 from tests.integration.test_launch_ssh import Deployments, hosts_empty
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_service_ssh import _complete, _router_gone, _service, _status
@@ -30,10 +30,8 @@ REQUEST_STAGES = ("short", "long", "prefix-cache", "effort")
 
 @pytest.fixture(scope="module")
 def rig_sv() -> Iterator[HostRig]:
-    """Four hosts, named for this module (the prefix keeps its namespaces apart from other rigs')."""
-    _require_root()
-    with HostRig(4, prefix="svv") as rig:
-        yield rig
+    """Four hosts of this module's own."""
+    yield from named_rig("svv")
 
 
 @pytest.fixture
