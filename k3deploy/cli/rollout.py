@@ -28,6 +28,9 @@ def rollout(
                                           "or its name (the file it was launched from)", show_default=False)],
     drain_s: Annotated[float, typer.Option("--drain-s", min=1, help="longest wait for a replica's in-flight "
                                            "requests")] = 120.0,
+    skip_short: Annotated[bool, typer.Option("--skip-short", help="put each new replica back without its `short` "
+                                             "validate stage (a model that cannot pass it, e.g. random weights "
+                                             "that never stop)")] = False,
     executor: ExecutorOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
     ssh_config: SshConfigOpt = "~/.ssh/config",
@@ -67,5 +70,5 @@ def rollout(
         raise InputError(f"{file}: rollout of prefill/decode roles is not built yet",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
     done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s,
-                checks=[("short", replica_stage(prep.service, store, "short"))])
+                checks=[] if skip_short else [("short", replica_stage(prep.service, store, "short"))])
     print(summary(done))
