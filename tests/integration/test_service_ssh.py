@@ -127,6 +127,15 @@ def test_two_replicas_behind_vllm_router_over_ssh(deployments: Deployments, rig4
     st = _status(topo)
     assert st["status"] == "ready" and [r["router_healthy"] for r in st["replicas"]] == [True, True], st
     assert len(_complete(port, 8)) == 8
+    # vllm-router names no worker: validate names who served from each replica's own finished count.
+    val = cli("validate", str(topo), "--json", "--only", "kernels,short,prefix-cache", timeout_s=600)
+    stages = {s["name"]: s for s in json.loads(val.stdout)["stages"]}
+    assert val.returncode == 0 and list(stages) == ["kernels[r0]", "kernels[r1]", "short", "prefix-cache"], stages
+    for name in ("short", "prefix-cache"):
+        assert set(stages[name]["results"]["served_by"]) <= {"it-svc-vr-r0", "it-svc-vr-r1"}, stages[name]
+        assert stages[name]["results"]["served_by"] and "finished-requests counter" in stages[name]["evidence"]
+    turns = stages["prefix-cache"]["results"]["served_by_turn"]
+    assert len(turns) == 2 and turns[0] == turns[1] and len(turns[0]) == 1, turns
     stream = Stream(port)  # vllm-router drops a worker at once: the drain waits on the replica's own gauge
     try:
         roll = cli("rollout", str(topo), timeout_s=600)
