@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +25,17 @@ from k3deploy.launch.state import StateStore
 from tests.integration.conftest import _require_root
 from tests.integration.test_launch_ssh import Deployments
 from tests.integration.test_pd_service_ssh import _answer, _chat, _status, _stop_leaves_nothing
-from tests.integration.test_router_tables import VENV, needs_routers
+from tests.integration.test_pd_service_ssh import _pd_topology as pd_topology
+from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_sim_pd import FACTS, QUESTION, RIGHT
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
-from tests.ports import closed_port
 from tests.rig import HostRig
 
 pytestmark = [pytest.mark.integration, needs_routers]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "vllm"]
 SIDE_CHANNEL_PORT = 15600
+NODE_STAGES_1P1D = [f"{stage}[{inst}]" for inst in ("prefill0", "decode0") for stage in ("shards", "kernels", "topology")]
 
 
 @pytest.fixture(scope="module")
@@ -55,30 +56,14 @@ def deployments(rig_pdv: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
                  tp: int, fault: str = "") -> tuple[Path, int]:
-    """A topology with `roles` for the vLLM mimic over NIXL: each instance the rig hosts listed (by index), TP
-    `tp`, vllm-router here in PD mode."""
-    hosts = d.rig.hosts
-    used = sorted({i for group in (*prefill, *decode) for i in group})
-    nodes = [{"host": hosts[i].mgmt_ip, "ip": hosts[i].priv_ip, "iface": hosts[i].priv_iface} for i in used]
-    topo = d.topology(name, nodes=nodes, env={"K3SIM_SPEED": "50", **({"K3SIM_FAULT": fault} if fault else {})},
-                      launch={"restart": {"max": 0}, "ready_timeout_s": 150})
+    """The smg test's topology with `roles` in the vLLM form: the stand-in's vLLM mimic over NIXL (its side
+    channel), vllm-router here in PD mode."""
+    topo, port = pd_topology(d, name, prefill, decode, tp, fault)
     doc: dict[str, Any] = yaml.safe_load(topo.read_text())
-    port = closed_port()
-    doc.pop("parallel")
     doc["engine"].update({"mimic": "vllm", "launcher": LAUNCHER})
     doc["serving"]["prefix_cache"] = True
-    shape = {"tp": tp, "ep": tp}
-    doc["roles"] = {
-        "prefill": {"instances": len(prefill), "nodes": [hosts[i].priv_ip for g in prefill for i in g],
-                    "parallel": shape},
-        "decode": {"instances": len(decode), "nodes": [hosts[i].priv_ip for g in decode for i in g],
-                   "parallel": shape},
-        "transfer": {"backend": "nixl", "side_channel_port": SIDE_CHANNEL_PORT}}
-    doc["router"] = {"kind": "vllm-router", "port": port, "metrics_port": closed_port(),
-                     "python": str(VENV / "bin/python"), "policy": "random", "health_check_interval_s": 1,
-                     "health_failure_threshold": 2, "health_success_threshold": 1}
-    names = [f"{name}-prefill{i}" for i in range(len(prefill))] + [f"{name}-decode{i}" for i in range(len(decode))]
-    d.names += [*names, f"{name}-router"]
+    doc["roles"]["transfer"] = {"backend": "nixl", "side_channel_port": SIDE_CHANNEL_PORT}
+    doc["router"]["kind"] = "vllm-router"
     topo.write_text(yaml.safe_dump(doc, sort_keys=False))
     return topo, port
 
@@ -90,17 +75,44 @@ def _finished(url: str) -> float:
                if line.startswith("vllm:request_success_total"))
 
 
+def _launch(topo: Path, roles: list[str]) -> dict[str, Any]:
+    """One `k3deploy launch`: the service ready, its instances of these roles in order."""
+    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
+    assert run.returncode == 0, run.stderr
+    svc: dict[str, Any] = json.loads(run.stdout)
+    assert svc["status"] == "ready" and [r["role"] for r in svc["replicas"]] == roles, svc
+    return svc
+
+
+def _validate(topo: Path) -> tuple[int, dict[str, Any]]:
+    """`k3deploy validate --json`: its exit code and report."""
+    val = cli("validate", str(topo), "--json", timeout_s=600)
+    report: dict[str, Any] = json.loads(val.stdout)
+    return val.returncode, report
+
+
+def _kill(rig: HostRig, topo: Path, host: int, until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Kill every process on one rig host; the first status (JSON) for which `until` holds."""
+    rig.kill_host_processes(rig.hosts[host])
+    seen: dict[str, Any] = {}
+
+    def holds() -> bool:
+        seen.clear()
+        seen.update(_status(topo))
+        return until(seen)
+
+    assert wait_for(holds, 60), seen
+    return seen
+
+
 @pytest.mark.timeout(700)
 def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deployments, rig_pdv: HostRig) -> None:
     name = "it-pdv11"
     topo, port = _pd_topology(deployments, name, prefill=[[0, 1]], decode=[[2, 3]], tp=2)
     store = StateStore(deployments.state_dir)
-    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
-    assert run.returncode == 0, run.stderr
-    svc = json.loads(run.stdout)
-    assert svc["status"] == "ready", svc
-    assert [(r["name"], r["role"], r["phase"]) for r in svc["replicas"]] == [
-        (f"{name}-prefill0", "prefill", "ready"), (f"{name}-decode0", "decode", "ready")], svc
+    svc = _launch(topo, ["prefill", "decode"])
+    assert [(r["name"], r["phase"]) for r in svc["replicas"]] == [(f"{name}-prefill0", "ready"),
+                                                                   (f"{name}-decode0", "ready")], svc
     argv = store.require(f"{name}-router").jobs[0].argv
     prefill0, decode0 = (r["url"] for r in svc["replicas"])
     pairs = set(itertools.pairwise(argv))
@@ -124,13 +136,10 @@ def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deploym
     cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < cached <= first.json()["usage"]["prompt_tokens"], (cached, first.json()["usage"])
 
-    val = cli("validate", str(topo), "--json", timeout_s=600)
-    assert val.returncode == 0, val.stdout
-    report = json.loads(val.stdout)
+    code, report = _validate(topo)
+    assert code == 0, report
     assert [(r["name"], r["status"]) for r in report["stages"]] == [
-        *((f"{stage}[{inst}]", "pass") for inst in ("prefill0", "decode0") for stage in ("shards", "kernels",
-                                                                                           "topology")),
-        ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass")], report
+        *((n, "pass") for n in NODE_STAGES_1P1D), ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass")]
     assert report["not_implemented"] == ["effort"]
 
     _stop_leaves_nothing(topo, rig_pdv, store, name)
@@ -141,10 +150,7 @@ def test_one_prefill_two_decodes_behind_vllm_router_over_ssh(deployments: Deploy
     name = "it-pdv12"
     topo, port = _pd_topology(deployments, name, prefill=[[0]], decode=[[1], [2]], tp=1)
     store = StateStore(deployments.state_dir)
-    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
-    assert run.returncode == 0, run.stderr
-    svc = json.loads(run.stdout)
-    assert svc["status"] == "ready" and [r["role"] for r in svc["replicas"]] == ["prefill", "decode", "decode"], svc
+    _launch(topo, ["prefill", "decode", "decode"])
     st = _status(topo)
     assert st["status"] == "ready" and all(r["router_healthy"] for r in st["replicas"]), st
     urls = [r["url"] for r in st["replicas"]]
@@ -157,16 +163,13 @@ def test_one_prefill_two_decodes_behind_vllm_router_over_ssh(deployments: Deploy
     assert all(after[u] > before[u] for u in urls[1:]), (before, after)
     assert sum(after[u] - before[u] for u in urls[1:]) == 12, (before, after)
 
-    rig_pdv.kill_host_processes(rig_pdv.hosts[2])  # decode1's only node dies while the others serve
-    assert wait_for(lambda: _status(topo)["replicas"][2]["problem"] != "", 60), _status(topo)
-    st = _status(topo)
+    # decode1's only node dies while the others serve: named, and the router takes it out.
+    st = _kill(rig_pdv, topo, 2, lambda s: s["replicas"][2]["problem"] != "" and s["replicas"][2]["router_healthy"]
+               is False)
     assert st["status"] == "degraded" and [r["problem"] == "" for r in st["replicas"]] == [True, True, False], st
-    # The router takes decode1 out: every request is served by the prefill and decode0.
-    assert wait_for(lambda: _status(topo)["replicas"][2]["router_healthy"] is False, 30), _status(topo)
-    for _ in range(3):
+    for _ in range(3):  # the prefill and decode0 serve every request
         assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
-    rig_pdv.kill_host_processes(rig_pdv.hosts[1])  # decode0 too: no decode serves, so nothing does
-    assert wait_for(lambda: _status(topo)["status"] == "failed", 60), _status(topo)
+    _kill(rig_pdv, topo, 1, lambda s: s["status"] == "failed")  # decode0 too: no decode serves, so nothing does
     assert cli("status", str(topo)).returncode == 4
     _stop_leaves_nothing(topo, rig_pdv, store, name)
 
@@ -179,15 +182,11 @@ def test_a_zeroed_kda_transfer_fails_the_long_stage_through_vllm_router(deployme
     name = "it-pdvz"
     topo, _ = _pd_topology(deployments, name, prefill=[[0]], decode=[[1]], tp=1, fault="transfer_kda_zeroed")
     store = StateStore(deployments.state_dir)
-    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
-    assert run.returncode == 0, run.stderr
-    val = cli("validate", str(topo), "--json", timeout_s=600)
-    report = json.loads(val.stdout)
+    _launch(topo, ["prefill", "decode"])
+    code, report = _validate(topo)
     stages = {r["name"]: r for r in report["stages"]}
-    assert val.returncode == 1, val.stdout
-    assert all(stages[f"{st}[{inst}]"]["status"] == "pass" for inst in ("prefill0", "decode0")
-               for st in ("shards", "kernels", "topology")), stages
-    assert stages["short"]["status"] == "pass", stages["short"]
+    assert code == 1, report
+    assert all(stages[n]["status"] == "pass" for n in (*NODE_STAGES_1P1D, "short")), stages
     long = stages["long"]
     assert long["status"] == "fail" and "facts lost" in long["detail"], long
     assert "answer:" in long["evidence"], long
