@@ -64,8 +64,8 @@ def lws_replicas(base: str, replicas: Sequence[Inputs], router: RouterSettings |
     first = replicas[0]
     docs = [lws_doc(first, vendor, name=name, replicas=len(replicas))]
     size = docs[0]["spec"]["leaderWorkerTemplate"]["size"]
-    notes = [f"# k3deploy: {len(replicas)} replicas of {base} as one LeaderWorkerSet {name} "
-             f"(replicas: {len(replicas)}, {size} pod(s) each)",
+    notes = [(f"# k3deploy: {len(replicas)} replicas of {base} as one LeaderWorkerSet {name} "
+              f"(replicas: {len(replicas)}, {size} pod(s) each)"),
              "# Every group runs replica 0's commands (its ports); rank = LWS_WORKER_INDEX, rendezvous =",
              "# LWS_LEADER_ADDRESS (the group's own leader)."]
     if router is not None:
