@@ -69,3 +69,19 @@ def group_files(members: Sequence[Member], router: RouterPart | None, fmt: Forma
         files.append(RenderedFile("router.sh", router_script(router.settings, router.script_header, router.python),
                                   executable=True))
     return tuple(files)
+
+
+def whole_group_files(fmt: Format, base: str, members: Sequence[Inputs], router: RouterSettings | None, *,
+                      labels: Sequence[str], router_python: str = "python3",
+                      vendor: VendorSpec | None = None) -> tuple[RenderedFile, ...]:
+    """The sbatch job or the Kubernetes manifest of every member (replicas, or prefill/decode roles when the
+    members have a role) and the router."""
+    if fmt == "lws":
+        from k3deploy.engines.lws_group import lws_replicas, lws_roles
+
+        build = lws_roles if members[0].pd is not None else lws_replicas
+        return (RenderedFile("lws.yaml", build(base, members, router, vendor)),)
+    from k3deploy.engines.slurm_group import group_job_text
+
+    text = group_job_text(base, members, router, labels=labels, router_python=router_python, vendor=vendor)
+    return (RenderedFile("k3deploy.sbatch", text, executable=True),)

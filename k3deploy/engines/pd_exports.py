@@ -6,7 +6,7 @@ from __future__ import annotations
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.context import Inputs
 from k3deploy.engines.exports import Format, RenderedFile
-from k3deploy.engines.group_exports import Member, RouterPart, group_files
+from k3deploy.engines.group_exports import Member, RouterPart, group_files, whole_group_files
 from k3deploy.engines.router import RouterSettings
 from k3deploy.errors import InputError
 
@@ -37,16 +37,8 @@ def export_pd(instances: list[Inputs], router: tuple[RouterSettings, str] | None
     if fmt in ("slurm", "lws"):
         if role is not None or node is not None:
             raise InputError(f"--format {fmt} covers every role and the router; drop --role and --node")
-        settings = router[0] if router is not None else None
-        if fmt == "lws":
-            from k3deploy.engines.lws_group import lws_roles
-
-            return (RenderedFile("lws.yaml", lws_roles(base, instances, settings, vendor)),)
-        from k3deploy.engines.slurm_group import group_job_text
-
-        text = group_job_text(base, instances, settings, labels=[_label(i) for i in instances],
-                              router_python=router_python, vendor=vendor)
-        return (RenderedFile("k3deploy.sbatch", text, executable=True),)
+        return whole_group_files(fmt, base, instances, router[0] if router is not None else None,
+                                 labels=[_label(i) for i in instances], router_python=router_python, vendor=vendor)
     part = None
     if router is not None and role is None and node is None:
         s, runs_on = router

@@ -6,7 +6,7 @@ from __future__ import annotations
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.context import Inputs
 from k3deploy.engines.exports import Format, RenderedFile
-from k3deploy.engines.group_exports import Member, RouterPart, group_files
+from k3deploy.engines.group_exports import Member, RouterPart, group_files, whole_group_files
 from k3deploy.engines.router import RouterSettings
 from k3deploy.errors import InputError
 
@@ -26,16 +26,9 @@ def export_replicas(replicas: list[Inputs], router: tuple[RouterSettings, str] |
     if fmt in ("slurm", "lws"):
         if replica is not None or node is not None:
             raise InputError(f"--format {fmt} covers every replica and the router; drop --replica and --node")
-        settings = router[0] if router is not None else None
-        if fmt == "lws":
-            from k3deploy.engines.lws_group import lws_replicas
-
-            return (RenderedFile("lws.yaml", lws_replicas(base, replicas, settings, vendor)),)
-        from k3deploy.engines.slurm_group import group_job_text
-
-        text = group_job_text(base, replicas, settings, labels=[f"replica {i}" for i in range(len(replicas))],
-                              router_python=router_python, vendor=vendor)
-        return (RenderedFile("k3deploy.sbatch", text, executable=True),)
+        return whole_group_files(fmt, base, replicas, router[0] if router is not None else None,
+                                 labels=[f"replica {i}" for i in range(len(replicas))], router_python=router_python,
+                                 vendor=vendor)
     chosen = list(enumerate(replicas)) if replica is None else [(replica, replicas[replica])]
     members = [Member(inp, f"replica-{i}", f"replica {i} ({inp.topology.name})",
                       {"replica": i, "name": inp.topology.name}) for i, inp in chosen]
