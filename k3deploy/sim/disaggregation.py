@@ -75,8 +75,10 @@ def timeout_s(env: Mapping[str, str], name: str) -> float:
 
 
 def prefilled_state(ids: list[int], facts: Facts, skip: int, faults: Faults) -> dict[str, Any]:
-    """What the prefill sends for one room, past the decode's cached `skip` tokens (faults shape the KDA part)."""
-    kda: dict[str, Any] | None = {"facts": [[k, v, p] for k, (v, p) in facts.items() if p >= skip]}
+    """What the prefill sends for one room: the MLA KV past the decode's cached `skip` tokens, and the KDA
+    state as it stands after the whole prompt (a recurrent state is one state, not cut at the decode's cached
+    prefix: SGLang sends the request's state slot whole), which faults shape."""
+    kda: dict[str, Any] | None = {"facts": [[k, v, p] for k, (v, p) in facts.items()]}
     if "transfer_kda_zeroed" in faults:
         kda = {"facts": [], "zeroed": True}
     elif "transfer_kda_dropped" in faults:
@@ -85,8 +87,8 @@ def prefilled_state(ids: list[int], facts: Facts, skip: int, faults: Faults) -> 
 
 
 def received_facts(state: dict[str, Any], ids: list[int], skip: int) -> Facts:
-    """The facts the decode's KDA state holds for positions >= skip after the transfer (none when the state
-    is missing, zeroed, or belongs to other tokens)."""
+    """The facts the decode's KDA state holds after the transfer (none when the state is missing, zeroed, or
+    belongs to other tokens)."""
     kda = state.get("kda")
     if state.get("skip") != skip or state.get("token_ids") != ids[skip:] or not isinstance(kda, dict):
         return {}
