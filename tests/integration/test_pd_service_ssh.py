@@ -5,7 +5,8 @@ chat through the router is answered from the state the decode fetched from the p
 decode's radix cache; status lists every instance beside the router's /workers; stop leaves nothing. Then 1P2D:
 both decode instances generate for requests the router hands them; one decode's node killed leaves the
 service degraded (status names it, the other serves), both killed leave it failed (exit 4). `validate` passes across the roles (node
-stages per instance, request stages through the router); a KDA state zeroed in the transfer fails `long`."""
+stages per instance, request stages through the router); a KDA state zeroed or dropped in the transfer fails
+`long` alone. The other faults through launch: tests/integration/test_pd_faults_ssh.py."""
 from __future__ import annotations
 
 import itertools
@@ -52,17 +53,19 @@ def deployments(rig_pd: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[D
 
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
-                 tp: int, fault: str = "") -> tuple[Path, int]:
+                 tp: int, fault: str = "", env: dict[str, str] | None = None,
+                 launcher: list[str] | None = None) -> tuple[Path, int]:
     """A topology with `roles`: each instance the rig hosts listed (by index), TP `tp`, smg here in PD mode."""
     hosts = d.rig.hosts
     used = sorted({i for group in (*prefill, *decode) for i in group})
     nodes = [{"host": hosts[i].mgmt_ip, "ip": hosts[i].priv_ip, "iface": hosts[i].priv_iface} for i in used]
-    topo = d.topology(name, nodes=nodes, env={"K3SIM_SPEED": "50", **({"K3SIM_FAULT": fault} if fault else {})},
+    topo = d.topology(name, nodes=nodes, env={"K3SIM_SPEED": "50", **({"K3SIM_FAULT": fault} if fault else {}),
+                                              **(env or {})},
                       launch={"restart": {"max": 0}, "ready_timeout_s": 150})
     doc: dict[str, Any] = yaml.safe_load(topo.read_text())
     port = closed_port()
     doc.pop("parallel")
-    doc["engine"]["launcher"] = LAUNCHER
+    doc["engine"]["launcher"] = launcher or LAUNCHER
     shape = {"tp": tp, "ep": tp}
     doc["roles"] = {
         "prefill": {"instances": len(prefill), "nodes": [hosts[i].priv_ip for g in prefill for i in g],
@@ -193,12 +196,13 @@ def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, r
 
 
 @pytest.mark.timeout(700)
-def test_a_zeroed_kda_transfer_fails_the_long_stage_through_the_router(deployments: Deployments,
-                                                                       rig_pd: HostRig) -> None:
-    """The prefill sends a zeroed KDA state: the decode answers fluently and wrongly from it; `long` (facts at
-    depth, after the transfer) fails with the answer as evidence."""
-    name = "it-pdz"
-    topo, _ = _pd_topology(deployments, name, prefill=[[0]], decode=[[1]], tp=1, fault="transfer_kda_zeroed")
+@pytest.mark.parametrize("fault", ["transfer_kda_zeroed", "transfer_kda_dropped"])
+def test_a_kda_state_lost_in_the_transfer_fails_the_long_stage_alone(deployments: Deployments, rig_pd: HostRig,
+                                                                     fault: str) -> None:
+    """The prefill sends a zeroed KDA state, or none: the decode answers fluently and wrongly from what it has;
+    `long` (facts at depth, after the transfer) fails with the answer as evidence, every other stage passes."""
+    name = {"transfer_kda_zeroed": "it-pdz", "transfer_kda_dropped": "it-pdx"}[fault]
+    topo, _ = _pd_topology(deployments, name, prefill=[[0]], decode=[[1]], tp=1, fault=fault)
     store = StateStore(deployments.state_dir)
     run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
     assert run.returncode == 0, run.stderr
