@@ -171,7 +171,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, json.dumps({"error": f"bootstrap_room {room} was not prefilled"}).encode())
             return
         data = json.dumps(prefilled_state(got[0], got[1], skip, srv.faults)).encode()
-        if "prefill_dies_mid_transfer" in srv.faults:
+        if "prefill_dies_mid_transfer" in srv.faults and srv.count_transfer() > srv.faults.value(
+                "prefill_dies_mid_transfer", 0):
             # Half the KV is on the wire when the prefill process dies: the decode sees a cut transfer.
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -195,9 +196,16 @@ class BootstrapServer:
     def __init__(self, host: str, port: int, parallel_info: dict[str, Any], faults: Faults, wait_s: float) -> None:
         self.rooms = Rooms()
         self.parallel_info, self.faults, self.wait_s = parallel_info, faults, wait_s
+        self._transfers, self._count_lock = 0, threading.Lock()
         self.httpd = _BootstrapHttp((host, port), _Handler)
         self.httpd.owner = self
         self.port = self.httpd.server_address[1]
+
+    def count_transfer(self) -> int:
+        """This transfer's number, from 1."""
+        with self._count_lock:
+            self._transfers += 1
+            return self._transfers
 
     def start(self) -> None:
         """Serve in a daemon thread."""

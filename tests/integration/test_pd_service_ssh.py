@@ -54,14 +54,14 @@ def deployments(rig_pd: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[D
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
                  tp: int, fault: str = "", env: dict[str, str] | None = None,
-                 launcher: list[str] | None = None) -> tuple[Path, int]:
+                 launcher: list[str] | None = None, ready_timeout_s: int = 150) -> tuple[Path, int]:
     """A topology with `roles`: each instance the rig hosts listed (by index), TP `tp`, smg here in PD mode."""
     hosts = d.rig.hosts
     used = sorted({i for group in (*prefill, *decode) for i in group})
     nodes = [{"host": hosts[i].mgmt_ip, "ip": hosts[i].priv_ip, "iface": hosts[i].priv_iface} for i in used]
     topo = d.topology(name, nodes=nodes, env={"K3SIM_SPEED": "50", **({"K3SIM_FAULT": fault} if fault else {}),
                                               **(env or {})},
-                      launch={"restart": {"max": 0}, "ready_timeout_s": 150})
+                      launch={"restart": {"max": 0}, "ready_timeout_s": ready_timeout_s})
     doc: dict[str, Any] = yaml.safe_load(topo.read_text())
     port = closed_port()
     doc.pop("parallel")
