@@ -1,21 +1,20 @@
 """Prefill/decode faults through `k3deploy launch` on the SSH rig, the real smg in PD mode in front of stand-in
 roles (1P1D): a prefill whose bootstrap server listens on another port than the router's `--prefill URL PORT`
 (a site launcher overriding the rendered flag, which plan cannot see) fails the launch's completion through the
-router, with the decode's words; a prefill dying mid-transfer fails the request clearly and leaves the service
-failed, the prefill named; stop leaves nothing either way. (A zeroed or dropped KDA state:
-test_pd_service_ssh.py.)"""
+router, naming smg's answer; a prefill dying mid-transfer fails the request clearly and leaves the service
+failed, the prefill named; stop leaves nothing either way; a slow decode fails `effort` naming the decode role's
+TPOT against its prediction. (A zeroed or dropped KDA state: test_pd_service_ssh.py.)"""
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from k3deploy.launch.state import StateStore
-from tests.integration.conftest import _require_root
+from tests.integration import test_pd_service_ssh as pd_service
 from tests.integration.test_launch_ssh import Deployments, hosts_empty
 from tests.integration.test_pd_service_ssh import _chat, _pd_topology, _status, _stop_leaves_nothing
 from tests.integration.test_router_tables import needs_routers
@@ -25,28 +24,13 @@ from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = [pytest.mark.integration, needs_routers]
+rig_pd, deployments = pd_service.rig_pd, pd_service.deployments  # the same rig fixtures
 ROUTER_PORT = 18998  # what _pd_topology sets as roles.transfer.bootstrap_port (the router's --prefill URL PORT)
-
-
-@pytest.fixture(scope="module")
-def rig_pdf() -> Iterator[HostRig]:
-    """Two hosts: one prefill, one decode."""
-    _require_root()
-    with HostRig(2, prefix="pdf") as rig:
-        yield rig
-
-
-@pytest.fixture
-def deployments(rig_pdf: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig_pdf, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 @pytest.mark.timeout(400)
 def test_a_bootstrap_port_the_router_was_not_given_fails_the_launch(deployments: Deployments,
-                                                                   rig_pdf: HostRig, tmp_path: Path) -> None:
+                                                                   rig_pd: HostRig, tmp_path: Path) -> None:
     """The site's launcher appends its own --disaggregation-bootstrap-port (the engine's parser keeps the
     last): both instances are ready and smg registers both (it never asks the bootstrap port), but the decode
     cannot reach the prefill's bootstrap server at the port the router hands it, so no completion passes
@@ -61,18 +45,18 @@ def test_a_bootstrap_port_the_router_was_not_given_fails_the_launch(deployments:
                            env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "10"}, ready_timeout_s=90)
     run = cli("launch", str(topo), "--skip-preflight", timeout_s=300)
     assert run.returncode == 4, (run.returncode, run.stdout, run.stderr)
-    assert f"{name}-prefill0 rank 0 {rig_pdf.hosts[0].mgmt_ip}: ready" in run.stderr, run.stderr
-    assert f"{name}-decode0 rank 0 {rig_pdf.hosts[1].mgmt_ip}: ready" in run.stderr, run.stderr
+    assert f"{name}-prefill0 rank 0 {rig_pd.hosts[0].mgmt_ip}: ready" in run.stderr, run.stderr
+    assert f"{name}-decode0 rank 0 {rig_pd.hosts[1].mgmt_ip}: ready" in run.stderr, run.stderr
     assert "not a completion yet: /v1/completions: HTTP 503" in run.stderr, run.stderr
     assert "No available prefill workers" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
-    assert hosts_empty(rig_pdf), {h.name: rig_pdf.pids(h) for h in rig_pdf.hosts}
+    assert hosts_empty(rig_pd), {h.name: rig_pd.pids(h) for h in rig_pd.hosts}
     assert _status(topo)["status"] == "failed"
 
 
 @pytest.mark.timeout(500)
 def test_a_prefill_dying_mid_transfer_fails_the_request_and_the_service(deployments: Deployments,
-                                                                       rig_pdf: HostRig) -> None:
+                                                                       rig_pd: HostRig) -> None:
     """The prefill exits with half a room's KV on the wire (after launch's own completion): the request fails
     with an error, not an answer; the supervisor names the prefill instance; with no prefill left the service
     is failed (exit 4); stop leaves nothing."""
@@ -97,4 +81,26 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_the_service(deployme
     assert "Failed to get kvcache from prefill instance" in logs, logs[-3000:]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{prefill0}/health", timeout=5)
-    _stop_leaves_nothing(topo, rig_pdf, store, name)
+    _stop_leaves_nothing(topo, rig_pd, store, name)
+
+
+@pytest.mark.timeout(500)
+def test_a_slow_decode_fails_effort_naming_the_decode_roles_tpot(deployments: Deployments, rig_pd: HostRig) -> None:
+    """Every decode step 40x longer at K3SIM_SPEED 4 (10x slower than the planner's model of the `sim` GPU):
+    effort's cold TPOT through the router falls far below the decode role's prediction. (The `sim` GPU has no
+    scale-out figures, so the prefill role's TTFT is not predicted: said in the results, not judged.)"""
+    name = "it-pds"
+    topo, _ = _pd_topology(deployments, name, prefill=[[0]], decode=[[1]], tp=1, fault="slow_decode:40",
+                           env={"K3SIM_SPEED": "4"})
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", timeout_s=300)
+    assert run.returncode == 0, run.stderr
+    val = cli("validate", str(topo), "--only", "effort", "--json", timeout_s=400)
+    assert val.returncode == 1, val.stdout
+    effort = json.loads(val.stdout)["stages"][0]
+    assert effort["name"] == "effort" and effort["status"] == "fail", effort
+    assert "cold: the decode role's TPOT is far above its prediction" in effort["detail"], effort
+    assert "prefill role" not in effort["detail"], effort
+    assert "decode role TPOT" in effort["evidence"], effort
+    assert "no scaleout_gbps" in effort["results"]["predicted_per_role"]["prefill"]["not_timed"], effort
+    _stop_leaves_nothing(topo, rig_pd, store, name)

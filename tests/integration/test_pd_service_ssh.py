@@ -31,9 +31,13 @@ from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.ports import closed_port
 from tests.rig import HostRig
+from tests.validate_serving import VALIDATE
 
 pytestmark = [pytest.mark.integration, needs_routers]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+# A light effort load (tests/validate_serving.py's, whose note explains the share of the prediction).
+EFFORT = {k: VALIDATE[k] for k in ("concurrency", "effort_requests", "effort_prompt_tokens", "effort_max_tokens",
+                                   "min_share_of_prediction")}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +70,7 @@ def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: li
     port = closed_port()
     doc.pop("parallel")
     doc["engine"]["launcher"] = launcher or LAUNCHER
+    doc["validate"] = EFFORT
     shape = {"tp": tp, "ep": tp}
     doc["roles"] = {
         "prefill": {"instances": len(prefill), "nodes": [hosts[i].priv_ip for g in prefill for i in g],
@@ -153,8 +158,10 @@ def test_one_prefill_one_decode_behind_smg_over_ssh(deployments: Deployments, ri
     assert [(r["name"], r["status"]) for r in report["stages"]] == [
         *((f"{stage}[{inst}]", "pass") for inst in ("prefill0", "decode0") for stage in ("shards", "kernels",
                                                                                            "topology")),
-        ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass")], report
-    assert report["not_implemented"] == ["effort"]
+        ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass"), ("effort", "pass")], report
+    assert report["not_implemented"] == []
+    per_role = report["stages"][-1]["results"]["predicted_per_role"]
+    assert per_role["decode"]["mean_tpot_ms"] > 0 and per_role["prefill"]["not_timed"], per_role  # `sim`: no scale-out
 
     _stop_leaves_nothing(topo, rig_pd, store, name)
 
