@@ -145,7 +145,7 @@ def test_role_flags_in_engine_args_are_refused(flag: str) -> None:
     doc["engine"]["args"] = {flag: "prefill" if flag.endswith("mode") else ("nixl" if "backend" in flag else 9000)}
     codes = _plan_codes(doc)
     assert codes["PD_OWNED_FLAG"].startswith(f"engine.args.{flag}:")
-    assert "only decode registers" in codes["PD_OWNED_FLAG"]
+    assert "the decode cannot reach the prefill's bootstrap server" in codes["PD_OWNED_FLAG"]
     assert not _plan(doc).valid  # a mistake in the file: exit 2
 
 
