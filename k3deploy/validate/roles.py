@@ -3,7 +3,7 @@
 stages (short, long, prefix-cache, effort) once, through the router. For replicas the router spreads them and
 each request stage names the replica that served it; they are judged with the first ready replica's nodes (logs,
 liveness). For roles they are judged with decode instance 0's nodes (where generation and the prefix-cache hit
-happen); the effort stage is not run across roles yet (listed as not implemented)."""
+happen), and effort judges TTFT and TPOT per role (validate/role_effort.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 # Stages about one instance's processes and nodes; the others send requests.
 NODE_STAGES = ("shards", "kernels", "topology")
-NOT_FOR_ROLES = ("effort",)
 OnStage = Callable[[str, "StageResult | None"], None]
 
 
@@ -104,10 +103,10 @@ def validate_service(target: Target, runner_factory: RunnerFactory, stages: Sequ
             run(Target(unit.topology, target.file, ready(unit.topology.name)), node_stages, f"[{unit.label}]")
     request_stages = [s for s in stages if s.name not in NODE_STAGES]
     if t.roles is not None:
-        # The effort stage compares with one instance's prediction, which has no prefill/transfer/decode path in
-        # it (TTFT and TPOT per role are not modelled yet): not run rather than judged against the wrong figure.
-        missing.extend(s.name for s in request_stages if s.name in NOT_FOR_ROLES)
-        request_stages = [s for s in request_stages if s.name not in NOT_FOR_ROLES]
+        from k3deploy.validate.role_effort import RoleEffortStage
+
+        # One instance's prediction has no prefill/transfer/decode path: effort is judged per role instead.
+        request_stages = [RoleEffortStage(t) if s.name == "effort" else s for s in request_stages]
     if request_stages and not _stopped(results, fail_fast):
         judges = [u for u in everyone if u.judges_requests]
         front = next((u for u in judges if ready(u.topology.name) is not None), judges[0])
