@@ -28,6 +28,9 @@ def rollout(
                                           "or its name (the file it was launched from)", show_default=False)],
     drain_s: Annotated[float, typer.Option("--drain-s", min=1, help="longest wait for a replica's in-flight "
                                            "requests")] = 120.0,
+    skip_short: Annotated[bool, typer.Option("--skip-short", help="put each new replica back without its `short` "
+                                             "validate stage (a model that cannot pass it, e.g. random weights "
+                                             "that never stop)")] = False,
     executor: ExecutorOpt = None,
     accept_new_host_keys: AcceptNewOpt = False,
     ssh_config: SshConfigOpt = "~/.ssh/config",
@@ -40,13 +43,15 @@ def rollout(
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
 ) -> None:
-    """One replica at a time: out of the router (drained), stopped, started, a real completion, back in and
-    healthy. Exit 4 at the first failure, naming the replica and stage (the others keep serving)."""
+    """One replica at a time: out of the router (drained), stopped, started, a real completion and the `short`
+    validate stage straight to it, back in and healthy. Exit 4 at the first failure, naming the replica and
+    stage (the others keep serving)."""
     from k3deploy.launch.lookup import locate
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.rollout import rollout as roll
     from k3deploy.launch.service_state import ServiceStore
     from k3deploy.launch.service_views import summary
+    from k3deploy.validate.replica_check import replica_stage
 
     store, name = locate(target, str(state_dir) if state_dir else None)
     svc = ServiceStore(store).load(name)
@@ -64,5 +69,6 @@ def rollout(
 
         raise InputError(f"{file}: rollout of prefill/decode roles is not built yet",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
-    done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s)
+    done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s,
+                checks=[] if skip_short else [("short", replica_stage(prep.service, store, "short"))])
     print(summary(done))

@@ -3,19 +3,15 @@ transfer) and TPOT (decode) held against the planner's prediction per role (plan
 far slower than predicted fails, naming that role's figure."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3deploy.validate.predicted import JUDGED_TTFT_MS, predicted
-from k3deploy.validate.stage import ProgressEvent, StageResult, ValidateContext
+from k3deploy.validate.stage import ValidateContext
 from k3deploy.validate.stages.effort import EffortStage
 
 if TYPE_CHECKING:
-    from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.planning.perf_model import Term
     from k3deploy.topology.schema import Topology
-    from k3deploy.validate.run import RunnerFactory, Target
 
 
 def _terms(terms: tuple[Term, ...]) -> list[dict[str, Any]]:
@@ -64,15 +60,3 @@ class RoleEffortStage(EffortStage):
                             f"ms against {ttft_ms:,.0f} ms predicted ({speed['prefill']:.0%} of its predicted speed)")
         return problems, results, evidence
 
-
-def role_effort(service: Topology, target: Target, runner_factory: RunnerFactory, *, manifest: Manifest | None,
-                catalog_dirs: Sequence[Path], progress: Callable[[ProgressEvent], None],
-                on_stage: Callable[[str, StageResult | None], None]) -> list[StageResult]:
-    """Run the per-role effort stage against `target` (decode instance 0's deployment reached through the
-    router) and return its result."""
-    from k3deploy.planning.files import catalog_for
-    from k3deploy.validate.run import run_stages
-
-    rep = run_stages(target, runner_factory, [RoleEffortStage(service)], [], manifest=manifest, fail_fast=False,
-                     catalog=catalog_for(list(catalog_dirs)), progress=progress, on_stage=on_stage)
-    return list(rep.stages)
