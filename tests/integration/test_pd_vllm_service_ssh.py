@@ -24,7 +24,13 @@ import yaml
 from k3deploy.launch.state import StateStore
 from tests.integration.conftest import _require_root
 from tests.integration.test_launch_ssh import Deployments
-from tests.integration.test_pd_service_ssh import _answer, _chat, _status, _stop_leaves_nothing
+from tests.integration.test_pd_service_ssh import (
+    CLEAN_EFFORT_ENV,
+    _answer,
+    _chat,
+    _status,
+    _stop_leaves_nothing,
+)
 from tests.integration.test_pd_service_ssh import _pd_topology as pd_topology
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_sim_pd import FACTS, QUESTION, RIGHT
@@ -55,10 +61,10 @@ def deployments(rig_pdv: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[
 
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
-                 tp: int, fault: str = "") -> tuple[Path, int]:
+                 tp: int, fault: str = "", env: dict[str, str] | None = None) -> tuple[Path, int]:
     """The smg test's topology with `roles` in the vLLM form: the stand-in's vLLM mimic over NIXL (its side
     channel), vllm-router here in PD mode."""
-    topo, port = pd_topology(d, name, prefill, decode, tp, fault)
+    topo, port = pd_topology(d, name, prefill, decode, tp, fault, env)
     doc: dict[str, Any] = yaml.safe_load(topo.read_text())
     doc["engine"].update({"mimic": "vllm", "launcher": LAUNCHER})
     doc["serving"]["prefix_cache"] = True
@@ -108,7 +114,7 @@ def _kill(rig: HostRig, topo: Path, host: int, until: Callable[[dict[str, Any]],
 @pytest.mark.timeout(700)
 def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deployments, rig_pdv: HostRig) -> None:
     name = "it-pdv11"
-    topo, port = _pd_topology(deployments, name, prefill=[[0, 1]], decode=[[2, 3]], tp=2)
+    topo, port = _pd_topology(deployments, name, prefill=[[0, 1]], decode=[[2, 3]], tp=2, env=CLEAN_EFFORT_ENV)
     store = StateStore(deployments.state_dir)
     svc = _launch(topo, ["prefill", "decode"])
     assert [(r["name"], r["phase"]) for r in svc["replicas"]] == [(f"{name}-prefill0", "ready"),
