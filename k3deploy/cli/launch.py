@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -24,6 +23,7 @@ from k3deploy.cli.common import (
     exec_overrides,
     print_warnings,
 )
+from k3deploy.cli.interrupts import sigterm_interrupts as _sigterm_interrupts  # the old name, kept importable
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
@@ -139,11 +139,3 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
 
         supervise_here(store, plan.topology.name, prefixed(sys.stdout),
                        on_event=lambda e: err.print(event_line(e), markup=False))
-
-
-def _sigterm_interrupts() -> None:
-    """`k3deploy stop` from another shell sends SIGTERM: unwind like Ctrl-C, stopping started nodes."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
