@@ -12,7 +12,7 @@ from rich.text import Text
 from k3deploy.diagnostics import Issue
 from k3deploy.planning.pd_report import pd_parts
 from k3deploy.planning.plan_model import Plan
-from k3deploy.planning.report_tables import budget_table, capacity_table, gib_cell
+from k3deploy.planning.report_tables import budget_table, capacity_table, gib_cell, quantity_table
 from k3deploy.planning.search import ShapeRow
 
 
@@ -30,9 +30,7 @@ def pool_table(plan: Plan) -> Table:
     """What the replicas hold together, and the router's settings sized from the plan."""
     p = plan.pool
     assert p is not None
-    t = Table(title=f"Pool ({p.replicas} replicas)", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = quantity_table(f"Pool ({p.replicas} replicas)")
     t.add_row("GPUs (replicas x GPUs per replica)", f"{p.gpus:,}")
     t.add_row("KV tokens, all replicas", f"{p.kv_tokens:,}")
     t.add_row("concurrent requests, all replicas", f"{p.max_running_requests:,}")

@@ -14,6 +14,14 @@ def gib_cell(n: float) -> str:
     return f"{n / GIB:,.2f}"
 
 
+def quantity_table(title: str) -> Table:
+    """An empty two-column table (quantity, value right-aligned) titled at the left."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    return t
+
+
 def budget_table(plan: Plan, role: str = "") -> Table:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
     broken at phrase boundaries so the table reads at 80 columns."""
@@ -55,9 +63,7 @@ def capacity_table(plan: Plan, role: str = "") -> Table:
     """KV tokens, concurrency and context at that concurrency."""
     c = plan.capacity
     assert c is not None
-    t = Table(title=f"{role}Capacity", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = quantity_table(f"{role}Capacity")
     t.add_row("KV tokens in the pool", f"{c.kv_tokens:,}")
     t.add_row("max concurrent requests", f"{c.max_running_requests:,}")
     t.add_row("longest context at that concurrency", f"{c.max_context_tokens:,}")
