@@ -29,7 +29,8 @@ from k3deploy.topology.schema import Topology
 from k3deploy.topology.settings import Parallel
 
 # Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them
-# (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: only decode registers).
+# (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: smg 1.13 registers both workers, yet
+# no request passes, as the decode cannot reach the prefill's bootstrap server; seen on the rig).
 OWNED = ("--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
          "--disaggregation-ib-device", "--kv-transfer-config")
 # Older SGLang took decode's layout on the prefill (--disaggregation-decode-tp/-dp); SGLang 0.5.23's parser
@@ -66,7 +67,8 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
         if flag in OWNED:
             out.append(_err("PD_OWNED_FLAG", f"{flag} is set per instance from `roles`: one value for every "
                             "instance breaks the pairing (a bootstrap port other than the one the router is given "
-                            "after --prefill: only decode registers)", f"engine.args.{flag}",
+                            "after --prefill: the router registers both roles, yet every request fails, as the "
+                            "decode cannot reach the prefill's bootstrap server)", f"engine.args.{flag}",
                             "remove it; set roles.transfer (backend, bootstrap_port, ib_devices)"))
         if family == "sglang" and flag in DECODE_LAYOUT_FLAGS:
             out.append(_err("PD_DECODE_LAYOUT_FLAG", f"{flag}: older SGLang took decode's TP/DP on the prefill; "

@@ -1,7 +1,7 @@
 """`validate` of prefill/decode roles behind a router: the node stages (shards, kernels, topology) on every
 instance's own nodes, then the request stages (short, long, prefix-cache, effort) through the router, judged
-with decode instance 0's nodes (where generation and the prefix-cache hit happen) as the deployment. The
-effort stage is not run across roles yet (listed as not implemented)."""
+with decode instance 0's nodes (where generation and the prefix-cache hit happen) as the deployment; effort
+judges TTFT and TPOT per role (validate/role_effort.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # Stages about one instance's processes and nodes; the others send requests.
 NODE_STAGES = ("shards", "kernels", "topology")
-NOT_FOR_ROLES = ("effort",)
+NOT_FOR_ROLES = ("effort",)  # not the single-instance stage: role_effort judges it per role
 
 
 def validate_roles(target: Target, runner_factory: RunnerFactory, names: Sequence[str], *,
@@ -60,18 +60,21 @@ def validate_roles(target: Target, runner_factory: RunnerFactory, names: Sequenc
         if node_names and not _stopped(results, fail_fast):
             sub = instance_topology(t, inst)
             run(RunTarget(sub, target.file, ready(sub.name)), node_names, f"[{inst.role}{inst.index}]")
-    # The effort stage compares with one instance's prediction, which has no prefill/transfer/decode path in
-    # it (TTFT and TPOT per role are not modelled yet): not run rather than judged against the wrong figure.
-    missing.extend(n for n in names if n in NOT_FOR_ROLES)
     request_names = [n for n in names if n not in NODE_STAGES and n not in NOT_FOR_ROLES]
-    if request_names and not _stopped(results, fail_fast):
+    if (request_names or "effort" in names) and not _stopped(results, fail_fast):
         decode = next(i for i in insts if i.role == "decode")
         sub = instance_topology(t, decode)
         dep = ready(sub.name)
         if dep is not None and svc is not None:
             # Requests go to the router (it pairs a prefill with a decode); logs and liveness are the decode's.
             dep = dep.model_copy(update={"url": svc.router_url, "probe_from": "here"})
-        run(RunTarget(sub, target.file, dep), request_names, "")
+        if request_names:
+            run(RunTarget(sub, target.file, dep), request_names, "")
+        if "effort" in names and not _stopped(results, fail_fast):
+            from k3deploy.validate.role_effort import role_effort
+
+            results += role_effort(t, RunTarget(sub, target.file, dep), runner_factory, manifest=manifest,
+                                   catalog_dirs=catalog_dirs, progress=progress, on_stage=on_stage)
     code = exit_code((r.status for r in results), unreachable_first=False)
     return Report(deployment=t.name, passed=code == 0, exit_code=code, stages=results, not_implemented=missing)
 

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 from k3deploy.errors import InputError, StateError
 from k3deploy.validate.pipeline import Report, run_pipeline, select
-from k3deploy.validate.stage import NodeRef, Nodes, ProgressEvent, StageResult, ValidateContext
+from k3deploy.validate.stage import NodeRef, Nodes, ProgressEvent, Stage, StageResult, ValidateContext
 from k3deploy.validate.stages import IMPLEMENTED
 
 if TYPE_CHECKING:
+    from k3deploy.catalog.specs import Catalog
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
@@ -89,6 +90,16 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
 
         return validate_roles(target, runner_factory, [s.name for s in stages], manifest=manifest,
                               fail_fast=fail_fast, catalog_dirs=catalog_dirs, progress=progress, on_stage=on_stage)
+    return run_stages(target, runner_factory, stages, missing, manifest=manifest, fail_fast=fail_fast,
+                      catalog=catalog, progress=progress, on_stage=on_stage)
+
+
+def run_stages(target: Target, runner_factory: RunnerFactory, stages: Sequence[Stage], missing: Sequence[str], *,
+               manifest: Manifest | None, fail_fast: bool, catalog: Catalog,
+               progress: Callable[[ProgressEvent], None],
+               on_stage: Callable[[str, StageResult | None], None]) -> Report:
+    """Run `stages` against one deployment's target (no roles) and return the report."""
+    topology = target.topology
     nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(runner_factory(topology, target.deployment))
