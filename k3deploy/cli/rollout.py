@@ -3,26 +3,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from k3deploy.cli.common import (
-    AcceptNewOpt,
     CatalogOpt,
-    ConnectTimeoutOpt,
     ExecutorOpt,
-    KnownHostsOpt,
-    RayAddressOpt,
-    SshConfigOpt,
-    SshJumpOpt,
-    SshKeyOpt,
-    SshUserOpt,
     exec_overrides,
+    with_connection_options,
 )
 from k3deploy.cli.status import StateDirOpt
 
 
+@with_connection_options
 def rollout(
     target: Annotated[str, typer.Argument(help="the service's topology file (its current content is applied), "
                                           "or its name (the file it was launched from)", show_default=False)],
@@ -32,16 +26,9 @@ def rollout(
                                              "validate stage (a model that cannot pass it, e.g. random weights "
                                              "that never stop)")] = False,
     executor: ExecutorOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    ssh_config: SshConfigOpt = "~/.ssh/config",
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    connect_timeout_s: ConnectTimeoutOpt = None,
-    ssh_jump: SshJumpOpt = None,
-    ray_address: RayAddressOpt = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
+    **connection: Any,
 ) -> None:
     """One replica at a time: out of the router (drained), stopped, started, a real completion and the `short`
     validate stage straight to it, back in and healthy. Exit 4 at the first failure, naming the replica and
@@ -57,7 +44,7 @@ def rollout(
     svc = ServiceStore(store).load(name)
     file = Path(target) if Path(target).suffix in (".yaml", ".yml") or Path(target).is_file() else \
         Path(svc.file) if svc is not None else Path(target)
-    overrides = exec_overrides(locals())
+    overrides = exec_overrides({"executor": executor, **connection})
     prep = prepare(file, catalog, overrides, services=True)
     if prep.service is None:
         from k3deploy.errors import InputError

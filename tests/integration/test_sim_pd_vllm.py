@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
 from tests.integration.test_sim_pd import FACTS, QUESTION, RIGHT, VENV, needs_routers
 
@@ -28,15 +27,8 @@ FLAGS = ["--max-model-len", "32768", "--served-model-name", "m", "--reasoning-pa
 ASK: Any = [{"role": "user", "content": f"{FACTS} {QUESTION}"}]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("kimi-k3-tiny")
-    write_checkpoint(path)
-    return path
-
-
 @pytest.fixture
-def pd_vllm(model: Path, tmp_path: Path) -> Iterator[Any]:
+def pd_vllm(checkpoint: Path, tmp_path: Path) -> Iterator[Any]:
     """A factory: (router URL, prefill, decode, their API port) for a prefill fault, the decode's TP and
     failure policy."""
     routers: list[subprocess.Popen[bytes]] = []
@@ -47,7 +39,7 @@ def pd_vllm(model: Path, tmp_path: Path) -> Iterator[Any]:
             api, side_p, side_d, router_port, metrics = free_ports(5)
             config = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both",
                                  "kv_load_failure_policy": policy})
-            base = ["--mimic", "vllm", str(model), "--host", "0.0.0.0", "--port", str(api), *FLAGS,
+            base = ["--mimic", "vllm", str(checkpoint), "--host", "0.0.0.0", "--port", str(api), *FLAGS,
                     "--kv-transfer-config", config]
             env = {"K3SIM_SPEED": "50"}
             prefill = ns.start("prefill", base, {**env, "VLLM_HOST_IP": PREFILL_IP, "K3SIM_FAULT": prefill_fault,
