@@ -1,12 +1,13 @@
 """Shared CLI plumbing: the one place errors become messages and exit codes."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 
@@ -40,9 +41,37 @@ SshJumpOpt = Annotated[str | None, typer.Option(
 RayAddressOpt = Annotated[str | None, typer.Option(
     "--ray-address", help="Ray cluster for --executor ray: auto, HOST:6379 or ray://HOST:10001 "
     "(over launch.ray_address)")]
+_KW = inspect.Parameter.KEYWORD_ONLY
+# The SSH and Ray options of every command that reaches nodes (launch, preflight, rollout), in --help order;
+# `with_connection_options` gives them to a command.
+CONNECTION_OPTIONS = (
+    inspect.Parameter("accept_new_host_keys", _KW, annotation=AcceptNewOpt, default=False),
+    inspect.Parameter("ssh_config", _KW, annotation=SshConfigOpt, default="~/.ssh/config"),
+    inspect.Parameter("ssh_user", _KW, annotation=SshUserOpt, default=None),
+    inspect.Parameter("ssh_key", _KW, annotation=SshKeyOpt, default=None),
+    inspect.Parameter("known_hosts", _KW, annotation=KnownHostsOpt, default=None),
+    inspect.Parameter("connect_timeout_s", _KW, annotation=ConnectTimeoutOpt, default=None),
+    inspect.Parameter("ssh_jump", _KW, annotation=SshJumpOpt, default=None),
+    inspect.Parameter("ray_address", _KW, annotation=RayAddressOpt, default=None),
+)
+# The options such a command ends with: the connection options are listed just before them.
+TRAILING_OPTIONS = ("state_dir", "catalog")
 EXEC_OPTIONS = ("executor", "ssh_user", "ssh_key", "known_hosts", "ssh_config", "accept_new_host_keys",
                 "connect_timeout_s", "ray_address", "ssh_jump")
 EXECUTORS = ("local", "ssh", "ray", "slurm")
+
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def with_connection_options(command: Command) -> Command:
+    """Give `command` the CONNECTION_OPTIONS: typer sees each as an option of its own (its signature says so);
+    the command takes them as `**connection` (for exec_overrides)."""
+    sig = inspect.signature(command, eval_str=True)  # typer reads annotations from a set signature as they are
+    own = [p.replace(kind=_KW) for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = next((i for i, p in enumerate(own) if p.name in TRAILING_OPTIONS), len(own))
+    cast(Any, command).__signature__ = sig.replace(parameters=[*own[:at], *CONNECTION_OPTIONS, *own[at:]])
+    return command
 
 
 def exec_overrides(params: dict[str, object]) -> ExecOverrides:

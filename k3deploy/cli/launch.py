@@ -2,28 +2,21 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from k3deploy.cli.common import (
-    AcceptNewOpt,
     CatalogOpt,
-    ConnectTimeoutOpt,
     ExecutorOpt,
     FileArg,
-    KnownHostsOpt,
-    RayAddressOpt,
-    SshConfigOpt,
-    SshJumpOpt,
-    SshKeyOpt,
-    SshUserOpt,
     exec_overrides,
     print_warnings,
+    with_connection_options,
 )
+from k3deploy.cli.interrupts import sigterm_interrupts as _sigterm_interrupts  # the old name, kept importable
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
@@ -35,6 +28,7 @@ StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
 
 
+@with_connection_options
 def launch(
     file: FileArg,
     executor: ExecutorOpt = None,
@@ -45,16 +39,9 @@ def launch(
     skip_preflight: Annotated[bool, typer.Option(
         "--skip-preflight", help="start without running `k3deploy preflight` first (recorded in the "
         "deployment record)")] = False,
-    accept_new_host_keys: AcceptNewOpt = False,
-    ssh_config: SshConfigOpt = "~/.ssh/config",
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    connect_timeout_s: ConnectTimeoutOpt = None,
-    ssh_jump: SshJumpOpt = None,
-    ray_address: RayAddressOpt = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
+    **connection: Any,
 ) -> None:
     """Run preflight; start rank 0, then every worker; wait until rank 0 serves; leave a supervisor
     watching all nodes.
@@ -69,7 +56,7 @@ def launch(
     and left out (exit 0 while one serves; 4 when none does)."""
     from k3deploy.launch.prepare import prepare
 
-    prep = prepare(file, catalog, exec_overrides(locals()), services=True)
+    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}), services=True)
     print_warnings(prep.warnings, prep.plan.file)
     if prep.service is not None:
         from k3deploy.cli.launch_service import launch_service
@@ -139,11 +126,3 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
 
         supervise_here(store, plan.topology.name, prefixed(sys.stdout),
                        on_event=lambda e: err.print(event_line(e), markup=False))
-
-
-def _sigterm_interrupts() -> None:
-    """`k3deploy stop` from another shell sends SIGTERM: unwind like Ctrl-C, stopping started nodes."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)

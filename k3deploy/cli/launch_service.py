@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from k3deploy.cli.interrupts import sigterm_interrupts
 from k3deploy.errors import InputError
 
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ def launch_service(sp: ServicePlan, *, dry_run: bool, as_json: bool, attach: boo
 
     store = StateStore(state_dir or sp.plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)
-    from k3deploy.cli.launch import _sigterm_interrupts
-
-    _sigterm_interrupts()
+    sigterm_interrupts()
     svc = launch(sp, store, on_event=None if as_json else lambda who, e: err.print(
         f"{who} {event_line(e)}", markup=False), skip_preflight=skip_preflight)
     if as_json:

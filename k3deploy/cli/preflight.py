@@ -3,41 +3,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from k3deploy.cli.common import (
-    AcceptNewOpt,
     CatalogOpt,
-    ConnectTimeoutOpt,
     ExecutorOpt,
     FileArg,
-    KnownHostsOpt,
-    RayAddressOpt,
-    SshConfigOpt,
-    SshJumpOpt,
-    SshKeyOpt,
-    SshUserOpt,
     exec_overrides,
     print_warnings,
+    with_connection_options,
 )
 
 
+@with_connection_options
 def preflight(
     file: FileArg,
     executor: ExecutorOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write a JUnit XML report here")] = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    ssh_config: SshConfigOpt = "~/.ssh/config",
-    ssh_user: SshUserOpt = None,
-    ssh_key: SshKeyOpt = None,
-    known_hosts: KnownHostsOpt = None,
-    connect_timeout_s: ConnectTimeoutOpt = None,
-    ssh_jump: SshJumpOpt = None,
-    ray_address: RayAddressOpt = None,
     catalog: CatalogOpt = None,
+    **connection: Any,
 ) -> None:
     """Fingerprint every node and run a real rendezvous probe: reachability, hostname, interface, MTU,
     clock, checkpoint, /dev/shm, accelerators, driver, engine, Ray/Python, the rendezvous port, and a
@@ -52,7 +39,7 @@ def preflight(
     from k3deploy.preflight.runner import run_preflight
     from k3deploy.preflight.views import table, write_junit
 
-    prep = prepare(file, catalog, exec_overrides(locals()))
+    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
     with held_nodes(prep) as jobs, fleet_of(jobs) as fleet:
         report = run_preflight(prep.plan, prep.catalog, jobs, fleet)

@@ -28,7 +28,7 @@ def k8s_name(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63] or "k3deploy"
 
 
-def _image(inp: Inputs) -> tuple[str, str | None]:
+def lws_image(inp: Inputs) -> tuple[str, str | None]:
     """(image, note): the topology's image, else the engine's official one with a note to pin it."""
     e = inp.topology.engine
     if e.image:
@@ -64,8 +64,8 @@ def _container(inp: Inputs, spec: LaunchSpec, script: str, image: str, secret_na
     return c
 
 
-def _pod(inp: Inputs, container: dict[str, Any], role: str) -> dict[str, Any]:
-    return {"metadata": {"labels": {"app.kubernetes.io/name": k8s_name(inp.topology.name), "role": role}},
+def _pod(name: str, inp: Inputs, container: dict[str, Any], role: str) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app.kubernetes.io/name": name, "role": role}},
             "spec": {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet", "containers": [container],
                      "volumes": [{"name": "model", "hostPath": {"path": inp.topology.model.path,
                                                                 "type": "Directory"}},
@@ -82,14 +82,14 @@ def lws_specs(inp: Inputs, vendor: VendorSpec | None) -> tuple[LaunchSpec, ...]:
     return tuple(out)
 
 
-def lws_manifest(inp: Inputs, vendor: VendorSpec | None = None) -> str:
-    """LeaderWorkerSet YAML: group size = nodes, readiness probe on the leader, secrets from a Secret."""
+def lws_doc(inp: Inputs, vendor: VendorSpec | None, *, name: str, replicas: int = 1) -> dict[str, Any]:
+    """One LeaderWorkerSet named `name` of `replicas` groups: group size = nodes, readiness probe on the
+    leader, secrets from the Secret `name`-secrets."""
     t = inp.topology
     if has_marker(json.dumps(t.model_dump(mode="json"), ensure_ascii=False)):
         raise InputError("the topology contains private-use characters k3deploy reserves for templates")
     specs = lws_specs(inp, vendor if vendor is not None else packaged_vendor(inp.hardware.vendor))
-    image, note = _image(inp)
-    name = k8s_name(t.name)
+    image, _ = lws_image(inp)
     secret_name = f"{name}-secrets"
     n = len(specs)
     # The commands below are rendered for n nodes: refuse to start in a group of another size.
@@ -104,30 +104,39 @@ def lws_manifest(inp: Inputs, vendor: VendorSpec | None = None) -> str:
                                "  exit 1", "  ;;", "esac"])
     template: dict[str, Any] = {
         "size": len(specs), "restartPolicy": "RecreateGroupOnPodRestart",
-        "leaderTemplate": _pod(inp, _container(inp, specs[0], leader_script, image, secret_name, True),
+        "leaderTemplate": _pod(name, inp, _container(inp, specs[0], leader_script, image, secret_name, True),
                                "leader"),
     }
     if len(specs) > 1:
-        template["workerTemplate"] = _pod(inp, _container(inp, specs[1], worker_script, image, secret_name,
-                                                          False), "worker")
+        template["workerTemplate"] = _pod(name, inp, _container(inp, specs[1], worker_script, image, secret_name,
+                                                                False), "worker")
     else:
         template["workerTemplate"] = template.pop("leaderTemplate")
-    doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-           "metadata": {"name": name}, "spec": {"replicas": 1, "startupPolicy": "LeaderCreated",
-                                                "leaderWorkerTemplate": template}}
-    notes = [f"# k3deploy: LeaderWorkerSet for deployment {t.name} ({len(specs)} pod(s), host network).",
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": name}, "spec": {"replicas": replicas, "startupPolicy": "LeaderCreated",
+                                                 "leaderWorkerTemplate": template}}
+
+
+def lws_manifest(inp: Inputs, vendor: VendorSpec | None = None) -> str:
+    """LeaderWorkerSet YAML of one deployment (one group), with notes on how its pods find each other."""
+    t = inp.topology
+    name = k8s_name(t.name)
+    doc = lws_doc(inp, vendor, name=name)
+    n = doc["spec"]["leaderWorkerTemplate"]["size"]
+    _, note = lws_image(inp)
+    notes = [f"# k3deploy: LeaderWorkerSet for deployment {t.name} ({n} pod(s), host network).",
              "# Rank = LWS_WORKER_INDEX, rendezvous = LWS_LEADER_ADDRESS, own IP = the pod IP, and the",
-             f"# pods refuse to start unless LWS_GROUP_SIZE = {len(specs)}; the",
+             f"# pods refuse to start unless LWS_GROUP_SIZE = {n}; the",
              "# topology's node IPs are not used. LeaderCreated: the leader turns ready only once every",
              "# worker has joined, so LeaderReady would never start the workers.",
-             f"# Secrets: kubectl create secret generic {secret_name} --from-literal=NAME=...",
+             f"# Secrets: kubectl create secret generic {name}-secrets --from-literal=NAME=...",
              "# (every key is optional)."]
     if note:
         notes.append(f"# warning: {note}")
-    return "\n".join(notes) + "\n" + _dump(doc)
+    return "\n".join(notes) + "\n" + dump_yaml(doc)
 
 
-def _dump(doc: dict[str, Any]) -> str:
+def dump_yaml(doc: dict[str, Any]) -> str:
     import yaml
 
     class _Dumper(yaml.SafeDumper):

@@ -57,15 +57,10 @@ def _address(var: str, iface: str, where: str) -> list[str]:
              "exit 1; }"), f"export {var}"]
 
 
-def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap | None = None,
-             hold: bool = False) -> str:
-    """The sbatch script for the topology; `wrap` (a launch's) runs each rank's body detached and logged;
-    `hold` (a launch's) keeps the allocation once the engines' step ends, until k3deploy has stopped and read
-    every node and cancels the job (steps can run only while the job does)."""
-    t = inp.topology
+def node_script(inp: Inputs, vendor: VendorSpec | None, wrap: Wrap | None = None) -> str:
+    """What srun's shell runs on every node of the deployment: its rank's command, by SLURM_NODEID."""
     specs = slurm_specs(inp, vendor)
-    n = len(specs)
-    iface = {p.rank: p.iface for p in places(t)}
+    iface = {p.rank: p.iface for p in places(inp.topology)}
     branches: list[str] = []
     for s in specs:
         own = _address(NODE_IP_VAR, iface[s.rank], f"rank {s.rank} on ${{SLURMD_NODENAME:-this node}}")
@@ -77,20 +72,36 @@ def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap |
             branches += [f"{s.rank})", *("  " + line for line in own), "  " + wrap(s.rank, body).replace(
                 "\n", "\n  ").rstrip(), "  ;;"]
     node = ["set -eu", f': "${{{HEAD_IP_VAR}:?exported by the batch script}}"', _IP_FN, 'case "${SLURM_NODEID:?run under srun}" in', *branches,
-            "*)", f'  echo "k3deploy: SLURM_NODEID=${{SLURM_NODEID}} is not one of the {n} ranks" >&2',
+            "*)", f'  echo "k3deploy: SLURM_NODEID=${{SLURM_NODEID}} is not one of the {len(specs)} ranks" >&2',
             "  exit 1", "  ;;", "esac"]
+    return "\n".join(node) + "\n"
+
+
+def node_count_guard(n: int) -> str:
+    """The batch script's refusal to run in an allocation of another size."""
+    return (f'[ "${{SLURM_JOB_NUM_NODES:?run under sbatch}}" = {n} ] || '
+            f'{{ echo "k3deploy: rendered for {n} nodes, the job has ${{SLURM_JOB_NUM_NODES}}" >&2; exit 1; }}')
+
+
+def job_text(inp: Inputs, vendor: VendorSpec | None, *, gpus: bool, wrap: Wrap | None = None,
+             hold: bool = False) -> str:
+    """The sbatch script for the topology; `wrap` (a launch's) runs each rank's body detached and logged;
+    `hold` (a launch's) keeps the allocation once the engines' step ends, until k3deploy has stopped and read
+    every node and cancels the job (steps can run only while the job does)."""
+    t = inp.topology
+    places_ = places(t)
+    n = len(places_)
     lines = ["#!/bin/sh", *directives(t.name, n, t.launch.slurm, t.hardware.gpus_per_node if gpus else None),
              f"# k3deploy: deployment {t.name} on {n} node(s), one task each; a task's rank is its SLURM_NODEID",
              "# (read on the node, by srun's shell). Addresses come from the allocation: this script runs on",
              "# node 0, so rank 0's address (the head) is read here; each task reads its own. Secrets are",
              "# read on each node, never written here.",
              "set -eu",
-             (f'[ "${{SLURM_JOB_NUM_NODES:?run under sbatch}}" = {n} ] || '
-              f'{{ echo "k3deploy: rendered for {n} nodes, the job has ${{SLURM_JOB_NUM_NODES}}" >&2; exit 1; }}'),
-             _IP_FN, *_address(HEAD_IP_VAR, iface[0], "the head (node 0, ${SLURMD_NODENAME:-this node})"),
+             node_count_guard(n),
+             _IP_FN, *_address(HEAD_IP_VAR, places_[0].iface, "the head (node 0, ${SLURMD_NODENAME:-this node})"),
              "# Expanded on each node by srun's shell, not here.",
              "# shellcheck disable=SC2016",
-             f"K3_NODE_SCRIPT={shlex.quote(chr(10).join(node) + chr(10))}",
+             f"K3_NODE_SCRIPT={shlex.quote(node_script(inp, vendor, wrap))}",
              (f"srun --nodes={n} --ntasks={n} --ntasks-per-node=1 --kill-on-bad-exit=1 "
               'sh -c "${K3_NODE_SCRIPT}"' + (' || echo "k3deploy: the engines\' step ended with status $?" >&2'
                                              if hold else ""))]

@@ -7,7 +7,7 @@ import base64
 import json
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,10 +63,13 @@ class SseEvent:
 class NodeHttp:
     """Requests to one base URL (e.g. rank 0's http://IP:PORT); `via` None asks from here."""
 
-    def __init__(self, base_url: str, via: Executor | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, base_url: str, via: Executor | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 on_reply: Callable[[str, Mapping[str, str]], None] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.via = via
         self.timeout_s = timeout_s
+        # Sees (path, response headers) of every answered request: who served, through a router that says.
+        self._on_reply = on_reply or (lambda path, headers: None)
         parts = urllib.parse.urlsplit(self.base_url)
         if not parts.hostname:
             raise ValueError(f"not an http URL: {base_url!r}")
@@ -112,7 +115,9 @@ class NodeHttp:
         self._open()
         timeout = timeout_s or self.timeout_s
         if self._on_node:
-            return self._on_node_request(method, path, body, timeout)
+            reply = self._on_node_request(method, path, body, timeout)
+            self._on_reply(path, reply.headers)
+            return reply
         assert self._client is not None
         import httpx  # loaded by _open already
 
@@ -122,6 +127,7 @@ class NodeHttp:
                                         headers={"host": f"{self._host}:{self._port}"})
         except httpx.HTTPError as exc:
             raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
+        self._on_reply(path, resp.headers)
         return HttpReply(resp.status_code, resp.content, dict(resp.headers), time.monotonic() - t0)
 
     def get(self, path: str, timeout_s: float | None = None) -> HttpReply:
@@ -140,6 +146,7 @@ class NodeHttp:
         if self._on_node:
             events: list[SseEvent] = []
             reply = self._on_node_request("POST", path, body, timeout, events)
+            self._on_reply(path, reply.headers)
             if not reply.ok:
                 raise HttpFailure(f"POST {self.base_url}{path}: HTTP {reply.status}: {reply.text[:300]}",
                                   host=self._where())
@@ -151,6 +158,7 @@ class NodeHttp:
         t0 = time.monotonic()
         try:
             with self._client.stream("POST", self._url(path), json=body, timeout=timeout) as resp:
+                self._on_reply(path, resp.headers)
                 if resp.status_code >= 300:
                     resp.read()
                     raise HttpFailure(f"POST {self.base_url}{path}: HTTP {resp.status_code}: {resp.text[:300]}",

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from k3deploy.errors import InputError
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.http import NodeHttp, serving
-from k3deploy.launch.deploy import open_gang
+from k3deploy.launch.bringup import open_gang
 from k3deploy.launch.readiness import choose_probe_from
 from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 from k3deploy.nodeplan.jobs import NodeJob

@@ -1,11 +1,12 @@
 """`k3deploy rollout`: one replica at a time out of the router (its requests drained, bounded), stopped,
 started again (from the topology file as it is now), a real completion through it, back into the router and
-healthy there; never fewer than N-1 serving. The first failure stops the rollout, naming replica and stage."""
+healthy there; never fewer than N-1 serving. Between the completion and the router, the caller's checks (the
+`short` validate stage, straight to the new replica) run. The first failure stops the rollout, naming replica and stage."""
 from __future__ import annotations
 
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from k3deploy.engines.router_api import MEMBERSHIP, running_requests
 from k3deploy.errors import ExecError, LaunchError
@@ -18,6 +19,8 @@ from k3deploy.launch.state import StateStore
 
 DRAIN_TIMEOUT_S = 120.0
 Say = Callable[[str], None]
+# (stage name, check of replica index I: None when it passed, else why not), run before it is put back.
+ReplicaCheck = tuple[str, Callable[[int], "str | None"]]
 
 
 class RolloutFailed(LaunchError):
@@ -96,8 +99,10 @@ def _noting(index: int, cause: str) -> Callable[[Service], Service]:
 
 
 def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
-            say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, skip_preflight: bool = True) -> Service:
-    """Restart every replica in turn behind the running router; RolloutFailed at the first failed stage."""
+            say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, skip_preflight: bool = True,
+            checks: Sequence[ReplicaCheck] = ()) -> Service:
+    """Restart every replica in turn behind the running router; RolloutFailed at the first failed stage (a
+    failed check keeps the new replica out of the router)."""
     services = ServiceStore(store)
     svc = services.load(sp.name)
     if svc is None or svc.status not in ("ready", "degraded"):
@@ -121,6 +126,11 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
                 stage = "start"
                 say(f"{rep.name}: starting")
                 start_replica(sp, rep.index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
+                for stage, check in checks:
+                    say(f"{rep.name}: validate stage {stage}")
+                    why = check(rep.index)
+                    if why is not None:
+                        raise ExecError(why)
                 stage = "register"
                 say(f"{rep.name}: back into the router")
                 _put_back(http, kind, url, ready_s)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from k3deploy.errors import StateError
 from k3deploy.launch.state import Record, StateStore
@@ -65,36 +64,11 @@ class ServiceStore:
 
     def load(self, name: str) -> Service | None:
         """The service, or None when `name` is no service."""
-        try:
-            text = self._dir.path(name).read_text()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StateError(f"cannot read {self._dir.path(name)}: {exc}") from exc
-        try:
-            return Service.model_validate_json(text)
-        except ValidationError as exc:
-            raise StateError(f"{self._dir.path(name)} is not a k3deploy service record: {exc}") from exc
+        return self._dir.read(name, Service, "service")
 
     def save(self, svc: Service) -> None:
         """Write atomically: temp file in the same directory, fsync, rename; mode 0600."""
-        self._dir._ensure()
-        target = self._dir.path(svc.name)
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{svc.name}.", suffix=".tmp", dir=self._dir.directory)
-        except OSError as exc:
-            raise StateError(f"cannot write {target}: {exc}") from exc
-        try:
-            with os.fdopen(fd, "w") as fh:
-                os.fchmod(fh.fileno(), 0o600)
-                fh.write(svc.model_dump_json(indent=2))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise StateError(f"cannot write {target}: {exc}") from exc
+        self._dir.write(svc.name, svc)
 
     def update(self, name: str, change: Callable[[Service], Service]) -> Service:
         """Load, change and save under the service's lock (replica threads write concurrently)."""

@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -26,6 +26,9 @@ class Record(BaseModel):
     """Base of the state models: tolerant of nothing, mutable through model_copy only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+AnyRecord = TypeVar("AnyRecord", bound=Record)
 
 
 class NodeState(Record):
@@ -186,6 +189,10 @@ class StateStore:
 
     def load(self, name: str) -> Deployment | None:
         """The record, or None if there is none."""
+        return self.read(name, Deployment)
+
+    def read(self, name: str, model: type[AnyRecord], kind: str = "deployment") -> AnyRecord | None:
+        """The `model` record (a `kind` record, for the error) in NAME.json, or None if there is none."""
         try:
             text = self.path(name).read_text()
         except FileNotFoundError:
@@ -193,9 +200,9 @@ class StateStore:
         except OSError as exc:
             raise StateError(f"cannot read {self.path(name)}: {exc}") from exc
         try:
-            return Deployment.model_validate_json(text)
+            return model.model_validate_json(text)
         except ValidationError as exc:
-            raise StateError(f"{self.path(name)} is not a k3deploy deployment record: {exc}") from exc
+            raise StateError(f"{self.path(name)} is not a k3deploy {kind} record: {exc}") from exc
 
     def require(self, name: str) -> Deployment:
         """The record, or a StateError listing the known deployments."""
@@ -207,23 +214,28 @@ class StateStore:
         return dep
 
     def save(self, dep: Deployment) -> None:
-        """Write atomically: temp file in the same directory, fsync, rename; mode 0600."""
+        """Write the record atomically (write)."""
+        self.write(dep.name, dep)
+
+    def write(self, name: str, record: Record) -> None:
+        """Write NAME.json atomically: temp file in the same directory, fsync, rename; mode 0600."""
         self._ensure()
+        target = self.path(name)
         try:  # a read-only or full disk: the old record stays whole, and the error says which file
-            fd, tmp = tempfile.mkstemp(prefix=f".{dep.name}.", suffix=".tmp", dir=self.directory)
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)
         except OSError as exc:
-            raise StateError(f"cannot write {self.path(dep.name)}: {exc}") from exc
+            raise StateError(f"cannot write {target}: {exc}") from exc
         try:
             with os.fdopen(fd, "w") as fh:
                 os.fchmod(fh.fileno(), 0o600)
-                fh.write(dep.model_dump_json(indent=2))
+                fh.write(record.model_dump_json(indent=2))
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, self.path(dep.name))
+            os.replace(tmp, target)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            raise StateError(f"cannot write {self.path(dep.name)}: {exc}") from exc
+            raise StateError(f"cannot write {target}: {exc}") from exc
 
     def update(self, name: str, change: Callable[[Deployment], Deployment]) -> Deployment:
         """Load, change and save under the lock; returns the saved record."""

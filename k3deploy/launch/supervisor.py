@@ -16,7 +16,7 @@ from pathlib import Path
 
 from k3deploy.errors import ExecError, K3Error
 from k3deploy.executors.factory import ExecutorFactory, open_executor
-from k3deploy.launch.deploy import bring_up, open_gang, teardown
+from k3deploy.launch.bringup import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.procs import Identity

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
 from k3deploy.engines.context import Disaggregation, Inputs, host_port
 from k3deploy.engines.router import PD_FLAG, router_table
-from k3deploy.planning.plan import Plan, longest_prefill, make_plan
+from k3deploy.planning.instance_plan import locate, longest_prefill, plan_instance
+from k3deploy.planning.plan_model import PdPlan, Plan, RolePlan
 from k3deploy.planning.pool import policy_issues, router_plan
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.pd import (
@@ -29,7 +29,8 @@ from k3deploy.topology.schema import Topology
 from k3deploy.topology.settings import Parallel
 
 # Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them
-# (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: only decode registers).
+# (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: smg 1.13 registers both workers, yet
+# no request passes, as the decode cannot reach the prefill's bootstrap server; seen on the rig).
 OWNED = ("--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
          "--disaggregation-ib-device", "--kv-transfer-config")
 # Older SGLang took decode's layout on the prefill (--disaggregation-decode-tp/-dp); SGLang 0.5.23's parser
@@ -49,42 +50,6 @@ SAME_ATTN_TP_FLAGS = {
 SIDE_CHANNEL_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
 
 
-class RolePlan(NamedTuple):
-    """One role: its instance count and the plan of one instance (shape, memory, capacity)."""
-
-    role: str
-    instances: int
-    gpus_per_instance: int
-    plan: Plan
-
-    def model_dump(self) -> dict[str, Any]:
-        """The `plan --json` object of one role."""
-        p, m = self.plan, self.plan.memory
-        return {"role": self.role, "instances": self.instances, "gpus_per_instance": self.gpus_per_instance,
-                "shape": p.shape.model_dump() if p.shape else None,
-                "capacity": p.capacity.model_dump() if p.capacity else None,
-                "memory_per_gpu": None if m is None else {
-                    "weights_bytes": m.weights_bytes, "reserve_bytes": m.reserve_bytes,
-                    "kv_pool_bytes": m.kv_pool_bytes, "state_pool_bytes": m.state_pool_bytes}}
-
-
-class PdPlan(NamedTuple):
-    """Both roles and what they hold together."""
-
-    backend: str
-    prefill: RolePlan
-    decode: RolePlan
-
-    def model_dump(self) -> dict[str, Any]:
-        """The `plan --json` roles object: each role, and the pool (decode holds the serving cache)."""
-        d = self.decode
-        cap = d.plan.capacity
-        return {"backend": self.backend, "prefill": self.prefill.model_dump(), "decode": d.model_dump(),
-                "pool": {"gpus": sum(r.instances * r.gpus_per_instance for r in (self.prefill, d)),
-                         "decode_kv_tokens": d.instances * cap.kv_tokens if cap else None,
-                         "decode_concurrent_requests": d.instances * cap.max_running_requests if cap else None}}
-
-
 def _err(code: str, message: str, path: str, hint: str, severity: str = "error") -> Issue:
     return Issue(code=code, severity=severity, message=message, path=path, hint=hint)  # type: ignore[arg-type]
 
@@ -102,7 +67,8 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
         if flag in OWNED:
             out.append(_err("PD_OWNED_FLAG", f"{flag} is set per instance from `roles`: one value for every "
                             "instance breaks the pairing (a bootstrap port other than the one the router is given "
-                            "after --prefill: only decode registers)", f"engine.args.{flag}",
+                            "after --prefill: the router registers both roles, yet every request fails, as the "
+                            "decode cannot reach the prefill's bootstrap server)", f"engine.args.{flag}",
                             "remove it; set roles.transfer (backend, bootstrap_port, ib_devices)"))
         if family == "sglang" and flag in DECODE_LAYOUT_FLAGS:
             out.append(_err("PD_DECODE_LAYOUT_FLAG", f"{flag}: older SGLang took decode's TP/DP on the prefill; "
@@ -182,15 +148,13 @@ def _rehome(issue: Issue, t: Topology, role: str, inst: Instance) -> Issue:
 
 def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
     """Plan a topology with `roles`: one instance of each role, the cross-role rules, the router in PD mode."""
-    from k3deploy.planning.plan import _locate
-
     t = loaded.topology
     insts = instances(t)
     first = {role: next(i for i in insts if i.role == role) for role in ROLE_NAMES}
     subs: dict[str, Plan] = {}
     issues: list[Issue] = []
     for role in ROLE_NAMES:
-        sub = make_plan(LoadedTopology(instance_topology(t, first[role]), loaded.source), catalog, unchecked)
+        sub = plan_instance(LoadedTopology(instance_topology(t, first[role]), loaded.source), catalog, unchecked)
         subs[role] = sub
         for i in sub.issues:
             moved = _rehome(i, t, role, first[role])
@@ -216,7 +180,7 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] 
     backend = (t.roles.transfer.backend if t.roles else None) or BACKENDS.get(family, ("nixl",))[0]
     pd = PdPlan(backend, *(RolePlan(role, role_group(t, role).instances, gpus[role], subs[role])
                            for role in ROLE_NAMES))
-    return dec._replace(file=loaded.file, topology=t, issues=tuple(_locate(i, loaded) for i in issues),
+    return dec._replace(file=loaded.file, topology=t, issues=tuple(locate(i, loaded) for i in issues),
                         router=router, pd=pd)
 
 

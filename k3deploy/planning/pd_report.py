@@ -6,8 +6,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.planning.plan import Plan
-from k3deploy.planning.report import budget_table, capacity_table
+from k3deploy.planning.plan_model import Plan
+from k3deploy.planning.report_tables import budget_table, capacity_table, quantity_table
 
 # What each role's cache is for: prefill keeps a request's KV and KDA state only until decode has fetched it.
 ROLE_NOTE = {"prefill": "weights, activations and a short-lived cache (held until decode fetches it)",
@@ -18,9 +18,7 @@ def pd_table(plan: Plan) -> Table:
     """What both roles hold together, and the router in PD mode."""
     pd = plan.pd
     assert pd is not None
-    t = Table(title=f"Pool ({pd.prefill.instances}P{pd.decode.instances}D over {pd.backend})", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = quantity_table(f"Pool ({pd.prefill.instances}P{pd.decode.instances}D over {pd.backend})")
     for role in (pd.prefill, pd.decode):
         t.add_row(f"{role.role} GPUs ({role.instances} x {role.gpus_per_instance})",
                   f"{role.instances * role.gpus_per_instance:,}")

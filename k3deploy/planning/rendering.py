@@ -23,13 +23,14 @@ def render_files(plan: Plan, fmt: Format, *, node: int | None = None, replica: i
         if replica is not None:
             raise InputError(f"--replica {replica}: {plan.file} has roles, not replicas (use --role)")
         inputs = [instance_inputs(plan, inst) for inst in instances(plan.topology)]
-        return export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor, router_python=python)
+        return export_pd(inputs, router, fmt, role=role, node=node, vendor=vendor, router_python=python,
+                         name=plan.topology.name)
     if plan.pool is not None or plan.router is not None:
         from k3deploy.engines.replica_exports import export_replicas
 
         replicas = [plan.render_inputs(replica=i) for i in range(plan.topology.replicas)]
         return export_replicas(replicas, router, fmt, replica=replica, node=node, vendor=vendor,
-                               router_python=python)
+                               router_python=python, name=plan.topology.name)
     if replica is not None:
         raise InputError(f"--replica {replica}: {plan.file} has no replicas")
     return export(plan.render_inputs(), fmt, node=node, vendor=vendor)

@@ -1,4 +1,5 @@
-"""Plan reports: the rich tables `k3deploy plan` prints (the JSON documents are in `document`)."""
+"""Plan reports: the rich tables `k3deploy plan` prints (the JSON documents are in `document`; the budget and
+capacity tables, which each role's report shows too, are in `report_tables`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,13 +10,10 @@ from rich.table import Table
 from rich.text import Text
 
 from k3deploy.diagnostics import Issue
-from k3deploy.planning.arith import GIB
-from k3deploy.planning.plan import Plan
+from k3deploy.planning.pd_report import pd_parts
+from k3deploy.planning.plan_model import Plan
+from k3deploy.planning.report_tables import budget_table, capacity_table, gib_cell, quantity_table
 from k3deploy.planning.search import ShapeRow
-
-
-def _gib(n: float) -> str:
-    return f"{n / GIB:,.2f}"
 
 
 def issue_lines(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Group:
@@ -28,63 +26,11 @@ def issue_lines(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Group:
     return Group(*lines)
 
 
-def budget_table(plan: Plan, role: str = "") -> Table:
-    """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
-    broken at phrase boundaries so the table reads at 80 columns."""
-    m = plan.memory
-    assert m is not None
-    t = Table(title=f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("line item")
-    t.add_column("GiB", justify="right")
-    t.add_column("bytes", justify="right")
-    t.add_column("how")
-    s = plan.shape
-    assert s is not None
-    kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
-    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"
-           + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
-    kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
-    kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
-    rows = [
-        ("weights: routed experts", m.routed_weights_bytes,
-         [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
-        ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
-        *([("weights: draft model", m.draft_weights_bytes, [f"draft / attn_tp {s.attn_tp}"])]
-          if m.draft_weights_bytes else []),
-        ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
-        (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
-         + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
-         + [f"x {m.kv_tokens:,} tokens"]),
-        ("KDA state pool", m.state_pool_bytes, kda),
-        ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
-    ]
-    for name, n, how in rows:
-        t.add_row(name, Text(_gib(n), style="red" if n < 0 else ""), f"{n:,}", "\n".join(how))
-    t.add_row(Text("usable", style="bold"), Text(_gib(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", "")
-    return t
-
-
-def capacity_table(plan: Plan, role: str = "") -> Table:
-    """KV tokens, concurrency and context at that concurrency."""
-    c = plan.capacity
-    assert c is not None
-    t = Table(title=f"{role}Capacity", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_row("KV tokens in the pool", f"{c.kv_tokens:,}")
-    t.add_row("max concurrent requests", f"{c.max_running_requests:,}")
-    t.add_row("longest context at that concurrency", f"{c.max_context_tokens:,}")
-    return t
-
-
 def pool_table(plan: Plan) -> Table:
     """What the replicas hold together, and the router's settings sized from the plan."""
     p = plan.pool
     assert p is not None
-    t = Table(title=f"Pool ({p.replicas} replicas)", title_justify="left")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    t = quantity_table(f"Pool ({p.replicas} replicas)")
     t.add_row("GPUs (replicas x GPUs per replica)", f"{p.gpus:,}")
     t.add_row("KV tokens, all replicas", f"{p.kv_tokens:,}")
     t.add_row("concurrent requests, all replicas", f"{p.max_running_requests:,}")
@@ -114,8 +60,6 @@ def plan_renderable(plan: Plan) -> Group:
     if plan.issues:
         parts.append(issue_lines(plan.file, plan.issues))
     if plan.pd is not None:
-        from k3deploy.planning.pd_report import pd_parts
-
         return Group(head, *parts[2 if s is not None else 1:], *pd_parts(plan))
     if plan.memory is not None:
         parts.append(budget_table(plan))
@@ -139,8 +83,8 @@ def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) ->
             verdict = Text("feasible", style="green")
         else:
             verdict = Text(f"no ({notes.setdefault(r.reason, len(notes) + 1)})", style="red")
-        t.add_row(str(r.tp), str(r.ep), str(r.dp), str(r.pp), str(r.dcp), str(r.attn_tp), _gib(r.weights_bytes),
-                  _gib(r.cache_bytes), _gib(r.headroom_bytes), verdict)
+        t.add_row(str(r.tp), str(r.ep), str(r.dp), str(r.pp), str(r.dcp), str(r.attn_tp), gib_cell(r.weights_bytes),
+                  gib_cell(r.cache_bytes), gib_cell(r.headroom_bytes), verdict)
     legend = Text("cache: KV and KDA state pools; headroom: left outside the engine's pools after the "
                   "runtime reserve (as in `k3deploy plan`)", style="dim")
     return Group(t, legend, *(Text(f"({n}) {reason}") for reason, n in notes.items()))

@@ -42,6 +42,7 @@ class Reply:
 
     body: dict[str, Any] | None = None
     chunks: Generator[dict[str, Any], None, None] | None = None
+    cached: int = 0  # a whole reply's prefix-cache hit, reported or not (a vLLM PD prefill passes it on)
 
 
 class ChatService(EngineCore):
@@ -155,18 +156,17 @@ class ChatService(EngineCore):
             )
         return body["messages"], tools, choice
 
-    def _salt(self, body: dict[str, Any]) -> str:
-        """vLLM's `cache_salt` (its V1 engine's rule: a non-empty string when given); SGLang ignores it."""
+    def _job_args(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The Job fields a body sets: vLLM's `cache_salt` (V1's rule: a non-empty string when given)."""
         salt = body.get("cache_salt")
         if self.cfg.mimic != "vllm" or salt is None:
-            return ""
+            return {}
         if not isinstance(salt, str) or not salt:
             raise ApiError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
-        return salt
+        return {"salt": salt}
 
-    def _generation(
-        self, body: dict[str, Any], n_prompt: int, default_max: int | None = None
-    ) -> dict[str, Any]:
+    def _generation(self, body: dict[str, Any], n_prompt: int,
+                    default_max: int | None = None) -> dict[str, Any]:
         """complete()'s length and effort arguments, read the ways the engines accept them."""
         max_tokens = self._max_tokens(body, n_prompt, default_max)
         min_tokens = int(body.get("min_tokens") or 0)
@@ -216,7 +216,7 @@ class ChatService(EngineCore):
             self.cfg.tool_calls_structured or guided,
         )
         job = Job(prompt.ids, prompt.boundaries, done, rehit=decide if "wrong_cache_state" in self.faults else None,
-                  salt=self._salt(body), transferred=transferred)
+                  **self._job_args(body), transferred=transferred)
         frame = Frame(self._head("chatcmpl", body), "chat.completion.chunk")
         if body.get("stream"):
             return Reply(chunks=self._chat_chunks(job, parser, frame, body))
@@ -235,7 +235,7 @@ class ChatService(EngineCore):
                 "object": "chat.completion",
                 "choices": [choice_out],
                 "usage": self.usage(job),
-            }
+            }, cached=job.cached
         )
 
     def _chat_chunks(
@@ -275,7 +275,7 @@ class ChatService(EngineCore):
         ids = token_ids(prompt)
         args = self._generation(body, len(ids), COMPLETIONS_DEFAULT_MAX_TOKENS)
         _, transferred = self._received(body, ids, prompt, "")  # a PD decode generates from what it fetched
-        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), salt=self._salt(body),
+        job = Job(ids, [len(ids)], complete([{"role": "user", "content": prompt}], **args), **self._job_args(body),
                   transferred=transferred)
         frame = Frame(self._head("cmpl", body), "text_completion")
         if body.get("stream"):

@@ -75,8 +75,10 @@ def timeout_s(env: Mapping[str, str], name: str) -> float:
 
 
 def prefilled_state(ids: list[int], facts: Facts, skip: int, faults: Faults) -> dict[str, Any]:
-    """What the prefill sends for one room, past the decode's cached `skip` tokens (faults shape the KDA part)."""
-    kda: dict[str, Any] | None = {"facts": [[k, v, p] for k, (v, p) in facts.items() if p >= skip]}
+    """What the prefill sends for one room: the MLA KV past the decode's cached `skip` tokens, and the KDA
+    state as it stands after the whole prompt (a recurrent state is one state, not cut at the decode's cached
+    prefix: SGLang sends the request's state slot whole), which faults shape."""
+    kda: dict[str, Any] | None = {"facts": [[k, v, p] for k, (v, p) in facts.items()]}
     if "transfer_kda_zeroed" in faults:
         kda = {"facts": [], "zeroed": True}
     elif "transfer_kda_dropped" in faults:
@@ -85,8 +87,8 @@ def prefilled_state(ids: list[int], facts: Facts, skip: int, faults: Faults) -> 
 
 
 def received_facts(state: dict[str, Any], ids: list[int], skip: int) -> Facts:
-    """The facts the decode's KDA state holds for positions >= skip after the transfer (none when the state
-    is missing, zeroed, or belongs to other tokens)."""
+    """The facts the decode's KDA state holds after the transfer (none when the state is missing, zeroed, or
+    belongs to other tokens)."""
     kda = state.get("kda")
     if state.get("skip") != skip or state.get("token_ids") != ids[skip:] or not isinstance(kda, dict):
         return {}
@@ -169,7 +171,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, json.dumps({"error": f"bootstrap_room {room} was not prefilled"}).encode())
             return
         data = json.dumps(prefilled_state(got[0], got[1], skip, srv.faults)).encode()
-        if "prefill_dies_mid_transfer" in srv.faults:
+        if "prefill_dies_mid_transfer" in srv.faults and srv.count_transfer() > srv.faults.value(
+                "prefill_dies_mid_transfer", 0):
             # Half the KV is on the wire when the prefill process dies: the decode sees a cut transfer.
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -193,9 +196,16 @@ class BootstrapServer:
     def __init__(self, host: str, port: int, parallel_info: dict[str, Any], faults: Faults, wait_s: float) -> None:
         self.rooms = Rooms()
         self.parallel_info, self.faults, self.wait_s = parallel_info, faults, wait_s
+        self._transfers, self._count_lock = 0, threading.Lock()
         self.httpd = _BootstrapHttp((host, port), _Handler)
         self.httpd.owner = self
         self.port = self.httpd.server_address[1]
+
+    def count_transfer(self) -> int:
+        """This transfer's number, from 1."""
+        with self._count_lock:
+            self._transfers += 1
+            return self._transfers
 
     def start(self) -> None:
         """Serve in a daemon thread."""

@@ -48,6 +48,9 @@ class Job:
     rehit: Callable[[int], Completion] | None = None
     salt: str = ""  # vLLM's cache_salt: hits only blocks cached under the same salt
     transferred: int = 0  # prompt tokens whose KV a prefill server computed and sent (PD decode)
+    # A vLLM PD decode reports the prefill's hit, not its own (~100%, the transfer): vLLM 0.32.0's scheduler
+    # puts it in kv_transfer_params as remote_prefill_cached_tokens (v1/engine/output_processor.py).
+    reported_hit: int | None = None
 
 
 class EngineCore:
@@ -107,11 +110,11 @@ class EngineCore:
         # (chat_completion/serving.py: `_include_reasoning_tokens_details = bool(reasoning_parser)`); else null.
         details = self.cfg.mimic != "vllm" or (chat and bool(self.cfg.reasoning_parser))
         if not details and stream:  # a stream's usage chunk leaves the unset field out; a whole reply has null
-            return {**totals, "prompt_tokens_details": {"cached_tokens": job.cached} if self.cfg.cache_report else None}
+            return {**totals, "prompt_tokens_details": {"cached_tokens": _hit(job)} if self.cfg.cache_report else None}
         return {
             **totals,
             "completion_tokens_details": {"reasoning_tokens": reasoning} if details else None,
-            "prompt_tokens_details": {"cached_tokens": job.cached} if self.cfg.cache_report else None,
+            "prompt_tokens_details": {"cached_tokens": _hit(job)} if self.cfg.cache_report else None,
         }
 
     def _run(self, job: Job) -> Generator[Piece, None, None]:
@@ -170,3 +173,8 @@ class EngineCore:
             self.cache.clear()
             self.stats.kv_used_tokens = 0
             return True
+
+
+def _hit(job: Job) -> int:
+    """The prompt tokens usage reports as cached."""
+    return job.cached if job.reported_hit is None else job.reported_hit

@@ -2,8 +2,11 @@
 vllm-router 0.1.17: the router first sends the prefill the request with max_tokens 1 and kv_transfer_params
 {do_remote_decode: true}; the prefill answers at once with kv_transfer_params naming its engine id,
 request id and side channel (VLLM_NIXL_SIDE_CHANNEL_HOST, default localhost, and _PORT, default 5600, plus
-the DP rank; nixl/base_scheduler.py); the router passes those to the decode, which reads the KV from that
-side channel (the stand-in: plain HTTP, as disaggregation.py) and generates. A failed load fails the request
+the DP rank; nixl/base_scheduler.py) and its own prefix-cache hit (remote_prefill_cached_tokens,
+v1/core/sched/scheduler.py); the router passes those to the decode, which reads the KV from that side channel
+(the stand-in: plain HTTP, as disaggregation.py), generates, and reports the prefill's hit as its
+cached_tokens (v1/engine/output_processor.py). The decode keeps a prefix cache of its own: the connector
+pulls only the prompt past its local hit (nixl/pull_scheduler.py get_num_new_matched_tokens). A failed load fails the request
 ("Internal server error", 500) unless kv_load_failure_policy is recompute (v1/core/sched/scheduler.py)."""
 
 from __future__ import annotations
@@ -60,9 +63,17 @@ class NixlChatService(ChatService):
         reply.body["kv_transfer_params"] = {
             "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0],
             "remote_engine_id": self.engine_id, "remote_request_id": request_id, "remote_host": host,
-            "remote_port": port, "tp_size": self.cfg.tp,
+            "remote_port": port, "tp_size": self.cfg.tp, "remote_prefill_cached_tokens": reply.cached,
         }
         return reply
+
+    def _job_args(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A decode's usage reports the prefill's hit that the router passed on (its own hit only speeds the
+        load: the NIXL connector pulls just the prompt tokens past the decode's local prefix hit)."""
+        params = body.get("kv_transfer_params")
+        hit = params.get("remote_prefill_cached_tokens") if isinstance(params, dict) and params.get(
+            "do_remote_prefill") else None
+        return {**super()._job_args(body), **({"reported_hit": hit} if isinstance(hit, int) else {})}
 
     def _received(self, body: dict[str, Any], ids: list[int], text: str, asked: str) -> tuple[Facts | None, int]:
         params = body.get("kv_transfer_params")

@@ -117,8 +117,10 @@ class PdChatService(ChatService):
                 f"exception {err}"
             )
             raise ApiError(500, str(err), "InternalServerError") from err
-        own = {k: (v, p) for k, (v, p) in read_facts(text, asked).items() if p < held}
-        return {**own, **received_facts(state, ids, held)}, len(ids) - held
+        # A radix hit saves the transfer of the prefix's MLA KV only: the KDA state the decode generates from is
+        # the prefill's, after the whole prompt (the decode never computes a prompt, so a state lost in the
+        # transfer is lost on a hit and cold alike).
+        return received_facts(state, ids, held), len(ids) - held
 
 
 def _as_chunks(body: dict[str, Any], text: bool = False) -> Generator[dict[str, Any], None, None]:

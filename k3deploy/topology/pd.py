@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from k3deploy.diagnostics import Issue
+from k3deploy.topology.claims import claim, first_ranked, matches, unclaimed
 from k3deploy.topology.roles import RoleGroup
 from k3deploy.topology.schema import Topology
 
@@ -31,10 +32,6 @@ def _err(code: str, message: str, path: str, hint: str | None = None) -> Issue:
     return Issue(code=code, severity="error", message=message, path=path, hint=hint)
 
 
-def _matches(t: Topology, name: str) -> list[int]:
-    return [i for i, n in enumerate(t.nodes) if name in (n.host, n.ip)]
-
-
 def pd_family(t: Topology) -> str:
     """Whose disaggregation the engine follows: sglang, vllm, or vllm-ascend (the stand-in: its mimic)."""
     return getattr(t.engine, "mimic", "sglang") if t.engine.kind == "sim" else t.engine.kind
@@ -54,7 +51,7 @@ def instances(t: Topology) -> tuple[Instance, ...]:
         per = len(g.nodes) // g.instances
         for i in range(g.instances):
             names = g.nodes[i * per:(i + 1) * per]
-            out.append(Instance(role, i, len(out), tuple(_matches(t, n)[0] for n in names)))
+            out.append(Instance(role, i, len(out), tuple(matches(t, n)[0] for n in names)))
     return tuple(out)
 
 
@@ -95,19 +92,8 @@ def _node_issues(t: Topology) -> Iterator[Issue]:
         if len(g.nodes) % g.instances:
             yield _err("PD_NODE_COUNT", f"{len(g.nodes)} {role} nodes cannot be cut into {g.instances} equal "
                        "instances", f"roles.{role}.nodes", f"list {g.instances} x N nodes, or change instances")
-        for j, name in enumerate(g.nodes):
-            found, where = _matches(t, name), f"roles.{role}.nodes[{j}]"
-            if not found:
-                yield _err("PD_NODES", f"{name!r} is the host or ip of no node", where,
-                           f"known: {', '.join(sorted({n.host for n in t.nodes}))}")
-            elif len(found) > 1:
-                yield _err("PD_NODES", f"{name!r} names {len(found)} nodes", where, "name the node by its ip")
-            elif found[0] in seen:
-                yield _err("PD_NODES", f"node {name!r} is in {seen[found[0]]} already (an instance owns its nodes)",
-                           where)
-            else:
-                seen[found[0]] = where
-    missing = [t.nodes[i].ip for i in range(len(t.nodes)) if i not in seen]
+        yield from claim(t, g.nodes, f"roles.{role}.nodes", seen, "PD_NODES", " (an instance owns its nodes)")
+    missing = unclaimed(t, seen)
     if missing:
         yield _err("PD_NODES", f"node(s) {', '.join(missing)} in no role", "roles",
                    "add them to roles.prefill.nodes or roles.decode.nodes, or remove them from nodes")
@@ -154,8 +140,7 @@ def pd_issues(t: Topology) -> list[Issue]:
     if t.router is None:
         out.append(_err("PD_ROUTER", "prefill/decode roles need a router in PD mode (it hands each request to a "
                         "prefill and a decode instance)", "roles", "add `router: {kind: ...}`"))
-    if any(n.rank is not None for n in t.nodes):
-        i = next(i for i, n in enumerate(t.nodes) if n.rank is not None)
+    if (i := first_ranked(t)) is not None:
         out.append(_err("PD_RANK", "with roles, a node's rank is its place in its instance's node list",
                         f"nodes[{i}].rank", "remove `rank` (order the nodes in roles.prefill/decode.nodes)"))
     family = pd_family(t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from k3deploy.diagnostics import Issue
+from k3deploy.topology.claims import claim, first_ranked, matches, unclaimed
 from k3deploy.topology.router import routers_for
 from k3deploy.topology.schema import Topology
 
@@ -17,15 +18,10 @@ def _err(code: str, message: str, path: str, hint: str | None = None) -> Issue:
     return Issue(code=code, severity="error", message=message, path=path, hint=hint)
 
 
-def _matches(t: Topology, name: str) -> list[int]:
-    """Indices of the nodes a replica_nodes or router.runs_on entry names (by host or by ip)."""
-    return [i for i, n in enumerate(t.nodes) if name in (n.host, n.ip)]
-
-
 def replica_groups(t: Topology) -> list[list[int]]:
     """Node indices of each replica, rank order (the topology's checks passed)."""
     if t.replica_nodes is not None:
-        return [[_matches(t, name)[0] for name in group] for group in t.replica_nodes]
+        return [[matches(t, name)[0] for name in group] for group in t.replica_nodes]
     per = len(t.nodes) // t.replicas
     order = [i for i, _ in sorted(enumerate(t.nodes), key=lambda iv: iv[1].rank if iv[1].rank is not None
                                   else iv[0])]
@@ -48,7 +44,7 @@ def router_node(t: Topology) -> int | None:
     """Index of the node the router runs on (None: on the host running k3deploy)."""
     if t.router is None or t.router.runs_on == "local":
         return None
-    found = _matches(t, t.router.runs_on)
+    found = matches(t, t.router.runs_on)
     return found[0] if found else None
 
 
@@ -67,19 +63,8 @@ def _group_issues(t: Topology) -> Iterator[Issue]:
                    f"{[len(g) for g in groups]}", "replica_nodes")
     seen: dict[int, str] = {}
     for r, group in enumerate(groups):
-        for j, name in enumerate(group):
-            found = _matches(t, name)
-            where = f"replica_nodes[{r}][{j}]"
-            if not found:
-                yield _err("REPLICA_NODES", f"{name!r} is the host or ip of no node", where,
-                           f"known: {', '.join(sorted({n.host for n in t.nodes}))}")
-            elif len(found) > 1:
-                yield _err("REPLICA_NODES", f"{name!r} names {len(found)} nodes", where, "name the node by its ip")
-            elif found[0] in seen:
-                yield _err("REPLICA_NODES", f"node {name!r} is in {seen[found[0]]} already", where)
-            else:
-                seen[found[0]] = where
-    missing = [t.nodes[i].ip for i in range(len(t.nodes)) if i not in seen]
+        yield from claim(t, group, f"replica_nodes[{r}]", seen, "REPLICA_NODES")
+    missing = unclaimed(t, seen)
     if missing:
         yield _err("REPLICA_NODES", f"node(s) {', '.join(missing)} in no replica", "replica_nodes",
                    "add them to a group or remove them from nodes")
@@ -121,8 +106,7 @@ def _port_issues(t: Topology) -> Iterator[Issue]:
 def replica_issues(t: Topology) -> list[Issue]:
     """Every inconsistency between replicas, their nodes, the router and the ports (paths, not positions)."""
     out = list(_group_issues(t))
-    if t.replicas > 1 and any(n.rank is not None for n in t.nodes):
-        i = next(i for i, n in enumerate(t.nodes) if n.rank is not None)
+    if t.replicas > 1 and (i := first_ranked(t)) is not None:
         out.append(_err("REPLICA_RANK", "with replicas, a node's rank is its place in its replica's node list",
                         f"nodes[{i}].rank", "remove `rank` (order each replica's nodes in replica_nodes)"))
     out += _port_issues(t)
@@ -135,7 +119,7 @@ def replica_issues(t: Topology) -> list[Issue]:
             out.append(_err("ROUTER_ENGINE", f"router {r.kind} cannot front {what} replicas", "router.kind",
                             f"use {' or '.join(kinds)}"))
         if r.runs_on != "local":
-            found = _matches(t, r.runs_on)
+            found = matches(t, r.runs_on)
             if len(found) != 1:
                 out.append(_err("ROUTER_NODE", f"runs_on {r.runs_on!r} names {len(found) or 'no'} node"
                                 f"{'s' if len(found) > 1 else ''}", "router.runs_on",

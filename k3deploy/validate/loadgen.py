@@ -7,7 +7,7 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,11 @@ class LoadRun:
 
 
 Raw = tuple[list[tuple[float, bytes]], "str | None"]
+OnReply = Callable[[str, Mapping[str, str]], None]
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> Raw:
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float,
+               on_reply: OnReply) -> Raw:
     """Stream one request, keeping each `data:` line with its arrival time (parsed after the run, so that
     parsing never delays reading the next chunk)."""
     import httpx
@@ -43,6 +45,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeou
     t0 = time.monotonic()
     try:
         async with client.stream("POST", url, json=body, timeout=timeout_s) as resp:
+            on_reply(CHAT_PATH, resp.headers)
             if resp.status_code >= 300:
                 await resp.aread()
                 return events, f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -68,7 +71,8 @@ def _record(events: Iterable[tuple[float, str]], error: str | None) -> StreamRec
     return rec
 
 
-async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> LoadRun:
+async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float,
+               on_reply: OnReply) -> LoadRun:
     import httpx
 
     gate = asyncio.Semaphore(concurrency)
@@ -77,7 +81,7 @@ async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, tim
     async with httpx.AsyncClient(trust_env=False, limits=limits, timeout=timeout_s) as client:
         async def gated(body: dict[str, Any]) -> Raw:
             async with gate:
-                return await _one(client, url, body, timeout_s)
+                return await _one(client, url, body, timeout_s, on_reply)
 
         t0 = time.monotonic()
         raw = await asyncio.gather(*(gated(b) for b in bodies))
@@ -86,9 +90,11 @@ async def _run(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, tim
                     for events, error in raw], duration)
 
 
-def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> LoadRun:
-    """Send every body to url, at most `concurrency` at a time, and wait for all."""
-    return asyncio.run(_run(url, bodies, concurrency, timeout_s))
+def run_load(url: str, bodies: Sequence[dict[str, Any]], concurrency: int, timeout_s: float,
+             on_reply: OnReply | None = None) -> LoadRun:
+    """Send every body to url, at most `concurrency` at a time, and wait for all (each reply's headers to
+    `on_reply`: who served, through a router that says)."""
+    return asyncio.run(_run(url, bodies, concurrency, timeout_s, on_reply or (lambda path, headers: None)))
 
 
 def run_load_on_node(http: NodeHttp, bodies: Sequence[dict[str, Any]], concurrency: int,

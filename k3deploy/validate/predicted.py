@@ -4,31 +4,49 @@ decode (1/TPOT) or a prefill (1/TTFT, when the predicted TTFT is long enough to 
 predicted fails, naming that term."""
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from k3deploy.validate.stage import ValidateContext
 
+if TYPE_CHECKING:
+    from k3deploy.planning.workload import Workload
+
+T = TypeVar("T")
+
 JUDGED_TTFT_MS = 100.0
+
+
+def predicted(ctx: ValidateContext, summary: dict[str, Any], prompts: int,
+              predict: Callable[[Workload], T]) -> tuple[Workload, T] | dict[str, Any]:
+    """The cold run's workload, as the planner's model takes it, and `predict` of it; or the results saying why
+    nothing was compared (no request completed; PerfUnknown)."""
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.workload import Workload
+
+    done = summary["completed"]
+    if not done or not summary["total_output_tokens"]:
+        return {"prediction": "not compared: no request completed"}
+    w = Workload(input_tokens=max(1, round(summary["total_input_tokens"] / done)),
+                 output_tokens=max(2, round(summary["total_output_tokens"] / done)),
+                 concurrency=ctx.topology.validate_.concurrency, effort=ctx.topology.serving.reasoning_effort,
+                 num_prompts=prompts)
+    try:
+        return w, predict(w)
+    except PerfUnknown as exc:
+        return {"prediction": f"not compared: {exc}"}
 
 
 def compare(ctx: ValidateContext, summary: dict[str, Any], prompts: int) -> tuple[list[str], dict[str, Any], str]:
     """(problems, results, evidence line) of the cold workload against its prediction."""
     from k3deploy.catalog.loader import load_catalog
-    from k3deploy.planning.perf_model import PerfUnknown
     from k3deploy.planning.prediction import predict_topology
-    from k3deploy.planning.workload import Workload
 
     settings = ctx.topology.validate_
-    done = summary["completed"]
-    if not done or not summary["total_output_tokens"]:
-        return [], {"prediction": "not compared: no request completed"}, ""
-    w = Workload(input_tokens=max(1, round(summary["total_input_tokens"] / done)),
-                 output_tokens=max(2, round(summary["total_output_tokens"] / done)),
-                 concurrency=settings.concurrency, effort=ctx.topology.serving.reasoning_effort, num_prompts=prompts)
-    try:
-        p = predict_topology(ctx.topology, ctx.catalog or load_catalog(), w)
-    except PerfUnknown as exc:
-        return [], {"prediction": f"not compared: {exc}"}, ""
+    got = predicted(ctx, summary, prompts, lambda w: predict_topology(ctx.topology, ctx.catalog or load_catalog(), w))
+    if isinstance(got, dict):
+        return [], got, ""
+    w, p = got
     fields = p.bench_fields()
     # Speeds as shares of the prediction: below 1 is slower than predicted.
     speed = {"output_throughput": summary["output_throughput"] / fields["output_throughput"],

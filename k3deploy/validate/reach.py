@@ -23,7 +23,8 @@ def rank0_http(ctx: ValidateContext, timeout_s: float = 30.0) -> NodeHttp:
         raise StateError(f"{ctx.name} is not running: no rank 0 to ask", hint=f"k3deploy launch {ctx.name}")
     where = dep.probe_from if dep.probe_from == "head" else choose_probe_from("auto", dep.url)
     head = min(j.rank for j in dep.jobs)
-    return NodeHttp(dep.url, via=ctx.fleet.executor(head) if where == "head" else None, timeout_s=timeout_s)
+    return NodeHttp(dep.url, via=ctx.fleet.executor(head) if where == "head" else None, timeout_s=timeout_s,
+                    on_reply=ctx.routed.on_reply if ctx.routed is not None else None)
 
 
 def node_logs(ctx: ValidateContext, lines: int = LOG_LINES) -> dict[int, str]:

@@ -1,34 +1,22 @@
 """`validate FILE|NAME` as a library call: the topology, its deployment if one runs, the manifest, the stages."""
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3deploy.errors import InputError, StateError
-from k3deploy.validate.pipeline import Report, run_pipeline, select
-from k3deploy.validate.stage import NodeRef, Nodes, ProgressEvent, StageResult, ValidateContext
+from k3deploy.validate.pipeline import Report, select
+from k3deploy.validate.single import run_stages
+from k3deploy.validate.stage import ProgressEvent, StageResult
 from k3deploy.validate.stages import IMPLEMENTED
+from k3deploy.validate.target import RunnerFactory, Target
 
 if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
-    from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
 
-# Opens "every node" for a topology (and its running deployment, if any): a NodeFleet.
-RunnerFactory = Callable[["Topology", "Deployment | None"], AbstractContextManager[Nodes]]
-
-
-@dataclass(frozen=True)
-class Target:
-    """What `validate` was pointed at."""
-
-    topology: Topology
-    file: Path
-    deployment: Deployment | None
+__all__ = ["RunnerFactory", "Target", "load_manifest", "resolve_target", "validate"]  # the first two: target.py's
 
 
 def _load(file: Path) -> Topology:
@@ -84,15 +72,10 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
     if topology.model.id not in catalog.models:
         raise InputError(f"{target.file}: model.id {topology.model.id!r} is not in the catalog "
                          f"(known: {', '.join(sorted(catalog.models))})")
-    if topology.roles is not None:
-        from k3deploy.validate.roles import validate_roles
+    if topology.roles is not None or topology.replicas > 1:
+        from k3deploy.validate.roles import validate_service
 
-        return validate_roles(target, runner_factory, [s.name for s in stages], manifest=manifest,
-                              fail_fast=fail_fast, catalog_dirs=catalog_dirs, progress=progress, on_stage=on_stage)
-    nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
-    with contextlib.ExitStack() as stack:
-        fleet = stack.enter_context(runner_factory(topology, target.deployment))
-        ctx = ValidateContext(name=topology.name, topology=topology, model=catalog.model(topology.model.id),
-                              nodes=nodes, fleet=fleet, manifest=manifest, deployment=target.deployment,
-                              catalog=catalog, progress=progress)
-        return run_pipeline(ctx, stages, fail_fast=fail_fast, not_implemented=missing, on_stage=on_stage)
+        return validate_service(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
+                                not_implemented=missing, progress=progress, on_stage=on_stage)
+    return run_stages(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
+                      not_implemented=missing, progress=progress, on_stage=on_stage)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from k3deploy.executors.base import Executor
     from k3deploy.launch.state import Deployment
     from k3deploy.topology.schema import Topology
+    from k3deploy.validate.routed import Routed
 
 # The deployment guides' checklist, in order; part 1 implements `shards` (see k3deploy.validate.stages).
 STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "long", "prefix-cache", "effort")
@@ -99,6 +100,7 @@ class ValidateContext:
     deployment: Deployment | None = None
     catalog: Catalog | None = None  # the catalog the topology was checked against (None: the packaged one)
     progress: Callable[[ProgressEvent], None] = field(default=lambda event: None)
+    routed: Routed | None = None  # requests go through a router to these replicas (who served is noted)
 
     @property
     def run_probe(self) -> Callable[..., Mapping[int, ProbeOutcome]]:

@@ -25,6 +25,13 @@ def _require_root() -> None:
         pytest.skip(NEEDS_ROOT)
 
 
+def named_rig(prefix: str, hosts: int = 4) -> Iterator[HostRig]:
+    """A rig whose namespaces carry `prefix`, apart from other modules' rigs (for a module-scoped fixture)."""
+    _require_root()
+    with HostRig(hosts, prefix=prefix) as rig:
+        yield rig
+
+
 @pytest.fixture
 def root_only() -> None:
     """Skip the test unless running as root."""

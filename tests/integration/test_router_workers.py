@@ -25,7 +25,6 @@ import httpx
 import pytest
 
 from k3deploy.engines.router import RouterSettings, router_argv
-from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -73,17 +72,10 @@ def _wait_healthy(url: str, expect: int, timeout_s: float = 180) -> list[dict[st
     raise AssertionError(f"router never showed {expect} healthy workers: {last}")
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("kimi-k3-tiny")
-    write_checkpoint(path)
-    return path
-
-
 @pytest.fixture(params=[(k, m, p) for k, m in (("smg", "sglang"), ("sglang-router", "sglang"),
                                                ("vllm-router", "vllm")) for p in ("cache_aware", "round_robin")],
                 ids=lambda p: f"{p[0]}-{p[2]}")
-def routed(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -> Iterator[tuple[str, str, list[str], list[SimNode]]]:
+def routed(request: pytest.FixtureRequest, checkpoint: Path, tmp_path: Path) -> Iterator[tuple[str, str, list[str], list[SimNode]]]:
     kind, mimic, policy = request.param
     w0, w1, port, metrics = free_ports(4)
     env = {"GLOO_SOCKET_IFNAME": "lo", "K3SIM_SPEED": "20"}
@@ -92,7 +84,7 @@ def routed(request: pytest.FixtureRequest, model: Path, tmp_path: Path) -> Itera
         for n, wport in enumerate((w0, w1)):
             ip = f"127.0.0.{41 + n}"
             host_env = {"SGLANG_HOST_IP" if mimic == "sglang" else "VLLM_HOST_IP": ip}
-            nodes.append(ns.start(f"w{n}", ["--mimic", mimic, str(model), "--host", ip, "--port", str(wport),
+            nodes.append(ns.start(f"w{n}", ["--mimic", mimic, str(checkpoint), "--host", ip, "--port", str(wport),
                                             *FLAGS[mimic]], {**env, **host_env}))
         for node in nodes:
             node.wait_for(READY_LINE, 120)

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
 
 pytestmark = pytest.mark.integration
@@ -48,15 +47,8 @@ class Pd:
         return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=timeout_s)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("kimi-k3-tiny")
-    write_checkpoint(path)
-    return path
-
-
 @pytest.fixture
-def pd_pair(model: Path, tmp_path: Path) -> Iterator[Any]:
+def pd_pair(checkpoint: Path, tmp_path: Path) -> Iterator[Any]:
     """A factory: start prefill, decode and smg --pd-disaggregation (faults, the port the router is told)."""
     started: list[subprocess.Popen[bytes]] = []
     with NodeSet(tmp_path / "logs") as ns:
@@ -65,7 +57,7 @@ def pd_pair(model: Path, tmp_path: Path) -> Iterator[Any]:
             api, boot, router_port, metrics_port = free_ports(4)
             env = {"K3SIM_SPEED": "50", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "8",
                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20"}
-            common = ["--mimic", "sglang", str(model), "--host", "0.0.0.0", "--port", str(api), *FLAGS,
+            common = ["--mimic", "sglang", str(checkpoint), "--host", "0.0.0.0", "--port", str(api), *FLAGS,
                       "--disaggregation-bootstrap-port", str(boot)]
             prefill = ns.start("prefill", [*common, "--disaggregation-mode", "prefill"],
                                {**env, "SGLANG_HOST_IP": PREFILL_IP, "K3SIM_FAULT": prefill_fault})

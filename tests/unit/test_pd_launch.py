@@ -95,7 +95,7 @@ def test_validate_of_roles_runs_node_stages_per_instance_and_request_stages_once
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [(s["name"], s["status"]) for s in doc["stages"]] == [
-        ("kernels[prefill0]", "skip"), ("kernels[decode0]", "skip"), ("short", "skip")], doc
-    assert "k3-pd-prefill0" in doc["stages"][0]["detail"] and doc["not_implemented"] == ["effort"]
+        ("kernels[prefill0]", "skip"), ("kernels[decode0]", "skip"), ("short", "skip"), ("effort", "skip")], doc
+    assert "k3-pd-prefill0" in doc["stages"][0]["detail"] and doc["not_implemented"] == []
     text = run_k3deploy("validate", str(LOCAL), "--only", "kernels", "--state-dir", str(tmp_path))
     assert "kernels[decode0]" in text.stdout and "kernels[decode0]: skip" in text.stderr  # not eaten as markup

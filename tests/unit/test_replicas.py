@@ -298,8 +298,8 @@ def test_render_every_replica_and_the_router() -> None:
     only = json.loads(export_replicas(inputs, router, "json", replica=1, node=0)[0].content)
     assert [r["replica"] for r in only["replicas"]] == [1] and "router" not in only
     for fmt in ("slurm", "lws"):
-        with pytest.raises(InputError, match=f"--format {fmt} of a topology with replicas"):
-            export_replicas(inputs, router, fmt)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match=f"--format {fmt} covers every replica"):
+            export_replicas(inputs, router, fmt, replica=0)  # type: ignore[arg-type]
 
 
 def test_render_and_plan_cli(tmp_path: Path) -> None:
@@ -314,8 +314,8 @@ def test_render_and_plan_cli(tmp_path: Path) -> None:
     bad.write_text(LOCAL.read_text(encoding="utf-8").replace("replicas: 2", "replicas: 3"), encoding="utf-8")
     r = run_k3deploy("render", str(bad))
     assert r.returncode == 2 and f"{bad}:12:11: replicas: 4 nodes cannot be cut into 3" in r.stderr, r.stderr
-    r = run_k3deploy("render", str(LOCAL), "--format", "slurm")
-    assert r.returncode == 2 and "not built yet" in r.stderr, r.stderr
+    r = run_k3deploy("render", str(LOCAL), "--format", "slurm", "--node", "1")
+    assert r.returncode == 2 and "covers every replica" in r.stderr, r.stderr
 
 
 def test_launch_dry_run_of_replicas_shows_each_replica_and_the_router(tmp_path: Path) -> None:

@@ -57,6 +57,11 @@ def test_a_state_for_other_tokens_or_another_skip_holds_nothing() -> None:
     state = prefilled_state(IDS, facts, 0, Faults())
     assert received_facts(state, [*IDS[:-1], 999], 0) == {}
     assert received_facts(state, IDS, 8) == {}
-    # Past the decode's cached prefix, only the facts stated after it travel.
-    later = prefilled_state(IDS, facts, facts["code of room-2"][1], Faults())
-    assert set(received_facts(later, IDS, facts["code of room-2"][1])) == {"code of room-2"}
+    # Past the decode's cached prefix only the MLA KV past it travels; the KDA state is the one after the whole
+    # prompt (a recurrent state), so it holds every fact, a fact before the cached prefix too.
+    skip = facts["code of room-2"][1]
+    later = prefilled_state(IDS, facts, skip, Faults())
+    assert later["token_ids"] == IDS[skip:]
+    assert set(received_facts(later, IDS, skip)) == {"code of room-1", "code of room-2"}
+    zeroed = prefilled_state(IDS, facts, skip, Faults({"transfer_kda_zeroed": None}))
+    assert received_facts(zeroed, IDS, skip) == {}  # a hit on the decode cannot restore what the transfer lost

@@ -72,6 +72,10 @@ class EffortStage:
     name = "effort"
     needs_deployment = True
 
+    def judge(self, ctx: ValidateContext, cold: dict[str, Any], prompts: int) -> tuple[list[str], dict[str, Any], str]:
+        """(problems, results, evidence line) of the cold run against the planner's prediction."""
+        return compare(ctx, cold, prompts)
+
     def run(self, ctx: ValidateContext) -> StageResult:
         """Run both workloads one after the other and judge each against the thresholds."""
         settings = ctx.topology.validate_
@@ -89,7 +93,8 @@ class EffortStage:
                 bodies = _bodies(chat, ctx, shared, sentences)
                 if shared:  # the first request caches the shared prefix for the rest
                     chat.send(bodies[0])
-                run: LoadRun = (run_load(url, bodies, settings.concurrency, settings.request_timeout_s)
+                run: LoadRun = (run_load(url, bodies, settings.concurrency, settings.request_timeout_s,
+                                         ctx.routed.on_reply if ctx.routed is not None else None)
                                 if url is not None else
                                 run_load_on_node(http, bodies, settings.concurrency, settings.request_timeout_s))
                 summaries[name] = summarize(run, gpus)
@@ -99,7 +104,7 @@ class EffortStage:
                                    "max_concurrency": settings.concurrency, "num_prompts": len(bodies),
                                    "route": route, "load_ran": WHERE[route], "gpus": gpus, **summaries}
         problems = [p for name, s in summaries.items() for p in _problems(name, s, ctx)]
-        off, vs_prediction, predicted = compare(ctx, summaries["cold"], len(bodies))
+        off, vs_prediction, predicted = self.judge(ctx, summaries["cold"], len(bodies))
         problems += off
         results.update(vs_prediction)
         head = (f"effort {ctx.topology.serving.reasoning_effort} (as {via}), concurrency {settings.concurrency}, "

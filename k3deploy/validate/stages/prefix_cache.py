@@ -1,7 +1,8 @@
 """Stage `prefix-cache`: a two-turn conversation over a long shared prefix hits the cache where the planner
 predicts, the hit turn still retrieves its facts, and a hit answers exactly as the same request sent cold
 (cache-salted on vLLM, after a flush on SGLang): hybrid caches have restored the wrong linear-attention state
-while "hitting"."""
+while "hitting". Facts lost on the hit and cold alike (the same tokens) are a state lost without the cache's
+help, which `long` catches: this stage then passes and says so."""
 from __future__ import annotations
 
 import uuid
@@ -61,15 +62,20 @@ class PrefixCacheStage:
             notes = haystack.haystack(sizing.sentences_for(min(settings.prefix_cache_tokens, limit)), facts,
                                       uuid.uuid4().hex[:12])
             turn1 = [{"role": "user", "content": notes + "\n\nSummarise the notes in one sentence."}]
+            mark = ctx.routed.mark() if ctx.routed is not None else None
             first = chat.ask(turn1, settings.answer_max_tokens, **effort)
+            who = [ctx.routed.since(mark)] if ctx.routed is not None and mark is not None else []
             if first.error is not None:
                 return StageResult(name=self.name, status="fail",
                                    detail=f"turn 1 failed: {first.error[:200]}", evidence=first.error)
             turn2 = [*turn1, {"role": "assistant", "content": first.content},
                      {"role": "user", "content": haystack.questions(facts)}]
+            mark = ctx.routed.mark() if ctx.routed is not None else None
             hit = chat.ask(turn2, settings.answer_max_tokens, **effort)
+            who += [ctx.routed.since(mark)] if ctx.routed is not None and mark is not None else []
             cold, how = chat.cold(turn2, settings.answer_max_tokens, **effort)
-        return self._result(ctx, chat.dialect, facts, first, hit, cold, how)
+        result = self._result(ctx, chat.dialect, facts, first, hit, cold, how)
+        return result if ctx.routed is None else one_replica(result, who, first.error is None)
 
     def _result(self, ctx: ValidateContext, dialect: str, facts: list[haystack.Fact], first: StreamRecord,
                 hit: StreamRecord, cold: StreamRecord | None, how: str) -> StageResult:
@@ -94,7 +100,10 @@ class PrefixCacheStage:
             problems.append(f"turn 2 hit {cached / prompt:.0%} of the prompt < validate.min_cache_hit_ratio "
                             f"{settings.min_cache_hit_ratio:.0%}")
         found = haystack.retrieved(facts, hit.content)
-        if hit.error is None and not all(found.values()):
+        # Facts the hit loses and the same request sent cold loses token for token are not the cache's doing
+        # (the state is wrong with or without a hit): `long` judges retrieval; this stage judges the cache.
+        cold_alike = cold is not None and cold.error is None and not cold.cached_tokens and hit.deltas == cold.deltas
+        if hit.error is None and not all(found.values()) and not cold_alike:
             problems.append(f"on the cache hit, {retrieval_line(found)}")
         if cold is None:
             problems.append(f"hit correctness not checked: no cold request could be made ({how})")
@@ -117,7 +126,28 @@ class PrefixCacheStage:
                                evidence=f"hit answer: {hit.content[:300]!r}" + (
                                    f"\ncold answer: {cold.content[:300]!r}" if cold is not None else ""),
                                results=results)
+        lost = "" if all(found.values()) else " and cold alike (not the cache: `long` judges retrieval)"
         detail = (f"turn 2 cached {cached:,} of {prompt:,} tokens (predicted ≥ {predicted:,}); "
-                  f"{retrieval_line(found)} on the hit; hit and cold ({how}) answers equal token for token")
+                  f"{retrieval_line(found)} on the hit{lost}; hit and cold ({how}) answers equal token for token")
         return StageResult(name=self.name, status="pass", detail=detail,
                            evidence=f"hit answer: {hit.content[:300]!r}", results=results)
+
+
+def one_replica(result: StageResult, who: list[list[str]], answered: bool) -> StageResult:
+    """Through a router: turn 2 served by the replica that served turn 1 (that is what makes it hit), or a fail."""
+    turns = [sorted(set(w)) for w in who]
+    results = {**result.results, "served_by_turn": turns}
+    if not answered or len(turns) < 2:
+        return result.model_copy(update={"results": results})
+    if not turns[0] or not turns[1]:
+        line = "which replica served each turn is not known (the router names no worker, the replicas count none)"
+        return result.model_copy(update={"results": results, "evidence": f"{line}\n{result.evidence}"})
+    if turns[0] == turns[1]:
+        line = f"turn 1 and turn 2 served by {', '.join(turns[0])}"
+        return result.model_copy(update={"results": results, "detail": f"{result.detail}; {line}",
+                                          "evidence": f"{line}\n{result.evidence}"})
+    line = (f"turn 1 served by {', '.join(turns[0])}, turn 2 by {', '.join(turns[1])}: the router did not keep "
+            "the conversation on one replica (router.policy cache_aware keeps a shared prefix together)")
+    detail = line if result.status == "pass" else f"{line}; {result.detail}"
+    return result.model_copy(update={"status": "fail", "detail": detail, "results": results,
+                                     "evidence": f"{line}\n{result.evidence}"})

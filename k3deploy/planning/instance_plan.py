@@ -1,0 +1,184 @@
+"""Planning one deployment without roles (a replica's shape, memory, capacity, router): legality, memory
+and feasibility, every issue located in the file. Pure."""
+from __future__ import annotations
+
+import difflib
+
+from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
+from k3deploy.diagnostics import Issue
+from k3deploy.engines import rules as engine_rules
+from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.kinds import engine_family, engine_flavour
+from k3deploy.engines.shape import Shape, make_shape
+from k3deploy.planning import rules
+from k3deploy.planning.capacity import memory_issues
+from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
+from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
+from k3deploy.planning.plan_model import Plan
+from k3deploy.planning.pool import policy_issues, pool, router_plan
+from k3deploy.planning.speculation import acceptance, draft_tokens
+from k3deploy.topology.loader import LoadedTopology
+from k3deploy.topology.replicas import replica_topology
+from k3deploy.topology.schema import Topology
+
+# What each group of checks reads: a value left out by a schema error blocks the groups that read it.
+READS = {
+    "node": ("nodes", "launch.executor"),
+    "legality": ("parallel", "hardware.gpus_per_node", "engine.kind", "engine.mimic"),
+    "pairing": ("engine.kind", "model.revision"),
+    "engine": ("engine", "parallel", "serving", "launch", "model.path"),
+    "memory": ("parallel", "serving", "hardware", "engine.kind", "engine.mimic"),
+    "budgets": ("validate", "serving.context_length"),
+}
+CHECKS = {"node": "node checks (ranks, addresses)", "legality": "parallel legality",
+          "pairing": "model/engine/accelerator pairing", "engine": "engine flag checks", "memory": "memory budget",
+          "budgets": "validate request budgets"}
+
+
+def _unknown(code: str, what: str, value: str, options: list[str], path: str) -> Issue:
+    prefixed = sorted(o for o in options if o.startswith(value.lower()))
+    match = prefixed[:1] or difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+    hint = f"did you mean '{match[0]}'?" if match else f"known: {', '.join(sorted(options))}"
+    return Issue(code=code, severity="error", message=f"unknown {what} '{value}'", path=path, hint=hint)
+
+
+def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec,
+                  family: EngineFamily) -> MemoryInputs:
+    """Serving settings merged with catalog defaults."""
+    eng = catalog.engines[engine_flavour(t.engine, hw.vendor)]
+    s = t.serving
+    reserve_gib = s.reserve_gib if s.reserve_gib is not None else (
+        hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib)
+    return MemoryInputs(
+        family=family, engine=eng, reserve_bytes=round(reserve_gib * GIB),
+        mem_fraction=s.mem_fraction or eng.default_mem_fraction,
+        kv_dtype=s.kv_cache_dtype or model.cache.kv_cache_dtype,
+        ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
+        prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
+        max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
+        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t),
+    )
+
+
+def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, shape: Shape,
+                    family: EngineFamily) -> PerfInputs:
+    """The performance model's inputs for one replica of `t`; PerfUnknown when the catalog cannot time it."""
+    perf = catalog.performance.get(t.engine.kind)
+    if perf is None:
+        raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
+    inp = memory_inputs(t, catalog, model, hw, family)
+    drafts = draft_tokens(t.engine.args)
+    return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
+                      ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
+                      accepted=acceptance(model, drafts),
+                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
+
+
+def _drafts(t: Topology) -> int:
+    """Draft tokens per step the engine flags ask for; 0 when the flags name no draft the model times (the
+    performance model then says why)."""
+    from k3deploy.planning.perf_model import PerfUnknown
+    from k3deploy.planning.speculation import draft_tokens
+
+    try:
+        return draft_tokens(t.engine.args)
+    except PerfUnknown:
+        return 0
+
+
+def _blocked(group: str, unchecked: frozenset[str]) -> str | None:
+    """The first left-out value the group reads (a path equal to, inside or around one it reads)."""
+    for path in sorted(unchecked):
+        if any(f"{path}.".startswith(f"{r}.") or f"{r}.".startswith(f"{path}.") for r in READS[group]):
+            return path
+    return None
+
+
+def _not_checked(groups: list[str], why: str, path: str) -> Issue:
+    return Issue(code="NOT_CHECKED", severity="info", path=path,
+                 message=f"{', '.join(CHECKS[g] for g in groups)}: not checked {why}")
+
+
+def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
+    """make_plan of a topology without roles: check legality, size memory and decide feasibility; never raises
+    on a bad shape. Values in `unchecked` (dotted paths a schema error left out) block only the checks that
+    read them."""
+    whole = loaded.topology
+    assert whole.roles is None, "a topology with roles is planned by planning.pd.pd_plan"
+    t = replica_topology(whole, 0)  # every replica has the same shape; its nodes decide the world size
+    family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
+    issues: list[Issue] = []
+    model = catalog.models.get(t.model.id)
+    hw = catalog.hardware.get(t.hardware.gpu)
+    if model is None:
+        issues.append(_unknown("UNKNOWN_MODEL", "model", t.model.id, list(catalog.models), "model.id"))
+    if hw is None:
+        issues.append(_unknown("UNKNOWN_HARDWARE", "accelerator", t.hardware.gpu, list(catalog.hardware), "hardware.gpu"))
+    blocked = {g: b for g in READS if (b := _blocked(g, unchecked)) is not None}
+    for path in sorted(set(blocked.values())):
+        issues.append(_not_checked([g for g, b in blocked.items() if b == path], f"until {path} is fixed", path))
+    shape = memory = capacity = None
+    if "node" not in blocked:
+        issues += list(rules.node_rules(whole))
+    issues += policy_issues(whole)
+    if "budgets" not in blocked:
+        issues += list(rules.budget_rules(t))
+    if model is None:
+        issues.append(_not_checked([g for g in ("legality", "pairing", "engine", "memory") if g not in blocked],
+                                   "until model.id names a known model", "model.id"))
+    elif "legality" not in blocked:
+        p = t.parallel
+        shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
+                           nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
+                           num_experts=model.architecture.num_experts)
+        legality = list(rules.parallel_rules(model.architecture, family, shape))
+        issues += legality
+        if hw is None:
+            issues.append(_not_checked([g for g in ("pairing", "engine", "memory") if g not in blocked],
+                                       "until hardware.gpu names a known accelerator", "hardware.gpu"))
+        else:
+            issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
+            issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
+                t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
+            if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
+                issues.append(_not_checked(["memory"], "while the parallel shape is illegal", "parallel"))
+            elif "memory" not in blocked:
+                memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
+                mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
+                                                      t.serving.max_running_requests)
+                issues += mem_issues
+    replicated = whole.replicas > 1 or whole.router is not None
+    the_pool = router = None
+    if replicated and capacity is not None and shape is not None:
+        the_pool = pool(whole.replicas, len(t.nodes) * t.hardware.gpus_per_node, capacity.kv_tokens,
+                        capacity.max_running_requests)
+    if whole.router is not None:
+        router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
+                                            longest_prefill(t, catalog, model, hw, shape, family))
+        issues += router_issues
+    located = tuple(locate(i, loaded) for i in issues)
+    return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
+                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
+
+
+def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
+                     shape: Shape | None, family: EngineFamily) -> float | str:
+    """The predicted prefill of the longest prompt one replica allows (every attention group at once), or why
+    it cannot be timed."""
+    if model is None or hw is None or shape is None:
+        return "the plan has no model, accelerator or shape to time"
+    try:
+        inp = perf_inputs_for(t, catalog, model, hw, shape, family)
+        return prefill_latency_s(inp, t.serving.context_length, inp.attn_groups)
+    except PerfUnknown as exc:
+        return str(exc)
+
+
+def locate(issue: Issue, loaded: LoadedTopology) -> Issue:
+    """The issue with the line and column of its path in the topology file."""
+    path: list[str | int] = []
+    for part in issue.path.replace("]", "").replace("[", ".").split("."):
+        if part:
+            path.append(int(part) if part.isdigit() else part)
+    pos = loaded.source.locate(tuple(path))
+    return issue._replace(line=pos.line, column=pos.column)

@@ -1,0 +1,70 @@
+"""Predicted time to first token and time per output token of a prefill/decode deployment, per role.
+
+A request's first token comes from a prefill instance: TTFT = that instance's prefill latency and queue (its
+requests answer one token each, so nothing decodes there) + the transfer of the request's MLA KV and its KDA
+state to the decode over the scale-out fabric. Every later token comes from a decode instance: TPOT = its
+decode step at its batch, with no prefill stalling it (prefill runs elsewhere). Each role's instances share
+the concurrency evenly. Pure."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.perf_model import PerfUnknown, Term
+from k3deploy.planning.prediction import Prediction, predict_topology
+from k3deploy.planning.workload import Workload
+from k3deploy.topology.schema import Topology
+
+
+class RolePrediction(NamedTuple):
+    """TTFT (prefill + transfer) and TPOT (decode), each with the terms that make it up."""
+
+    ttft_s: float | None  # None: the transfer cannot be timed (ttft_unknown says why)
+    tpot_s: float
+    ttft_terms: tuple[Term, ...]
+    tpot_terms: tuple[Term, ...]
+    prefill: Prediction
+    decode: Prediction
+    ttft_unknown: str = ""
+
+
+def transfer_s(t: Topology, catalog: Catalog, input_tokens: int) -> Term:
+    """One request's MLA KV and KDA state, prefill to decode, over the scale-out link (each rank pair at once)."""
+    from k3deploy.engines.kinds import engine_family
+    from k3deploy.planning.memory import kda_state_bytes_per_slot, mla_kv_bytes_per_token
+    from k3deploy.planning.plan import memory_inputs
+
+    model, hw = catalog.models[t.model.id], catalog.hardware[t.hardware.gpu]
+    if hw.scaleout_gbps is None or hw.scaleout_latency_us is None:
+        raise PerfUnknown(f"hardware {hw.id} has no scaleout_gbps and scaleout_latency_us in the catalog: the "
+                          "prefill-to-decode transfer cannot be timed")
+    mem = memory_inputs(t, catalog, model, hw, engine_family(t.engine.kind, getattr(t.engine, "mimic", None)))
+    arch, p = model.architecture, t.parallel
+    attn_tp = p.tp // p.dp if p.attention_dp and p.tp % p.dp == 0 else p.tp
+    nbytes = (input_tokens * mla_kv_bytes_per_token(arch, mem.kv_dtype)
+              + kda_state_bytes_per_slot(arch, attn_tp, mem.ssm_dtype))
+    seconds = hw.scaleout_latency_us * 1e-6 + nbytes / (hw.scaleout_gbps * 1e9)
+    return Term("transfer", seconds, f"{nbytes / 2**20:,.1f} MiB of MLA KV and KDA state per GPU over scale-out")
+
+
+def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
+    """The workload's mean TTFT and TPOT across the roles of `t` (PerfUnknown when a role cannot be timed; no
+    TTFT when only the transfer cannot)."""
+    from k3deploy.topology.pd import instance_topology, instances, role_group
+
+    assert t.roles is not None
+    first = {i.role: i for i in reversed(instances(t))}
+    share = {r: max(1, math.ceil(w.concurrency / role_group(t, r).instances)) for r in ("prefill", "decode")}
+    pre_t = instance_topology(t, first["prefill"])
+    pre = predict_topology(pre_t, catalog, w._replace(output_tokens=2, concurrency=share["prefill"]))
+    dec = predict_topology(instance_topology(t, first["decode"]), catalog, w._replace(concurrency=share["decode"]))
+    ttft_terms = tuple(Term(f"prefill role: {x.name}", x.seconds, x.how) for x in pre.ttft_terms if x.seconds)
+    tpot_terms = tuple(Term(f"decode role: {x.name}", x.seconds, x.how) for x in dec.tpot_terms
+                       if x.name != "prefill stalls")
+    tpot = sum(x.seconds for x in tpot_terms)
+    try:
+        ttft_terms += (transfer_s(pre_t, catalog, w.input_tokens),)
+    except PerfUnknown as exc:  # the decode's figure stands without it
+        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=str(exc))
+    return RolePrediction(sum(x.seconds for x in ttft_terms), tpot, ttft_terms, tpot_terms, pre, dec)

@@ -1,0 +1,70 @@
+"""The per-GPU memory budget and capacity tables of a plan (the whole plan's, or one role's in PD)."""
+from __future__ import annotations
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from k3deploy.planning.arith import GIB
+from k3deploy.planning.plan_model import Plan
+
+
+def gib_cell(n: float) -> str:
+    """Bytes as a GiB table cell."""
+    return f"{n / GIB:,.2f}"
+
+
+def quantity_table(title: str) -> Table:
+    """An empty two-column table (quantity, value right-aligned) titled at the left."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    return t
+
+
+def budget_table(plan: Plan, role: str = "") -> Table:
+    """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
+    broken at phrase boundaries so the table reads at 80 columns."""
+    m = plan.memory
+    assert m is not None
+    t = Table(title=f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("line item")
+    t.add_column("GiB", justify="right")
+    t.add_column("bytes", justify="right")
+    t.add_column("how")
+    s = plan.shape
+    assert s is not None
+    kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
+    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"
+           + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
+    kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
+    kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
+    rows = [
+        ("weights: routed experts", m.routed_weights_bytes,
+         [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
+        ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
+        *([("weights: draft model", m.draft_weights_bytes, [f"draft / attn_tp {s.attn_tp}"])]
+          if m.draft_weights_bytes else []),
+        ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
+        (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
+         + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
+         + [f"x {m.kv_tokens:,} tokens"]),
+        ("KDA state pool", m.state_pool_bytes, kda),
+        ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
+    ]
+    for name, n, how in rows:
+        t.add_row(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}", "\n".join(how))
+    t.add_row(Text("usable", style="bold"), Text(gib_cell(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", "")
+    return t
+
+
+def capacity_table(plan: Plan, role: str = "") -> Table:
+    """KV tokens, concurrency and context at that concurrency."""
+    c = plan.capacity
+    assert c is not None
+    t = quantity_table(f"{role}Capacity")
+    t.add_row("KV tokens in the pool", f"{c.kv_tokens:,}")
+    t.add_row("max concurrent requests", f"{c.max_running_requests:,}")
+    t.add_row("longest context at that concurrency", f"{c.max_context_tokens:,}")
+    return t

@@ -1,0 +1,32 @@
+"""One validate stage against one replica straight (not through the router): what rollout runs on a replica it
+has just started, before it is put back."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3deploy.validate.single import run_stages
+from k3deploy.validate.stages import IMPLEMENTED
+from k3deploy.validate.target import RunnerFactory, Target
+
+if TYPE_CHECKING:
+    from k3deploy.launch.service import ServicePlan
+    from k3deploy.launch.state import StateStore
+
+
+def replica_stage(sp: ServicePlan, store: StateStore, stage: str,
+                  runner_factory: RunnerFactory | None = None) -> Callable[[int], str | None]:
+    """A check of replica I by `stage`: None when it passed, else its status and detail."""
+    from k3deploy.validate.nodes import fleet_runner
+
+    def check(index: int) -> str | None:
+        sub = sp.replicas[index][0].topology
+        dep = store.require(sub.name)
+        report = run_stages(Target(sub, Path(sp.plan.file), dep), runner_factory or fleet_runner,
+                            [IMPLEMENTED[stage]], sp.catalog, manifest=None, fail_fast=True,
+                            progress=lambda e: None, on_stage=lambda n, r: None)
+        result = report.stages[0]
+        return None if result.status == "pass" else f"{result.status}: {result.detail}"
+
+    return check
