@@ -29,6 +29,16 @@ def checkpoint_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     return path, write_checkpoint(path)
 
 
+@pytest.fixture(scope="session")
+def vllm_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One VLLM_CACHE_ROOT for every real vLLM the run starts (tests/realengine, tests/integration/*real_vllm*).
+    With --enforce-eager the only thing vLLM keeps there is its registry's model-class info (modelinfos/,
+    keyed by the model module's hash, written atomically): an empty cache makes every start inspect the
+    class in an extra Python that imports vLLM and torch (58 of 170 s of a start on the loaded machine),
+    which a user's ~/.cache/vllm pays once. A second start finds it, as a user's does."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
 @pytest.fixture(scope="module")
 def checkpoint(checkpoint_manifest: tuple[Path, Manifest]) -> Path:
     """The module's kimi-k3-tiny checkpoint folder."""
@@ -44,6 +54,9 @@ NO_TORCH = ("needs torch, which this venv lacks (the Python 3.10 unit run instal
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip the tests that need torch, with the reason, where torch is not installed."""
+    from tests.realengine.tier_time import note_items
+
+    note_items(items)
     if HAS_TORCH:
         return
     for item in items:
@@ -51,10 +64,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=NO_TORCH))
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    from tests.realengine.tier_time import note_report
+
+    note_report(report)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the reliability figures the tests gathered (tests/figures.py), once, at the end of the run."""
+    """Print the reliability figures the tests gathered (tests/figures.py) and the real-engine tier's time
+    (tests/realengine/tier_time.py), once, at the end of the run."""
     from tests.figures import summary_lines
+    from tests.realengine import tier_time
 
     terminalreporter.section("k3deploy reliability figures")
-    for line in summary_lines():
+    for line in summary_lines() + tier_time.summary_lines():
         terminalreporter.write_line(line)

@@ -63,9 +63,9 @@ class RealVllm(SimDeployments):
     """Real-vLLM topologies for a two-host rig over SSH (or Ray); nothing may be left on a host afterwards."""
 
     def __init__(self, rig: HostRig, vllm: Path, checkpoints: Mapping[str, Path], tmp: Path,
-                 launch: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
+                 launch: Mapping[str, Any], env: Mapping[str, str] | None = None, *, cache_root: Path) -> None:
         super().__init__(rig, checkpoints["llama"], tmp, launch, env)
-        self.vllm, self.checkpoints = vllm, checkpoints
+        self.vllm, self.checkpoints, self.cache_root = vllm, checkpoints, cache_root
 
     def real_topology(self, name: str, model: str = "llama", *, tp: int = 2, dp: int = 1, hosts: int = 2,
                       args: dict[str, Any] | None = None, validate: dict[str, Any] | None = None,
@@ -79,10 +79,10 @@ class RealVllm(SimDeployments):
             "engine": {"kind": "vllm", "port": 18000, "launcher": [str(self.vllm), "serve"],
                        # eager: 20-40 s less start-up (the test catalog names no parsers: none are rendered)
                        "args": {"--enforce-eager": True, **(args or {})},
-                       # KV cache by size, not a share of host RAM; no CPU pinning (2 shared cores); compile
-                       # cache in the test's scratch (real-engines.md)
+                       # KV cache by size, not a share of host RAM; no CPU pinning (2 shared cores); the run's
+                       # cache root, as a user's ~/.cache/vllm (tests/conftest.py vllm_cache_root)
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                               "VLLM_CACHE_ROOT": str(self.tmp / "vllm-cache")}},
+                               "VLLM_CACHE_ROOT": str(self.cache_root)}},
             "parallel": {"tp": tp, "dp": dp},
             "serving": {"context_length": 2048, "max_running_requests": 4},
             "launch": {"port": 29500, "ready_timeout_s": READY_TIMEOUT_S, "stop_grace_s": 5,

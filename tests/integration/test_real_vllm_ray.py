@@ -50,12 +50,13 @@ class RayRealVllm(RealVllm):
 
 
 @pytest.fixture
-def real(ray2: tuple[HostRig, RayRig], vllm: Path, tmp_path: Path) -> Iterator[RayRealVllm]:
+def real(ray2: tuple[HostRig, RayRig], vllm: Path, tmp_path: Path, vllm_cache_root: Path) -> Iterator[RayRealVllm]:
     from tests.realengine.checkpoints import write_llama
 
     rig, cluster = ray2
     d = RayRealVllm(rig, vllm, {"llama": write_llama(tmp_path / "tiny-llama")}, tmp_path,
-                    {"executor": "ray", "ray_address": cluster.address}, env={**os.environ, **RAY_ENV})
+                    {"executor": "ray", "ray_address": cluster.address}, env={**os.environ, **RAY_ENV},
+                    cache_root=vllm_cache_root)
     yield d
     problems = d.cleanup()
     assert problems == [], problems

@@ -1,6 +1,7 @@
 """Start the real vLLM (the installer's venv) with a rendered command on this machine, wait until a real
 completion answers (its /health says 200 before it can serve: real-engines.md), and stop it by process group,
-leaving nothing: no process, no compile cache, no ZMQ IPC socket (VLLM_RPC_BASE_PATH is a private dir)."""
+leaving nothing: no process, no ZMQ IPC socket (VLLM_RPC_BASE_PATH is a private dir); its VLLM_CACHE_ROOT is the
+run's (tests/conftest.py vllm_cache_root) or, without one, a private dir removed with the rest."""
 from __future__ import annotations
 
 import os
@@ -53,14 +54,14 @@ class RealVllm:
         return "\n".join(self.log().splitlines()[-lines:])
 
 
-def spawn_vllm(argv: Sequence[str], env: Mapping[str, str] | None = None) -> RealVllm:
+def spawn_vllm(argv: Sequence[str], env: Mapping[str, str] | None = None, cache_root: Path | None = None) -> RealVllm:
     """Run argv (a rendered `vllm serve ...`, argv[0] the venv's vllm) in its own session, not waiting for
     it (a headless node never serves). The URL is the one argv's --port names."""
     port = argv[list(argv).index("--port") + 1]
     # Short: a unix socket path is at most 107 bytes, and vLLM adds "/" + a 36-character uuid4.
     scratch = Path(tempfile.mkdtemp(prefix="k3rt-", dir="/tmp"))
     (scratch / "ipc").mkdir()
-    full_env = {**os.environ, **CPU_ENV, "VLLM_CACHE_ROOT": str(scratch / "cache"),
+    full_env = {**os.environ, **CPU_ENV, "VLLM_CACHE_ROOT": str(cache_root or scratch / "cache"),
                 "VLLM_RPC_BASE_PATH": str(scratch / "ipc"), "TMPDIR": str(scratch), **(env or {})}
     log_path = scratch / "engine.log"
     with log_path.open("wb") as log:
@@ -70,9 +71,9 @@ def spawn_vllm(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Rea
 
 
 def start_vllm(argv: Sequence[str], model: str, env: Mapping[str, str] | None = None,
-               ready_timeout_s: float = READY_TIMEOUT_S) -> RealVllm:
+               ready_timeout_s: float = READY_TIMEOUT_S, cache_root: Path | None = None) -> RealVllm:
     """spawn_vllm, then return when a completion for `model` answers."""
-    engine = spawn_vllm(argv, env)
+    engine = spawn_vllm(argv, env, cache_root)
     try:
         _wait_serving(engine, model, ready_timeout_s)
     except BaseException:

@@ -1,6 +1,6 @@
 """`/health` while a peer is gone (issue 25's conformance item), real vLLM vs the stand-in's vLLM mimic.
 
-Each side runs TP 2 as two local processes with the flags `k3deploy render` gives a two-node topology: rank
+Both sides run at once. Each runs TP 2 as two local processes with the flags `k3deploy render` gives a two-node topology: rank
 0 serving, rank 1 `--headless`, nobody supervising. Once a completion answers, the headless node's process
 group is SIGKILLed, and the head is watched (peer_watch): /health alone for IDLE_S, then /health and a
 one-token completion every second. The stand-in must tell the same story (_story), answer the failed request
@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -63,13 +64,13 @@ def _errors(log: str, most: int = 30) -> list[str]:
     return [line for line in log.splitlines() if " ERROR " in line or " WARNING " in line][-most:]
 
 
-def _real_watch(tmp: Path) -> Watch:
+def _real_watch(tmp: Path, cache_root: Path) -> Watch:
     vllm = require_vllm()
     argvs, envs = _rendered(tmp, write_llama(tmp / "llama"))
-    headless = spawn_vllm([str(vllm), *argvs[1][1:]], envs[1])
+    headless = spawn_vllm([str(vllm), *argvs[1][1:]], envs[1], cache_root)
     head = None
     try:
-        head = start_vllm([str(vllm), *argvs[0][1:]], LLAMA_ID, envs[0])
+        head = start_vllm([str(vllm), *argvs[0][1:]], LLAMA_ID, envs[0], cache_root=cache_root)
         print(f"real vLLM TP 2 (two processes) served after {head.ready_s:.0f} s")
         os.killpg(headless.proc.pid, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -140,9 +141,13 @@ def _error(body: str | None) -> object:
     return error["type"], error["message"], error["code"]
 
 
-def test_health_while_the_headless_peer_is_gone(tmp_path: Path) -> None:
-    real = _real_watch(tmp_path / "real")
-    sim = _stand_in_watch(tmp_path / "sim")
+def test_health_while_the_headless_peer_is_gone(tmp_path: Path, vllm_cache_root: Path) -> None:
+    require_vllm()  # skip before starting anything
+    # The two sides at once (own ports, own dirs): the stand-in's start and watch fit inside real vLLM's start.
+    with ThreadPoolExecutor(1) as pool:
+        stand_in = pool.submit(_stand_in_watch, tmp_path / "sim")
+        real = _real_watch(tmp_path / "real", vllm_cache_root)  # on an error, `with` waits for the stand-in
+        sim = stand_in.result(timeout=900)  # its own waits are bounded; this keeps the test bounded too
     print(f"stories:\n  real vLLM {_story(real)}\n  stand-in  {_story(sim)}")
     # Real vLLM notices nothing without traffic: /health stays 200 while it cannot serve.
     assert _story(real)["idle /health"] == {"200"} and _story(real)["first completion"] == "500", real.summary()

@@ -103,7 +103,7 @@ def _rendered(tmp: Path, model_path: Path, port: int) -> tuple[list[str], dict[s
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Engine]]:
+def engines(tmp_path_factory: pytest.TempPathFactory, vllm_cache_root: Path) -> Iterator[tuple[Engine, Engine]]:
     vllm = require_vllm()
     tmp = tmp_path_factory.mktemp("conformance")
     from k3deploy.sim.checkpoint import write_checkpoint
@@ -122,7 +122,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, 
                                env={**os.environ, **env, "K3SIM_GPU": "sim"}, cwd=ROOT)
     real: RealVllm | None = None
     try:
-        real = start_vllm([str(vllm), *argv[1:]], LLAMA_ID, env)
+        real = start_vllm([str(vllm), *argv[1:]], LLAMA_ID, env, cache_root=vllm_cache_root)
         sim_side = Engine("stand-in", f"http://127.0.0.1:{sim_port}", sim_log.read_text)
         _wait_stand_in(sim_side, sim)
         yield Engine("real vLLM", real.url, real.log), sim_side
