@@ -1,6 +1,6 @@
 """LWS and Slurm exports of replicas and of prefill/decode roles: every Kubernetes object passes the real
-Kubernetes schemas (kubernetes-validate's, strict), the LeaderWorkerSets have the group counts and sizes of
-the topology, the router finds every group's leader by its stable name, and every router flag is in the
+Kubernetes schemas (kubernetes-validate's, strict; the LeaderWorkerSets the real LWS CRD's, tests/lws_schema.py),
+the LeaderWorkerSets have the group counts and sizes of the topology, the router finds every group's leader by its stable name, and every router flag is in the
 router's table (taken from its real parser)."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from k3deploy.engines.router import argv_problems
 from k3deploy.errors import InputError
 from k3deploy.planning.rendering import render_files
 from tests.k3deploy_cli import run_k3deploy
+from tests.lws_schema import lws_errors
 from tests.unit.test_render_support import ROOT, plan_file
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="dev extra: kubernetes-validate")
@@ -38,6 +39,7 @@ def check_schemas(objs: list[dict[str, Any]]) -> None:
                     pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": o["metadata"]["name"]},
                            "template": t[key]}
                     kubernetes_validate.validate(pod, K8S, strict=True)
+            assert lws_errors(o) == [], o["metadata"]["name"]
         else:
             kubernetes_validate.validate(o, K8S, strict=True)
 
