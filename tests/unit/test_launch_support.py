@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 import yaml
 
 from k3deploy.executors.base import TAG_VAR
+from k3deploy.launch.ipc import ipc_dir
 
 # A stand-in for the stand-in: starts in milliseconds. Rank 0 serves /health, /v1/models and completions on
 # SGLANG_HOST_IP:--port; behaviour knobs come from engine.env (FAKE_*), exported on every node.
@@ -127,7 +129,12 @@ def stop_left(dep_name: str, state_dir: Path) -> tuple[bool, list[int]]:
     owner_alive = owner is not None and owner.alive()
     if owner is not None and owner_alive:
         owner.terminate(2)
-    return owner_alive, kill_tagged(f"{dep_name}.")
+    left = kill_tagged(f"{dep_name}.")
+    # What `stop` would have removed with the nodes: their IPC directories (local nodes share this /tmp).
+    for node in rec.nodes if rec is not None else []:
+        if node.handle is not None:
+            shutil.rmtree(ipc_dir(node.handle.tag), ignore_errors=True)
+    return owner_alive, left
 
 
 def assert_nothing_left(dep_name: str, state_dir: Path) -> None:
