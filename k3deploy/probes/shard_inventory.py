@@ -67,8 +67,10 @@ def sha256_files(paths: list[str], threads: int = 0, progress: Callable[[int, in
     for w in workers:
         while w.is_alive():
             w.join(progress_s)
-            if progress is not None:
+            if w.is_alive() and progress is not None:
                 progress(sum(done), total, len(out))
+    if progress is not None:  # always a last tick once every thread is done: it says the whole total
+        progress(sum(done), total, len(out))
     return out
 
 

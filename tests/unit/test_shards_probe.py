@@ -179,3 +179,17 @@ def test_the_fastest_parser_present_is_chosen_and_an_absent_one_is_named(tmp_pat
     result = probe(tmp_path, hash=False, json_parser=missing)[1]  # without site-packages nothing but json is there
     assert result["fatal"] == f"JSON parser {missing} is not installed in this interpreter"
     assert probe(tmp_path, hash=False, json_parser="orjson")[1]["fatal"].startswith("unknown JSON parser 'orjson'")
+
+
+def test_the_last_progress_tick_reports_every_byte_whichever_thread_ends_last(tmp_path: Path) -> None:
+    # CI once saw a node's last tick short of its total: a thread that ended between two ticks was never reported
+    paths = []
+    for i, size in enumerate((300_000, 290_000, 5, 7, 11, 13)):
+        (tmp_path / f"f{i}").write_bytes(b"x" * size)
+        paths.append(str(tmp_path / f"f{i}"))
+    total = sum(Path(p).stat().st_size for p in paths)
+    for _ in range(40):
+        ticks: list[tuple[int, int, int]] = []
+        out = shard_inventory.sha256_files(paths, 3, lambda d, t, n: ticks.append((d, t, n)), 0.0001)
+        assert len(out) == len(paths)
+        assert ticks[-1] == (total, total, len(paths))
