@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from k3deploy.errors import ExecError
+from k3deploy.executors.base import Executor, ProcessHandle
+from k3deploy.executors.factory import open_executor
+from k3deploy.executors.fleet import NodeFleet
+from k3deploy.launch.gang import Gang
 from k3deploy.launch.ipc import IPC_PREFIX, ipc_dir
 from k3deploy.launch.state import StateStore
+from k3deploy.nodeplan.jobs import jobs_for
+from tests.polling import wait_for
 from tests.unit.test_launch_local import cli
-from tests.unit.test_launch_support import assert_nothing_left, fake_topology
+from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids
+from tests.unit.test_render_support import plan_of, sim_doc
 
+pytestmark = pytest.mark.timeout(120)
 SOCKETS = 3
 
 
@@ -45,3 +55,52 @@ def test_stop_removes_every_nodes_ipc_sockets(tmp_path: Path, name: str) -> None
 def test_the_ipc_dir_fits_a_unix_socket_path_whatever_the_name() -> None:
     tag = f"{'x' * 63}.31.{'f' * 32}"
     assert len(ipc_dir(tag)) + 1 + 36 <= 107 and ipc_dir(tag) != ipc_dir(tag.replace(".31.", ".30."))
+
+
+class HeldStart:
+    """The local executor, whose worker starts wait (after their node has made its IPC directory) until the
+    test lets them return: a start that returns once the group's stop has gone by (gang.start's late path)."""
+
+    def __init__(self, inner: Executor, rank: int, arrived: threading.Event, go: threading.Event) -> None:
+        self.inner, self.rank, self.arrived, self.go = inner, rank, arrived, go
+
+    def start(self, command: str, log_path: str, workdir: str = "/", tag: str = "") -> ProcessHandle:
+        handle = self.inner.start(command, log_path, workdir, tag)
+        if self.rank:
+            assert wait_for(lambda: os.path.isdir(ipc_dir(tag)), 30), "the node made no IPC directory"
+            self.arrived.set()
+            assert self.go.wait(60), "never let go"
+        return handle
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(self.inner, attr)
+
+
+def test_a_node_started_as_its_group_is_stopped_leaves_no_ipc_dir(tmp_path: Path, name: str) -> None:
+    jobs = [j.model_copy(update={"command": "sleep 600", "log_path": str(tmp_path / f"{name}-rank{j.rank}.log")})
+            for j in jobs_for(plan_of(sim_doc(name=name)))[:2]]
+    arrived, go = threading.Event(), threading.Event()
+    ranks = iter(range(len(jobs)))
+    fleet = NodeFleet({j.rank: j.target for j in jobs},
+                      lambda t: HeldStart(open_executor(t), next(ranks), arrived, go))  # type: ignore[arg-type,return-value]
+    gang = Gang(name, jobs, fleet)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            gang.start("r1")
+        except ExecError as exc:
+            errors.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        assert arrived.wait(60), "the worker never started"
+        assert gang.stop(grace_s=2) == {0: "stopped"}  # rank 1's start has not returned: the stop misses it
+    finally:
+        go.set()
+        starter.join(60)
+        gang.close()
+    assert [str(e) for e in errors] == ["localhost: started as the group was being stopped; stopped again"]
+    assert not tagged_pids(f"{name}.")
+    assert [d for d in (ipc_dir(j.tag(name, "r1")) for j in jobs) if os.path.exists(d)] == []
