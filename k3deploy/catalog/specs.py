@@ -262,6 +262,8 @@ class EnginePerformance(Sourced):
                                   "through HBM (2: read and written back)")
     speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
                                   "stand-in's K3SIM_SPEED); none for real engines")
+    acceptance_env: str | None = Field(None, description="engine.env variable that pins the tokens a speculative "
+                                       "verify step keeps (benchmark runs); none: the model's catalog figure")
     ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
                                     "experts the step's tokens touch most (real routing), or paces the mean rank "
                                     "(the stand-in)")

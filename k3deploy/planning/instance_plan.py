@@ -16,7 +16,7 @@ from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.pool import policy_issues, pool, router_plan
-from k3deploy.planning.speculation import acceptance, draft_tokens, replay_ring_len
+from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
@@ -70,7 +70,7 @@ def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: Hardwar
     drafts = draft_tokens(t.engine.args)
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
                       ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                      accepted=acceptance(model, drafts),
+                      accepted=pinned_acceptance(perf.acceptance_env, t.engine.env, drafts) or acceptance(model, drafts),
                       draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
 
 

@@ -31,6 +31,7 @@ def predicted(case: dict[str, Any]) -> dict[str, float]:
     doc = topology_dict(gpu=case["hardware"], per_node=case["gpus_per_node"], nodes=case["nodes"],
                         tp=par["tp"], ep=par["ep"], dcp=par["dcp"], max_running_requests=w["concurrency"])
     doc["engine"]["args"] = case.get("engine_args", {})
+    doc["engine"]["env"] = case.get("engine_env", {})
     plan = plan_of(doc)
     assert plan.feasible, [i.message for i in plan.issues if i.severity == "error"]
     p = predict_plan(plan, load_catalog(), Workload(w["in"], w["out"], w["concurrency"]))
