@@ -69,3 +69,29 @@ def test_the_switch_restores_what_was_set(before: str | None, monkeypatch: pytes
         assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "1"
         raise RuntimeError("a failed validation leaves the block too")
     assert os.environ.get("PYDANTIC_DISABLE_PLUGINS") == before
+
+
+_COLLECTOR = """
+import contextlib, gc, io, sys
+sys.argv = ["k3deploy"] + sys.argv[1:]
+from k3deploy.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        main()
+    except SystemExit:
+        pass
+print(gc.isenabled())
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("argv", "collects"), [
+    (["plan", TOPOLOGY], False), (["render", TOPOLOGY], False), (["schema"], False),
+    (["status", "nothing-here", "--state-dir", str(ROOT / "no-such-state-dir")], True), (["--help"], True)])
+def test_batch_commands_run_without_the_cycle_collector_and_others_keep_it(argv: list[str], collects: bool,
+                                                                           tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", _COLLECTOR, *argv], capture_output=True, text=True, cwd=ROOT,
+                         env=env, timeout=100, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == str(collects)
