@@ -13,6 +13,7 @@ from k3deploy.engines.context import Inputs
 from k3deploy.engines.exports import Format, RenderedFile, export
 from k3deploy.engines.router import RouterSettings, router_argv
 from k3deploy.engines.shell import command_text
+from k3deploy.topology.nodes import Node
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,10 @@ def group_files(members: Sequence[Member], router: RouterPart | None, fmt: Forma
 
 
 def whole_group_files(fmt: Format, base: str, members: Sequence[Inputs], router: RouterSettings | None, *,
-                      labels: Sequence[str], router_python: str = "python3",
+                      labels: Sequence[str], router_python: str = "python3", router_node: Node | None = None,
                       vendor: VendorSpec | None = None) -> tuple[RenderedFile, ...]:
     """The sbatch job or the Kubernetes manifest of every member (replicas, or prefill/decode roles when the
-    members have a role) and the router."""
+    members have a role) and the router (on the topology's `router_node`; None: where k3deploy runs)."""
     if fmt == "lws":
         from k3deploy.engines.lws_group import lws_replicas, lws_roles
 
@@ -83,5 +84,6 @@ def whole_group_files(fmt: Format, base: str, members: Sequence[Inputs], router:
         return (RenderedFile("lws.yaml", build(base, members, router, vendor)),)
     from k3deploy.engines.slurm_group import group_job_text
 
-    text = group_job_text(base, members, router, labels=labels, router_python=router_python, vendor=vendor)
+    text = group_job_text(base, members, router, labels=labels, router_python=router_python,
+                          router_node=router_node, vendor=vendor)
     return (RenderedFile("k3deploy.sbatch", text, executable=True),)

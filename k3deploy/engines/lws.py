@@ -23,9 +23,20 @@ DEVICE_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "huawei": 
 SHM_SIZE = "32Gi"
 
 
-def k8s_name(name: str) -> str:
-    """A DNS-1123 label from the deployment name."""
-    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63] or "k3deploy"
+def k8s_name(name: str, suffix: str = "", *, limit: int = 63) -> str:
+    """A DNS-1035 label (a letter first: LWS's webhook requires it of a LeaderWorkerSet, whose headless Service
+    takes its name) from the deployment name, ending in `suffix`, at most `limit` characters."""
+    base = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "k3deploy"
+    if not base[0].isalpha():
+        base = f"k3-{base}"
+    return base[:limit - len(suffix)].rstrip("-") + suffix
+
+
+def lws_name(name: str, suffix: str = "", *, replicas: int = 1) -> str:
+    """A LeaderWorkerSet's name: a DNS-1035 label short enough that group i's worker StatefulSet NAME-i keeps
+    its pods' revision label (NAME-i-<10-character hash>) within 63 characters (LWS's troubleshooting guide,
+    "Unable to Create LWS Object with a Name Exceeding 51 Characters"; kubernetes#64023)."""
+    return k8s_name(name, suffix, limit=63 - 11 - 1 - len(str(max(replicas - 1, 0))))
 
 
 def lws_image(inp: Inputs) -> tuple[str, str | None]:
@@ -120,7 +131,7 @@ def lws_doc(inp: Inputs, vendor: VendorSpec | None, *, name: str, replicas: int 
 def lws_manifest(inp: Inputs, vendor: VendorSpec | None = None) -> str:
     """LeaderWorkerSet YAML of one deployment (one group), with notes on how its pods find each other."""
     t = inp.topology
-    name = k8s_name(t.name)
+    name = lws_name(t.name)
     doc = lws_doc(inp, vendor, name=name)
     n = doc["spec"]["leaderWorkerTemplate"]["size"]
     _, note = lws_image(inp)

@@ -13,15 +13,15 @@ from typing import Any
 
 from k3deploy.catalog.specs import VendorSpec
 from k3deploy.engines.context import Inputs
-from k3deploy.engines.lws import dump_yaml, k8s_name, lws_doc, lws_image
+from k3deploy.engines.lws import dump_yaml, lws_doc, lws_image, lws_name
 from k3deploy.engines.router import RouterSettings, router_argv
 
 ROUTER_PYTHON = "python3"  # the router image's interpreter (the topology's router.python is a host path)
 
 
-def leader_url(lws_name: str, group: int, port: int) -> str:
+def leader_url(lws: str, group: int, port: int) -> str:
     """The engine URL of one group's leader, by its stable DNS name."""
-    return f"http://{lws_name}-{group}.{lws_name}:{port}"
+    return f"http://{lws}-{group}.{lws}:{port}"
 
 
 def _router_docs(name: str, s: RouterSettings, image: str) -> list[dict[str, Any]]:
@@ -60,7 +60,7 @@ def _router_notes(name: str, s: RouterSettings, image: str) -> list[str]:
 def lws_replicas(base: str, replicas: Sequence[Inputs], router: RouterSettings | None,
                  vendor: VendorSpec | None = None) -> str:
     """One LeaderWorkerSet with `replicas: N` (replica 0's commands: every group is alike) and the router."""
-    name = k8s_name(base)
+    name = lws_name(base, replicas=len(replicas))
     first = replicas[0]
     docs = [lws_doc(first, vendor, name=name, replicas=len(replicas))]
     size = docs[0]["spec"]["leaderWorkerTemplate"]["size"]
@@ -81,7 +81,7 @@ def lws_replicas(base: str, replicas: Sequence[Inputs], router: RouterSettings |
 def lws_roles(base: str, instances: Sequence[Inputs], router: RouterSettings | None,
               vendor: VendorSpec | None = None) -> str:
     """One LeaderWorkerSet per role (replicas = its instances, instance 0's commands) and the PD router."""
-    name = k8s_name(base)
+    name = lws_name(base)  # the router's Deployment and Service are NAME-router
     docs: list[dict[str, Any]] = []
     notes = [f"# k3deploy: prefill/decode roles of {base}: one LeaderWorkerSet per role"]
     urls: dict[str, list[str]] = {}
@@ -89,12 +89,12 @@ def lws_roles(base: str, instances: Sequence[Inputs], router: RouterSettings | N
         members = [i for i in instances if i.pd is not None and i.pd.mode == role]
         if not members:
             continue
-        lws_name = f"{name}-{role}"
-        doc = lws_doc(members[0], vendor, name=lws_name, replicas=len(members))
+        role_name = lws_name(base, f"-{role}", replicas=len(members))
+        doc = lws_doc(members[0], vendor, name=role_name, replicas=len(members))
         docs.append(doc)
-        notes.append(f"# {lws_name}: replicas: {len(members)}, {doc['spec']['leaderWorkerTemplate']['size']} pod(s) "
+        notes.append(f"# {role_name}: replicas: {len(members)}, {doc['spec']['leaderWorkerTemplate']['size']} pod(s) "
                      f"each, every group with {role} instance 0's commands (its ports)")
-        urls[role] = [leader_url(lws_name, g, members[0].topology.engine.port) for g in range(len(members))]
+        urls[role] = [leader_url(role_name, g, members[0].topology.engine.port) for g in range(len(members))]
     if router is not None:
         image = lws_image(instances[0])[0]
         bootstrap = router.prefill[0][1] if router.prefill else None

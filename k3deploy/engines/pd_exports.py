@@ -9,6 +9,7 @@ from k3deploy.engines.exports import Format, RenderedFile
 from k3deploy.engines.group_exports import Member, RouterPart, group_files, whole_group_files
 from k3deploy.engines.router import RouterSettings
 from k3deploy.errors import InputError
+from k3deploy.topology.nodes import Node
 
 
 def _label(inp: Inputs) -> str:
@@ -26,7 +27,8 @@ def _member(inp: Inputs) -> Member:
 
 def export_pd(instances: list[Inputs], router: tuple[RouterSettings, str] | None, fmt: Format, *,
               role: str | None = None, node: int | None = None, vendor: VendorSpec | None = None,
-              router_python: str = "python3", name: str | None = None) -> tuple[RenderedFile, ...]:
+              router_python: str = "python3", name: str | None = None,
+              router_node: Node | None = None) -> tuple[RenderedFile, ...]:
     """The files of `fmt` for every instance (or only `role`'s, e.g. prefill or decode0) and the router's PD
     command (left out when one role or node is asked for). `name`: the deployment's."""
     chosen = [i for i in instances if role is None or _label(i) == role or (i.pd and i.pd.mode == role)]
@@ -38,7 +40,8 @@ def export_pd(instances: list[Inputs], router: tuple[RouterSettings, str] | None
         if role is not None or node is not None:
             raise InputError(f"--format {fmt} covers every role and the router; drop --role and --node")
         return whole_group_files(fmt, base, instances, router[0] if router is not None else None,
-                                 labels=[_label(i) for i in instances], router_python=router_python, vendor=vendor)
+                                 labels=[_label(i) for i in instances], router_python=router_python,
+                                 router_node=router_node, vendor=vendor)
     part = None
     if router is not None and role is None and node is None:
         s, runs_on = router

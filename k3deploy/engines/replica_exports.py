@@ -9,6 +9,7 @@ from k3deploy.engines.exports import Format, RenderedFile
 from k3deploy.engines.group_exports import Member, RouterPart, group_files, whole_group_files
 from k3deploy.engines.router import RouterSettings
 from k3deploy.errors import InputError
+from k3deploy.topology.nodes import Node
 
 
 def _router_header(s: RouterSettings, runs_on: str) -> str:
@@ -17,7 +18,8 @@ def _router_header(s: RouterSettings, runs_on: str) -> str:
 
 def export_replicas(replicas: list[Inputs], router: tuple[RouterSettings, str] | None, fmt: Format, *,
                     replica: int | None = None, node: int | None = None, vendor: VendorSpec | None = None,
-                    router_python: str = "python3", name: str | None = None) -> tuple[RenderedFile, ...]:
+                    router_python: str = "python3", name: str | None = None,
+                    router_node: Node | None = None) -> tuple[RenderedFile, ...]:
     """The files of `fmt` for every replica (or only `replica`) and the router (`router`: its settings and
     where it runs; the router's part is left out when one replica is asked for). `name`: the deployment's."""
     if replica is not None and not 0 <= replica < len(replicas):
@@ -28,7 +30,7 @@ def export_replicas(replicas: list[Inputs], router: tuple[RouterSettings, str] |
             raise InputError(f"--format {fmt} covers every replica and the router; drop --replica and --node")
         return whole_group_files(fmt, base, replicas, router[0] if router is not None else None,
                                  labels=[f"replica {i}" for i in range(len(replicas))], router_python=router_python,
-                                 vendor=vendor)
+                                 router_node=router_node, vendor=vendor)
     chosen = list(enumerate(replicas)) if replica is None else [(replica, replicas[replica])]
     members = [Member(inp, f"replica-{i}", f"replica {i} ({inp.topology.name})",
                       {"replica": i, "name": inp.topology.name}) for i, inp in chosen]

@@ -40,6 +40,23 @@ def quote(word: str, *, template: bool = False) -> str:
     return "".join(out)
 
 
+def printed(argv: Iterable[str]) -> str:
+    """argv as the inside of one double-quoted sh word: printed, it is the command quoted word by word, with each
+    marked expansion replaced by its value (for values that need no quoting: addresses)."""
+    words = []
+    for word in argv:
+        out = []
+        for i, part in enumerate(_MARKED.split(word)):
+            if i % 2:
+                out.append(f"${{{part}}}")
+            elif has_marker(part):
+                raise ValueError(f"unbalanced expansion marker in {word!r}")
+            elif part:
+                out.append(re.sub(r'([\\"$`])', r"\\\1", shlex.quote(part)))
+        words.append("".join(out) or "''")
+    return " ".join(words)
+
+
 def command_text(argv: Iterable[str], *, template: bool = False, indent: str = "  ") -> str:
     """argv quoted word by word; after the first absolute path each flag starts a continuation line."""
     lines: list[str] = []

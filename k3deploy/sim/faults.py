@@ -18,7 +18,9 @@ FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel",
           "kda_state_zeroed", "kda_state_lost_beyond",
           # prefill/decode disaggregation: the prefill sends the MLA KV but a zeroed KDA state, or none; the
           # prefill process dies while a decode is reading its KV
-          "transfer_kda_zeroed", "transfer_kda_dropped", "prefill_dies_mid_transfer")
+          "transfer_kda_zeroed", "transfer_kda_dropped", "prefill_dies_mid_transfer",
+          # a worker node outlives its head silently, as vLLM 0.32.0's headless node does (peer_loss.py)
+          "outlive_head")
 # Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
 HANG_DEFAULT_S = 3600.0
 SLOW_LOAD_DEFAULT_S = 10.0

@@ -2,8 +2,8 @@
 
 When a worker node dies after start-up, the head's /health stays 200, as the real heads' do: SGLang's head
 is stuck in a collective, so generation stalls and the process waits to be stopped; vLLM's notices nothing
-until its next request, which fails 500, and then exits 0 (peer_loss.py). Stopping the group is the
-supervisor's job. When the head dies, workers notice through the heartbeat within seconds and exit 1.
+until its next request, which fails 500, then exits 0 (peer_loss.py). Stopping the group is the supervisor's
+job. A lost head: workers exit 1 within seconds (heartbeat); vLLM's headless never notices (outlive_head).
 """
 
 from __future__ import annotations

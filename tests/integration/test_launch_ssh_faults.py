@@ -33,6 +33,7 @@ from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig, RigHost
 from tests.rig.sshd import SSHD, public_key
+from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
 __all__ = ["deployments"]  # fixtures
@@ -306,9 +307,10 @@ def test_ctrl_c_while_waiting_for_ready_stops_every_node_over_ssh(deployments: D
 
 @pytest.mark.timeout(120)
 def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Deployments, rig4: HostRig) -> None:
-    """Rank 0 (the head, the rendezvous store's host) dies after ready: the workers must not hang waiting in a
-    collective; the supervisor stops all of them and the record names rank 0."""
-    topo = deployments.topology("it-kill-head")
+    """Rank 0 (the head, the rendezvous store's host) dies after ready: the supervisor stops the workers and the
+    record names rank 0. The workers outlive their head (outlive_head), as real vLLM's headless node does
+    (tests/realengine/test_health_peer_gone.py): only supervision can have stopped them."""
+    topo = deployments.topology("it-kill-head", env={"K3SIM_FAULT": "outlive_head"})
     run = cli("launch", str(topo))
     assert run.returncode == 0, run.stderr
     supervisor = StateStore(deployments.state_dir).require("it-kill-head").owner
@@ -321,6 +323,9 @@ def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Dep
         {h.name: rig4.pids(h) for h in workers}
     deployments.failed_status(topo, "it-kill-head", 0, head.mgmt_ip)
     assert hosts_empty(rig4) and wait_for(lambda: not supervisor.alive(), 5)
+    assert_supervisor_stopped_group(deployments.state_dir / "it-kill-head.supervisor.log", 0, [1, 2, 3])
+    for rank in (1, 2, 3):  # none noticed its head: the fault held them up
+        assert "Lost the head node" not in (deployments.tmp / "logs" / f"it-kill-head-rank{rank}.log").read_text()
 
 
 @pytest.mark.timeout(120)

@@ -206,6 +206,32 @@ def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, r
 
 
 @pytest.mark.timeout(700)
+def test_one_prefill_two_decodes_behind_smg_cache_aware_validate_passes(deployments: Deployments,
+                                                                        rig_pd: HostRig) -> None:
+    """1P2D with the router's default cache-aware policy: `validate` passes every stage. (Under the random policy
+    of the test above, turn 2 of a conversation may reach the other decode, whose cache never saw turn 1, and
+    prefix-cache rightly fails: checked by hand, `turn 2 cached_tokens 0`.)"""
+    name = "it-pd12c"
+    topo, _ = _pd_topology(deployments, name, prefill=[[0]], decode=[[1], [2]], tp=1, env=CLEAN_EFFORT_ENV)
+    doc: dict[str, Any] = yaml.safe_load(topo.read_text())
+    doc["router"]["policy"] = "cache_aware"
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    store = StateStore(deployments.state_dir)
+    run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
+    assert run.returncode == 0, run.stderr
+    assert [r["role"] for r in json.loads(run.stdout)["replicas"]] == ["prefill", "decode", "decode"], run.stdout
+    val = cli("validate", str(topo), "--json", timeout_s=600)
+    report = json.loads(val.stdout)
+    assert val.returncode == 0, [(r["name"], r["status"], r.get("detail")) for r in report["stages"]]
+    assert [(r["name"], r["status"]) for r in report["stages"]] == [
+        *((f"{stage}[{inst}]", "pass") for inst in ("prefill0", "decode0", "decode1")
+          for stage in ("shards", "kernels", "topology")),
+        ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass"), ("effort", "pass")], report
+    assert report["not_implemented"] == []
+    _stop_leaves_nothing(topo, rig_pd, store, name)
+
+
+@pytest.mark.timeout(700)
 @pytest.mark.parametrize("fault", ["transfer_kda_zeroed", "transfer_kda_dropped"])
 def test_a_kda_state_lost_in_the_transfer_fails_the_long_stage_alone(deployments: Deployments, rig_pd: HostRig,
                                                                      fault: str) -> None:

@@ -1,6 +1,7 @@
 """`k3deploy render --format slurm` of 2 replicas x 2 nodes of the stand-in behind the real smg, submitted as
-it is to the Slurm rig: one job, each replica its own step on its own two nodes, the router a step on node 0;
-the router registers both replicas and answers a completion; scancel leaves no engine and no router."""
+it is to the Slurm rig: one job, each replica its own step on its own two nodes, the router a step on the node
+router.runs_on names (the last: replica 1's rank 1, no head, so its address is read there); the router
+registers both replicas and answers a completion; scancel leaves no engine and no router."""
 from __future__ import annotations
 
 import os
@@ -35,7 +36,7 @@ def replicas_topology(rig: HostRig, checkpoint: Path, tmp: Path) -> Path:
         "nodes": [{"host": h.name, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig.hosts],
         "engine": {"kind": "sim", "mimic": "sglang", "port": 18000, "launcher": LAUNCHER},
         "replicas": 2,
-        "router": {"kind": "smg", "runs_on": rig.hosts[0].name, "port": ROUTER_PORT,
+        "router": {"kind": "smg", "runs_on": rig.hosts[3].name, "port": ROUTER_PORT,
                    "python": str(VENV / "bin" / "python"), "policy": "round_robin"},
         "parallel": {"tp": 2, "ep": 2},
         "serving": {"context_length": 32768, "max_running_requests": 16},
@@ -48,9 +49,9 @@ def replicas_topology(rig: HostRig, checkpoint: Path, tmp: Path) -> Path:
     return path
 
 
-def routers(rig: HostRig) -> list[str]:
-    """The router's processes on node 0 (smg retitles itself `smg::router`) and the srun step that runs it."""
-    ps = rig.exec(rig.hosts[0], ["ps", "-ww", "-eo", "args="]).stdout.splitlines()
+def routers(rig: HostRig, host: int = 3) -> list[str]:
+    """The router's processes on one host (smg retitles itself `smg::router`) and the srun step that runs it."""
+    ps = rig.exec(rig.hosts[host], ["ps", "-ww", "-eo", "args="]).stdout.splitlines()
     return [line for line in ps if line.strip() == "smg::router" or "smg.launch_router" in line]
 
 
@@ -62,7 +63,7 @@ def test_exported_replicas_job_serves_through_smg_and_scancel_ends_everything(ri
     run = cli("render", str(replicas_topology(rig4, checkpoint, tmp_path)), "--format", "slurm", "--out", str(out))
     assert run.returncode == 0, run.stderr
     head = rig4.hosts[0]
-    url = f"http://{head.priv_ip}:{ROUTER_PORT}"
+    url = f"http://{rig4.hosts[3].priv_ip}:{ROUTER_PORT}"
     with SlurmRig(rig4) as slurm:
         sub = slurm.client(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/job-%j.out",
                             str(out / "k3deploy.sbatch")])
@@ -104,6 +105,8 @@ def test_exported_replicas_job_serves_through_smg_and_scancel_ends_everything(ri
         said = answer["choices"][0]["message"]  # 8 tokens may all go to the reasoning K3 writes first
         assert (said.get("content") or said.get("reasoning_content")) and answer["usage"]["completion_tokens"] > 0
         assert "smg::router" in routers(rig4), routers(rig4)
+        # Node 0 runs the batch script, so its `srun ... smg.launch_router` client is there; the router is not.
+        assert all("smg::router" not in routers(rig4, h) for h in range(3)), [routers(rig4, h) for h in range(3)]
         assert slurm.client(["scancel", job]).returncode == 0
         assert wait_for(lambda: not any(engines(rig4).values()) and not routers(rig4), 60), \
             (engines(rig4), routers(rig4))

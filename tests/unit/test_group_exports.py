@@ -1,6 +1,6 @@
 """LWS and Slurm exports of replicas and of prefill/decode roles: every Kubernetes object passes the real
-Kubernetes schemas (kubernetes-validate's, strict), the LeaderWorkerSets have the group counts and sizes of
-the topology, the router finds every group's leader by its stable name, and every router flag is in the
+Kubernetes schemas (kubernetes-validate's, strict; the LeaderWorkerSets the real LWS CRD's, tests/lws_schema.py),
+the LeaderWorkerSets have the group counts and sizes of the topology, the router finds every group's leader by its stable name, and every router flag is in the
 router's table (taken from its real parser)."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from k3deploy.engines.router import argv_problems
 from k3deploy.errors import InputError
 from k3deploy.planning.rendering import render_files
 from tests.k3deploy_cli import run_k3deploy
+from tests.lws_schema import lws_errors
 from tests.unit.test_render_support import ROOT, plan_file
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="dev extra: kubernetes-validate")
@@ -38,6 +39,7 @@ def check_schemas(objs: list[dict[str, Any]]) -> None:
                     pod = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": o["metadata"]["name"]},
                            "template": t[key]}
                     kubernetes_validate.validate(pod, K8S, strict=True)
+            assert lws_errors(o) == [], o["metadata"]["name"]
         else:
             kubernetes_validate.validate(o, K8S, strict=True)
 
@@ -103,16 +105,21 @@ def test_a_pod_template_with_an_unknown_field_fails_the_schema_check() -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", [REPLICAS, *PD], ids=lambda p: p.stem)
-def test_slurm_job_runs_every_instance_as_its_own_step_and_the_router_beside_them(path: Path) -> None:
+def test_slurm_job_runs_every_instance_as_its_own_step_and_the_router_where_runs_on_says(path: Path) -> None:
     text = render_files(plan_file(path), "slurm")[0].content
     plan = plan_file(path)
     assert "#SBATCH --nodes=4" in text and text.rstrip().endswith("wait")
     steps = [line for line in text.splitlines() if line.startswith("srun --nodes=2")]
     assert [s.split("--relative=")[1].split()[0] for s in steps] == ["0", "2"]
     assert all("--kill-on-bad-exit=1" in s and s.endswith("&") for s in steps)
-    (router,) = [line for line in text.splitlines() if line.startswith("srun --overlap")]
-    assert '"${K3_HEAD_IP_0}":8000' in router and '"${K3_HEAD_IP_1}"' in router
-    assert plan.router is not None and f"--port {plan.router.settings.port}" in router
+    assert plan.router is not None and plan.topology.router is not None
+    if plan.topology.router.runs_on == "local":  # not in the job: its command printed (test_slurm_router_place.py)
+        (router,) = [line for line in text.splitlines() if line.startswith("printf '%s\\n' ")]
+        assert "http://${K3_HEAD_IP_0}:8000" in router and "${K3_HEAD_IP_1}" in router
+    else:
+        (router,) = [line for line in text.splitlines() if line.startswith("srun --overlap")]
+        assert '"${K3_HEAD_IP_0}":8000' in router and '"${K3_HEAD_IP_1}"' in router
+    assert f"--port {plan.router.settings.port}" in router
 
 
 @pytest.mark.timeout(60)
