@@ -220,6 +220,18 @@ class VendorSpec(Spec):
     host_ip_env: str | None = None
 
 
+class ReplayRing(Sourced):
+    """SGLang ReplaySSM for speculative verify (`--enable-linear-replayssm-spec`): no verify-intermediate
+    KDA states; each state slot carries a ring of `ring_len` records of the step's inputs instead."""
+
+    flag: str = Field(description="the engine flag that turns it on")
+    len_flag: str = Field(description="the engine flag that sets the ring length")
+    ring_len: int = Field(ge=1, description="records per slot when the length flag is unset")
+    conv_vectors: int = Field(ge=0, description="head_dim vectors per KDA head per record in the conv-state dtype")
+    fp32_vectors: int = Field(ge=0, description="head_dim vectors per KDA head per record in FP32")
+    fp32_scalars: int = Field(ge=0, description="scalars per KDA head per record in FP32")
+
+
 class EngineDefaults(Sourced):
     """Memory-model defaults of one engine."""
 
@@ -231,6 +243,7 @@ class EngineDefaults(Sourced):
     draft_kv_bytes_per_token: int | None = None
     speculative_extra_slots: int | None = None
     block_multiple_tokens: int | None = None
+    replay_ring: ReplayRing | None = None
 
 
 class EnginePerformance(Sourced):
@@ -249,6 +262,8 @@ class EnginePerformance(Sourced):
                                   "through HBM (2: read and written back)")
     speed_env: str | None = Field(None, description="engine.env variable that scales every duration (the "
                                   "stand-in's K3SIM_SPEED); none for real engines")
+    acceptance_env: str | None = Field(None, description="engine.env variable that pins the tokens a speculative "
+                                       "verify step keeps (benchmark runs); none: the model's catalog figure")
     ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
                                     "experts the step's tokens touch most (real routing), or paces the mean rank "
                                     "(the stand-in)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec
+from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec, ReplayRing
 from k3deploy.diagnostics import Issue
 from k3deploy.engines import rules as engine_rules
 from k3deploy.engines.kinds import Family as EngineFamily
@@ -16,7 +16,7 @@ from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.pool import policy_issues, pool, router_plan
-from k3deploy.planning.speculation import acceptance, draft_tokens
+from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
@@ -56,7 +56,7 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
-        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t),
+        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
     )
 
 
@@ -70,7 +70,7 @@ def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: Hardwar
     drafts = draft_tokens(t.engine.args)
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
                       ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
-                      accepted=acceptance(model, drafts),
+                      accepted=pinned_acceptance(perf.acceptance_env, t.engine.env, drafts) or acceptance(model, drafts),
                       draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
 
 
@@ -82,6 +82,15 @@ def _drafts(t: Topology) -> int:
 
     try:
         return draft_tokens(t.engine.args)
+    except PerfUnknown:
+        return 0
+
+
+def _replay_ring_len(t: Topology, ring: ReplayRing | None) -> int:
+    """ReplaySSM ring records per state slot the engine flags ask for; 0 when off (a bad length is the engine
+    flag checks' to report)."""
+    try:
+        return replay_ring_len(t.engine.args, ring)
     except PerfUnknown:
         return 0
 

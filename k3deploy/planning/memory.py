@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec
+from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec, ReplayRing
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
@@ -45,6 +45,17 @@ def kda_state_bytes_per_slot(
     ssm = heads * d * d * DTYPE_BYTES[ssm_dtype]
     conv = (arch.short_conv_kernel_size - 1) * 3 * heads * d * DTYPE_BYTES[conv_dtype]
     return layers * (ssm + conv)
+
+
+def kda_replay_ring_bytes(arch: Architecture, attn_tp: int, ring: ReplayRing, ring_len: int, conv_dtype: str = "bf16",
+                          *, kda_layers: int | None = None) -> int:
+    """SGLang ReplaySSM ring per state slot per GPU: `ring_len` records of a verify step's inputs per KDA layer
+    (head_dim vectors per head in the conv dtype and in FP32, and FP32 scalars per head)."""
+    layers = len(arch.kda_layers) if kda_layers is None else kda_layers
+    heads = arch.kda_num_heads // attn_tp
+    d = arch.kda_head_dim
+    record = heads * (d * (ring.conv_vectors * DTYPE_BYTES[conv_dtype] + ring.fp32_vectors * 4) + ring.fp32_scalars * 4)
+    return layers * ring_len * record
 
 
 class StageLoad(NamedTuple):
@@ -110,6 +121,7 @@ class MemoryBudget(NamedTuple):
     draft_weights_bytes: int = 0  # the speculative draft's weights / attn_tp (in weights_bytes)
     draft_kv_bytes_per_token: float = 0.0  # the draft's KV per token (each KV-pool token holds both)
     draft_slots: int = 0  # extra KDA state slots per request while speculating (in slots_per_request)
+    replay_ring_bytes_per_slot: int = 0  # SGLang ReplaySSM ring each state slot carries (0: off)
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""
@@ -132,6 +144,7 @@ class MemoryInputs(NamedTuple):
     pool_ratio: float | None = None
     experts_bf16: bool = False
     drafts: int = 0  # speculative draft tokens per step: the draft's weights, KV and state slots count
+    replay_ring_len: int = 0  # SGLang --enable-linear-replayssm-spec: ring records per slot (0: off)
 
 
 def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: MemoryInputs) -> MemoryBudget:
@@ -142,8 +155,10 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     draft = model.draft
     draft_w = math.ceil(draft.weights_bytes / shape.attn_tp) if inp.drafts and draft is not None else 0
     draft_kv = float(inp.engine.draft_kv_bytes_per_token or 0) if inp.drafts else 0.0
-    # SGLang keeps one intermediate KDA state per verified position (block + 1) of every running request.
-    extra = inp.drafts + 1 if inp.drafts and inp.engine.speculative_extra_slots else 0
+    # SGLang keeps one intermediate KDA state per verified position (block + 1) of every running request;
+    # with ReplaySSM it keeps none, and every slot carries the ring instead.
+    replay = inp.engine.replay_ring if inp.drafts and inp.replay_ring_len else None
+    extra = inp.drafts + 1 if inp.drafts and inp.engine.speculative_extra_slots and replay is None else 0
     weights = routed + rest + draft_w
     kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp,
                                     attn_tp=shape.attn_tp)
@@ -158,6 +173,8 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         raise InputError(f"catalog: engine {inp.family}: slots_per_request has no '{slots_key}' entry (it has "
                          f"{have})", hint="give every cache strategy of the engine its slots in the --catalog file")
     slots = found + extra
+    ring = 0 if replay is None else kda_replay_ring_bytes(arch, shape.attn_tp, replay, inp.replay_ring_len,
+                                                          model.cache.conv_state_dtype, kda_layers=stage.kda_layers)
     ratio: float | None = None
     block: int | None = None
     if inp.family == "sglang":
@@ -168,7 +185,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
             draft_kv_bytes=draft_kv)
         kv_pool = int(cache / (1 + ratio))
         state_pool = int(cache) - kv_pool
-        state_per_request = slots * state
+        state_per_request = slots * (state + ring)
     else:
         budget = usable_bytes * inp.mem_fraction
         cache = max(0.0, budget - weights - inp.reserve_bytes)
@@ -191,6 +208,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_requests=int(state_pool // state_per_request) if state_per_request else
         (inp.max_running_requests if not arch.kda_layers else 0),
         draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
+        replay_ring_bytes_per_slot=ring,
     )
 
 

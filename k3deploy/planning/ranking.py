@@ -53,7 +53,8 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
                 engine_id: str, workload: Workload, objective: Objective, tpot_max_ms: float | None = None,
                 gpus_per_node: int | None = None, speculation: bool = False) -> list[RankedShape]:
     """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`; with
-    `speculation`, each fitting shape also with every DSpark draft length the catalog has an acceptance for."""
+    `speculation`, each fitting shape also with every DSpark draft length the catalog has an acceptance for,
+    as the engine's DSPARK recipe serves it (SGLang: with ReplaySSM verify when the catalog has its ring)."""
     if objective not in OBJECTIVES:
         raise InputError(f"--objective {objective}: expected {' or '.join(OBJECTIVES)}")
     perf = catalog.performance.get(engine_id)
@@ -66,13 +67,14 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     drafts = [0, *sorted(model.draft_acceptance_length)] if speculation and model is not None else [0]
     eng = catalog.engines.get(engine_id)
     draft_kv = (eng.draft_kv_bytes_per_token or 0) if eng is not None else 0
+    ring = eng.replay_ring if eng is not None and family == "sglang" else None
     out: list[RankedShape] = []
     fits: set[Shape] = set()
     for n in drafts:
         # Each draft length sizes its own caches: the draft's weights, KV and extra state slots take room.
         for c in candidates(catalog, model_id=model_id, hardware_id=hardware_id, gpus=gpus, family=family,
                             gpus_per_node=gpus_per_node, engine_id=engine_id, serving=serving, dcp_options=True,
-                            drafts=n):
+                            drafts=n, replay_ring_len=ring.ring_len if n and ring is not None else 0):
             if c.error is not None or model is None or hw is None:
                 if n == 0 or c.shape in fits:  # a shape that fits only without the draft says so once more
                     out.append(RankedShape(c, None, False, c.error or "not sized", n))

@@ -32,6 +32,7 @@ def ranked_table(hardware: str, gpus: int, engine: str, w: Workload, objective: 
                   "`plan FILE --workload` explains one shape term by term", style="dim")]
     if any(r.drafts for r in rows):
         notes.append(Text("DSPARKn: n DSpark draft tokens per step (SGLang --speculative-algorithm DSPARK "
-                          "--speculative-dspark-block-size n; vLLM --speculative-config num_speculative_tokens n), "
+                          "--speculative-dspark-block-size n --enable-linear-replayssm-spec, the cookbook's recipe: the state pool "
+                          "then holds no verify states; vLLM --speculative-config num_speculative_tokens n), "
                           "each keeping the catalog's draft_acceptance_length", style="dim"))
     return Group(t, *notes)

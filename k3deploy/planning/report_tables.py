@@ -36,8 +36,9 @@ def budget_table(plan: Plan, role: str = "") -> Table:
     s = plan.shape
     assert s is not None
     kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
-    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot", f"x {m.slots_per_request} slots/request"
-           + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
+    kda = [f"{m.kda_state_bytes_per_slot:,} B/slot"]
+    kda += [f"+ {m.replay_ring_bytes_per_slot:,} B/slot ReplaySSM ring"] if m.replay_ring_bytes_per_slot else []
+    kda += [f"x {m.slots_per_request} slots/request" + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
     kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
     kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
     rows = [

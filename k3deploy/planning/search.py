@@ -65,10 +65,11 @@ class Candidate(NamedTuple):
 
 def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, family: EngineFamily,
                gpus_per_node: int | None = None, engine_id: str | None = None, serving: Serving | None = None,
-               dcp_options: bool = False, drafts: int = 0) -> list[Candidate]:
+               dcp_options: bool = False, drafts: int = 0, replay_ring_len: int = 0) -> list[Candidate]:
     """Every legal shape for `gpus` accelerators with its memory budget under `serving` (default settings
     when None); with `dcp_options`, each shape also with decode-context parallel over its attention TP;
-    `drafts` > 0 sizes the caches with the speculative draft's weights, KV and state slots."""
+    `drafts` > 0 sizes the caches with the speculative draft's weights, KV and state slots (with
+    `replay_ring_len` > 0: SGLang ReplaySSM rings instead of the verify states)."""
     if model_id not in catalog.models:
         raise InputError(f"unknown model '{model_id}'", hint=f"known: {', '.join(catalog.models)}")
     if hardware_id not in catalog.hardware:
@@ -99,7 +100,8 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
                                kv_dtype=serving.kv_cache_dtype or model.cache.kv_cache_dtype,
                                ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
                                prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
-                               max_running_requests=serving.max_running_requests, drafts=drafts)
+                               max_running_requests=serving.max_running_requests, drafts=drafts,
+                               replay_ring_len=replay_ring_len)
             m = memory_budget(model, hw.usable_bytes, shape, inp)
             issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
             errors = [i for i in issues if i.severity == "error"]

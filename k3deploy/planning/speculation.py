@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from k3deploy.catalog.specs import ModelSpec
+from k3deploy.catalog.specs import ModelSpec, ReplayRing
 from k3deploy.planning.perf_model import PerfUnknown
 
 
@@ -32,6 +32,29 @@ def draft_tokens(args: dict[str, Any]) -> int:
     if not isinstance(config, dict) or "num_speculative_tokens" not in config:
         raise PerfUnknown("engine.args --speculative-config: no num_speculative_tokens to predict with")
     return _count(config["num_speculative_tokens"], "num_speculative_tokens")
+
+
+def pinned_acceptance(env_name: str | None, env: dict[str, str], drafts: int) -> float | None:
+    """Tokens a verify step keeps as engine.env pins them (SGLang SGLANG_SIMULATE_ACC_LEN), None when unpinned."""
+    if not drafts or env_name is None or env_name not in env:
+        return None
+    try:
+        value = float(env[env_name])
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= drafts + 1:
+        raise PerfUnknown(f"engine.env {env_name}={env[env_name]!r}: expected a number from 1 to {drafts + 1} "
+                          f"(tokens a verify step of {drafts} drafts keeps)")
+    return value
+
+
+def replay_ring_len(args: dict[str, Any], ring: ReplayRing | None) -> int:
+    """Ring records per KDA state slot the engine flags ask for (SGLang `--enable-linear-replayssm-spec`,
+    `--linear-replayssm-cache-len`); 0 when ReplaySSM verify is off or the engine has none."""
+    if ring is None or args.get(ring.flag) is not True:
+        return 0
+    n = args.get(ring.len_flag)
+    return ring.ring_len if n in (None, False) else _count(n, ring.len_flag)
 
 
 def acceptance(model: ModelSpec, drafts: int) -> float:

@@ -185,7 +185,7 @@ def test_text_says_an_infeasible_plan_gets_no_prediction(tmp_path: Path) -> None
 
 def test_speculation_as_engine_args_configure_it() -> None:
     from k3deploy.planning.perf_model import PerfUnknown
-    from k3deploy.planning.speculation import acceptance, draft_tokens
+    from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
 
     assert draft_tokens({}) == 0 and draft_tokens({"--speculative-algorithm": None}) == 0
     assert draft_tokens({"--speculative-algorithm": "DSPARK", "--speculative-dspark-block-size": 7}) == 7
@@ -200,6 +200,16 @@ def test_speculation_as_engine_args_configure_it() -> None:
     assert acceptance(k3, 0) == 1.0 and acceptance(k3, 7) == 3.84
     with pytest.raises(PerfUnknown, match=r"no draft_acceptance_length for 5 draft tokens .*known: 3, 7"):
         acceptance(k3, 5)
+    env = "SGLANG_SIMULATE_ACC_LEN"
+    assert pinned_acceptance(env, {env: "4.5"}, 7) == 4.5 and pinned_acceptance(env, {}, 7) is None
+    assert pinned_acceptance(env, {env: "4.5"}, 0) is None and pinned_acceptance(None, {env: "4.5"}, 7) is None
+    for bad in ("9", "0.5", "lots"):
+        with pytest.raises(PerfUnknown, match=f"engine.env {env}='{bad}': expected a number from 1 to 8"):
+            pinned_acceptance(env, {env: bad}, 7)
+    ring = load_catalog().engines["sglang"].replay_ring
+    on = {"--enable-linear-replayssm-spec": True}
+    assert replay_ring_len({}, ring) == 0 and replay_ring_len(on, None) == 0 and replay_ring_len(on, ring) == 16
+    assert replay_ring_len({**on, "--linear-replayssm-cache-len": 32}, ring) == 32
 
 
 def test_dspark_speeds_decode_by_its_acceptance(tmp_path: Path) -> None:
@@ -211,6 +221,15 @@ def test_dspark_speeds_decode_by_its_acceptance(tmp_path: Path) -> None:
     one = "in=8192,out=1024,concurrency=1"
     a, b = (json.loads(k3("plan", "--json", f, "--workload", one).stdout)["prediction"] for f in (plain, spec))
     assert 2.5 < a["mean_tpot_ms"] / b["mean_tpot_ms"] < 3.84  # 3.84 kept per verify of 8 tokens, which reads more
+    doc["engine"]["env"] = {"SGLANG_SIMULATE_ACC_LEN": "4.5"}  # a benchmark's pinned acceptance is the one kept
+    spec.write_text(yaml.safe_dump(doc))
+    c = json.loads(k3("plan", "--json", spec, "--workload", one).stdout)["prediction"]
+    assert c["mean_tpot_ms"] == pytest.approx(b["mean_tpot_ms"] * 3.84 / 4.5, rel=1e-6)
+    doc["engine"]["env"] = {"SGLANG_SIMULATE_ACC_LEN": "9"}
+    spec.write_text(yaml.safe_dump(doc))
+    r = k3("plan", spec, "--workload", one)
+    assert r.returncode == 2 and "SGLANG_SIMULATE_ACC_LEN='9': expected a number from 1 to 8" in r.stderr
+    doc["engine"]["env"] = {}
     doc["engine"]["args"]["--speculative-dspark-block-size"] = 5
     spec.write_text(yaml.safe_dump(doc))
     r = k3("plan", spec, "--workload", one)

@@ -190,6 +190,6 @@ def test_the_last_progress_tick_reports_every_byte_whichever_thread_ends_last(tm
     total = sum(Path(p).stat().st_size for p in paths)
     for _ in range(40):
         ticks: list[tuple[int, int, int]] = []
-        out = shard_inventory.sha256_files(paths, 3, lambda d, t, n: ticks.append((d, t, n)), 0.0001)
+        out = shard_inventory.sha256_files(paths, 3, lambda d, t, n, seen=ticks: seen.append((d, t, n)), 0.0001)
         assert len(out) == len(paths)
         assert ticks[-1] == (total, total, len(paths))
