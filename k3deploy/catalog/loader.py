@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from k3deploy.catalog.cache import cached_catalog
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import InputError
+from k3deploy.topology.base import no_pydantic_plugins
 from k3deploy.topology.source import YamlSyntaxError, load_yaml
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -100,7 +101,8 @@ def validate_catalog(files: list[Path]) -> Catalog:
             for entry in data.get(section) or []:
                 origin[(section, entry["id"])] = path
     try:
-        return Catalog.model_validate(raw)
+        with no_pydantic_plugins():
+            return Catalog.model_validate(raw)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

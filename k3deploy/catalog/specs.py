@@ -1,6 +1,6 @@
 """Frozen catalog specs: models, accelerators, engine memory defaults; every number has a source."""
-from __future__ import annotations
-
+# No `from __future__ import annotations` here (as in topology/): pydantic would compile every annotation
+# string when the classes are created, on the start-up path of every command (half this module's import).
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,7 +24,7 @@ class Sourced(Spec):
     sources: dict[str, str] = Field(description="field name -> where the number comes from")
 
     @model_validator(mode="after")
-    def _every_number_sourced(self) -> Sourced:
+    def _every_number_sourced(self) -> "Sourced":
         missing = [
             name
             for name, value in self
@@ -79,7 +79,7 @@ class Architecture(Sourced):
         "K3's layout (text_config.<field>); null: config.json has no such key (the shards stage skips it)")
 
     @model_validator(mode="after")
-    def _layout_consistent(self) -> Architecture:
+    def _layout_consistent(self) -> "Architecture":
         layers = sorted(self.kda_layers + self.full_attn_layers)
         if layers != list(range(1, self.num_hidden_layers + 1)):
             raise ValueError("kda_layers and full_attn_layers must partition 1..num_hidden_layers")

@@ -1,6 +1,7 @@
 """The `k3deploy` command line: thin typer commands over library calls."""
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from typing import Annotated
@@ -18,6 +19,11 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
 COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "rollout", "render",
             "validate", "manifest")
+# Commands that run to their end in about a second, run without the cycle collector: their start-up (imports,
+# pydantic building schemas, typer's option adapters) allocates enough for about 90 collections, 5-6% of
+# a `plan`'s wall time, and frees nearly everything by reference count (peak RSS of a 13-file plan or a
+# --search --speculation ranking is the same with the collector off). Long-running commands keep it.
+BATCH_COMMANDS = ("plan", "render", "schema")
 
 
 def build_app(only: str | None = None) -> typer.Typer:
@@ -63,4 +69,6 @@ def main() -> None:
     """Console-script entry point."""
     args = [a for a in sys.argv[1:] if a != "--debug"]
     only = args[0] if args and args[0] in COMMANDS else None
+    if only in BATCH_COMMANDS:
+        gc.disable()
     sys.exit(run_app(build_app(only)))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from k3deploy.diagnostics import Issue, dotted
 from k3deploy.errors import InputError
+from k3deploy.topology.base import no_pydantic_plugins
 from k3deploy.topology.pd import pd_issues
 from k3deploy.topology.replicas import replica_issues
 from k3deploy.topology.schema import Topology
@@ -179,7 +180,8 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
         raise TopologyError(file, issues)
     issues += _nul_issues(data, smap)
     try:
-        topology = Topology.model_validate(data)
+        with no_pydantic_plugins():
+            topology = Topology.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
         issues += [_issue_from_error(e, data, smap) for e in errors]

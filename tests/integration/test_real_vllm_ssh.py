@@ -93,7 +93,7 @@ def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails
     with capsys.disabled():
         print(f"validate, every stage: {time.monotonic() - t0:.0f} s")
         for n, s in stages.items():
-            print(f"  {n}: {s['status']}: {s['detail'][:300]}")
+            print(f"  {n}: {s['status']} in {s['seconds']:.0f} s: {s['detail'][:300]}")
     kernels, topology, prefix = stages["kernels"], stages["topology"], stages["prefix-cache"]
     assert kernels["status"] == "pass", kernels
     assert all(n["detail"].startswith("no MoE kernel (a dense model), attention ") for n in kernels["nodes"]), kernels

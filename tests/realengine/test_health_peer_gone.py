@@ -7,15 +7,21 @@ watched (peer_watch): /health alone for IDLE_S, then /health and a one-token com
 stand-in must tell the same story (_story), answer the failed request with the same body, and exit with the same
 status. The head lost: its process group is SIGKILLed and the headless node is watched for HEAD_GONE_S (_outlived);
 the one difference that stays is KEPT's.
+
+The lost-head runs start in the background when the module's first test begins (head_lost): real vLLM's head is
+killed as soon as its pair served, and its HEAD_GONE_S watch, with the headless node asleep, overlaps the next
+real start instead of following it (two real starts, one after the other, and no window alone).
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -98,11 +104,15 @@ def _error(body: str | None) -> object:
     return error["type"], error["message"], error["code"]
 
 
-def test_health_while_the_headless_peer_is_gone(tmp_path: Path, vllm_cache_root: Path) -> None:
+def test_health_while_the_headless_peer_is_gone(tmp_path: Path, vllm_cache_root: Path,
+                                                 head_lost: HeadLost) -> None:
     require_vllm()  # skip before starting anything
     # The two sides at once (own ports, own dirs): the stand-in's start and watch fit inside real vLLM's start.
     with ThreadPoolExecutor(1) as pool:
         stand_in = pool.submit(_stand_in_watch, tmp_path / "sim")
+        # Real vLLM's start after the lost-head pair's head is killed (its window is asleep): one real start at a
+        # time, and this pair's watch never shares the cores with another start.
+        assert wait_for(lambda: head_lost.killed.is_set() or head_lost.real.done(), 1200, step_s=1.0)
         real = _real_watch(tmp_path / "real", vllm_cache_root)  # on an error, `with` waits for the stand-in
         sim = stand_in.result(timeout=900)  # its own waits are bounded; this keeps the test bounded too
     print(f"stories:\n  real vLLM {_story(real)}\n  stand-in  {_story(sim)}")
@@ -122,13 +132,17 @@ def _outlived(kill_head: Callable[[], None], exited: Callable[[], int | None],
     return {"exit status": exited(), "lines after the loss": lines}
 
 
-def _real_head_lost(tmp: Path, cache_root: Path) -> dict[str, object]:
+def _real_head_lost(tmp: Path, cache_root: Path, killed: threading.Event) -> dict[str, object]:
     with real_pair(tmp, cache_root) as (head, headless):
         def kill_head() -> None:
             os.killpg(head.proc.pid, signal.SIGKILL)
             head.proc.wait(timeout=60)
+            killed.set()
 
-        return _outlived(kill_head, headless.proc.poll, headless.log)
+        started = time.monotonic()
+        seen = _outlived(kill_head, headless.proc.poll, headless.log)
+        print(f"real vLLM pair, head lost and watched {HEAD_GONE_S:.0f} s: {time.monotonic() - started:.0f} s")
+        return seen
 
 
 def _stand_in_head_lost(tmp: Path, env: dict[str, str]) -> dict[str, object]:
@@ -136,15 +150,33 @@ def _stand_in_head_lost(tmp: Path, env: dict[str, str]) -> dict[str, object]:
         return _outlived(head.kill, peer.popen.poll, peer.text)
 
 
-def test_a_lost_head_leaves_the_headless_node_running_and_silent(tmp_path: Path, vllm_cache_root: Path) -> None:
+@dataclass(frozen=True)
+class HeadLost:
+    """The lost-head runs under way: real vLLM (killed: set once its head is killed), the stand-in with
+    outlive_head (held) and with its default behaviour."""
+
+    killed: threading.Event
+    real: Future[dict[str, object]]
+    held: Future[dict[str, object]]
+    default: Future[dict[str, object]]
+
+
+@pytest.fixture(scope="module")
+def head_lost(tmp_path_factory: pytest.TempPathFactory, vllm_cache_root: Path) -> Iterator[HeadLost]:
+    """The lost-head runs, started at once in the background (the stand-in's two pairs fit inside real vLLM's
+    start and watch); leaving the module waits for them (each bounds its own waits)."""
     require_vllm()
-    with ThreadPoolExecutor(2) as pool:  # the stand-in's two pairs fit inside real vLLM's start and watch
-        held = pool.submit(_stand_in_head_lost, tmp_path / "sim-held", {"K3SIM_FAULT": "outlive_head"})
-        default = pool.submit(_stand_in_head_lost, tmp_path / "sim", {})
-        started = time.monotonic()
-        real = _real_head_lost(tmp_path / "real", vllm_cache_root)
-        print(f"real vLLM pair, head lost and watched {HEAD_GONE_S:.0f} s: {time.monotonic() - started:.0f} s")
-        sim_held, sim = held.result(timeout=900), default.result(timeout=900)
+    tmp, killed = tmp_path_factory.mktemp("head-lost"), threading.Event()
+    with ThreadPoolExecutor(3) as pool:
+        yield HeadLost(killed, pool.submit(_real_head_lost, tmp / "real", vllm_cache_root, killed),
+                       pool.submit(_stand_in_head_lost, tmp / "sim-held", {"K3SIM_FAULT": "outlive_head"}),
+                       pool.submit(_stand_in_head_lost, tmp / "sim", {}))
+
+
+def test_a_lost_head_leaves_the_headless_node_running_and_silent(vllm_cache_root: Path, head_lost: HeadLost) -> None:
+    require_vllm()
+    real = head_lost.real.result(timeout=1200)
+    sim_held, sim = head_lost.held.result(timeout=900), head_lost.default.result(timeout=900)
     print(f"head lost:\n  real vLLM {real}\n  stand-in with outlive_head {sim_held}\n  stand-in {sim}")
     assert real == {"exit status": None, "lines after the loss": []}, real  # no supervisor: nothing ends it
     assert sim_held == real

@@ -26,4 +26,7 @@ def test_plan_startup_bench_reports_every_ratio() -> None:
     assert run.returncode == 0, run.stderr
     assert "ratio plan / baseline:" in run.stdout and "floor / baseline:" in run.stdout
     assert "ratio plan --workload / baseline:" in run.stdout
-    assert run.stdout.count("median") == 5
+    assert "ratio plan / typer floor:" in run.stdout and "(target <= 1.25x)" in run.stdout
+    assert "(the same for every row)" in run.stdout
+    assert run.stdout.count("median") == 5 and run.stdout.count(" cpu ") == 5
+    assert "cpu ratio plan / typer floor:" in run.stdout
