@@ -15,7 +15,7 @@ from k3deploy.launch.failures import ENDED_CAUSE, GroupFailed, Probe, first_fail
 from k3deploy.launch.head_ready import HeadReadiness
 from k3deploy.launch.ipc import with_ipc_dir
 from k3deploy.launch.links import blame_link
-from k3deploy.launch.node_stop import stop_node
+from k3deploy.launch.node_stop import stop_node, terminate
 from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
 from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
@@ -110,7 +110,7 @@ class Gang:
             if on_started is not None:
                 on_started(job, handle)
             if late:
-                gone = ex.terminate(handle, self._grace_s)
+                gone = terminate(ex, handle, self._grace_s, job.container)  # its IPC directory too
                 self._event(job, "stopped" if gone else "failed", "" if gone else "processes survived SIGKILL")
                 raise ExecError("started as the group was being stopped; stopped again", host=job.host)
             self._event(job, "started", f"pid {handle.pid}")

@@ -1,4 +1,5 @@
-"""Each started node gets its own directory for the engine's IPC sockets, made at start and removed at stop.
+"""Each started node gets its own directory for the engine's IPC sockets, made at start, removed when its engine
+ends and at stop.
 
 vLLM 0.32.0 binds about nine ZMQ sockets per launch as `ipc://$VLLM_RPC_BASE_PATH/<uuid4>` (vllm/utils/
 network_utils.py get_open_zmq_ipc_path, called by vllm/v1/engine/utils.py, vllm/v1/utils.py and
@@ -22,9 +23,15 @@ def ipc_dir(tag: str) -> str:
 
 
 def with_ipc_dir(command: str, tag: str) -> str:
-    """The node's shell text, run with its own IPC directory (a user's engine.env export still wins)."""
+    """The node's shell text, run with its own IPC directory (a user's engine.env export still wins), which
+    this shell removes once the engine has ended, whoever ended it: a crash, a kill of the engine alone, a
+    SIGTERM to the group (Slurm's scancel or time limit, the Ray agent's watchdog) that this shell waits
+    through. Only a SIGKILL of this shell too leaves the directory, to `stop` (node_stop)."""
     d = shlex.quote(ipc_dir(tag))
-    return f"mkdir -p -m 700 {d}\nexport {IPC_ENV}={d}\n{command}"
+    # The engine runs in a subshell (its `exec` replaces that, not this shell); a trapped signal is acted on
+    # only once that foreground subshell has ended, and a trap (not an ignore) is not inherited.
+    return (f"mkdir -p -m 700 {d}\nexport {IPC_ENV}={d}\ntrap : TERM INT HUP\n(\n{command}\n)\nrc=$?\n"
+            f"rm -rf -- {d}\nexit $rc\n")
 
 
 def remove_ipc_dir(tag: str) -> str:

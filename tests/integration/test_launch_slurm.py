@@ -5,6 +5,7 @@ engine process: a node's slurmd killed, the job cancelled from outside, the time
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from k3deploy.launch.ipc import ipc_dir
 from tests.integration.test_sbatch_export_slurm import engines, slurm_topology
 from tests.k3deploy_cli import run_k3deploy
 from tests.polling import wait_for
@@ -132,7 +134,10 @@ def test_a_slurm_fault_is_named_by_node_and_leaves_no_engine(slurm: SlurmRig, ri
                                                             tmp_path: Path, topo: Path, fault: str) -> None:
     if fault == "time limit":
         topo = slurm_topology(rig4, checkpoint, tmp_path, "it-slurm", time_limit="1")
-    job = launched(slurm, topo)["slurm_job"]["job_id"]
+    rec = launched(slurm, topo)
+    job = rec["slurm_job"]["job_id"]
+    dirs = [ipc_dir(n["handle"]["tag"]) for n in rec["nodes"]]
+    assert all(os.path.isdir(d) for d in dirs), dirs  # the engines' own, on the hosts' shared /tmp
     try:
         inflict(fault, slurm, rig4, job)
         rep = failed_status(slurm, topo)
@@ -145,6 +150,8 @@ def test_a_slurm_fault_is_named_by_node_and_leaves_no_engine(slurm: SlurmRig, ri
             assert failure["rank"] == 2, failure
         assert wait_for(lambda: not any(engines(rig4).values()), 120), engines(rig4)
         assert wait_for(lambda: job_state(slurm, job) not in ("RUNNING", "PENDING"), 120), job_state(slurm, job)
+        # Each node's IPC directory went with its engine, though no stop could reach a node of an ended job.
+        assert wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30), [d for d in dirs if os.path.exists(d)]
     finally:
         if fault == "slurmd":
             slurm.start_slurmd(rig4.hosts[2])

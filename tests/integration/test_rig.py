@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from k3deploy.launch.ipc import ipc_dir
 from tests.polling import wait_for
 from tests.rig import HostRig, RigHost, cleanup_stale, pid_alive, procs
 from tests.rig.netns import owned_links, owned_netns
@@ -147,18 +149,23 @@ def test_detached_process_is_seen_and_gone_after_teardown(make_rig: Callable[...
 
 
 @pytest.mark.timeout(60)
-def test_kill_host_processes_keeps_sshd(rig4: HostRig) -> None:
+def test_kill_host_processes_keeps_sshd_and_removes_their_ipc_dirs(rig4: HostRig) -> None:
     host = rig4.host("h04")
     client = rig4.ssh_client(host)
+    # A k3deploy node's IPC directory on the hosts' shared /tmp: a kill without `stop` must not leave it.
+    ipc = Path(ipc_dir(f"{rig4.ident}.0.kill"))
     try:
-        pid = int(ssh_run(client, DETACHED_SLEEP.format(log=rig4.ident)).strip())
+        ipc.mkdir()
+        pid = int(ssh_run(client, f"export VLLM_RPC_BASE_PATH={ipc}; " + DETACHED_SLEEP.format(log=rig4.ident)).strip())
         assert pid in rig4.pids(host)
         rig4.kill_host_processes(host)
         assert pid not in rig4.pids(host)
         assert ssh_run(client, "hostname").strip() == "h04"  # the open session survived
+        assert not ipc.exists()
     finally:
         client.close()
         Path(f"/tmp/{rig4.ident}.log").unlink(missing_ok=True)
+        shutil.rmtree(ipc, ignore_errors=True)
 
 
 SERVER = """

@@ -110,9 +110,9 @@ def test_two_replicas_behind_smg_launch_status_faults_stop(tmp_path: Path, check
 
         # The router killed (its process, not the shell that waits for it): named; restarted by its supervisor.
         router = store.require(f"{name}-router")
-        child = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == router.nodes[0].handle.pid]  # type: ignore[union-attr]
-        assert child, "the router's process"
-        os.kill(int(child[0].name), signal.SIGKILL)
+        child = _engine_of(router.nodes[0].handle.pid)  # type: ignore[union-attr]
+        assert child is not None, "the router's process"
+        os.kill(child, signal.SIGKILL)
         assert wait_for(lambda: "router" in _status(topo)[1]["router_problem"]
                         or len(store.require(f"{name}-router").attempts) == 2, 30), _status(topo)
     finally:
@@ -123,6 +123,21 @@ def test_two_replicas_behind_smg_launch_status_faults_stop(tmp_path: Path, check
     assert wait_for(lambda: not any(_alive(p) for p in pids), 20), [p for p in pids if _alive(p)]
     assert not any(_alive(p) for p in _pids(store, parts))
     assert _status(topo)[1]["status"] == "stopped"
+
+
+def _engine_of(leader: int) -> int | None:
+    """The first process under a node's wrapper that is no shell (the shells between wait for it)."""
+    todo = [leader]
+    while todo:
+        kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) in todo]
+        for pid in kids:
+            try:
+                if os.path.basename(os.readlink(f"/proc/{pid}/exe")) not in ("sh", "dash", "bash"):
+                    return pid
+            except OSError:
+                continue
+        todo = kids
+    return None
 
 
 def _ppid(proc: Path) -> int:

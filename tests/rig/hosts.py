@@ -290,20 +290,21 @@ class HostRig:
     def _stop_hosts(self, hosts: list[RigHost]) -> None:
         """Kill each host's sshd (PID 1: the kernel kills the rest) and reap the unshare parents."""
         runtimes = [self._runtime[h.name] for h in hosts if h.name in self._runtime]
-        for rt in runtimes:
-            if rt.sshd_pid and procs.parent_pid(rt.sshd_pid) == rt.proc.pid:
-                # Killing PID 1 first lets unshare reap it: no zombie left for the lazy system init.
-                procs.send([rt.sshd_pid])
-            elif rt.proc.poll() is None:
-                rt.proc.kill()
-        # Bounds for a loaded machine: the wait ends as soon as the kernel has emptied the namespace.
-        deadline = time.monotonic() + 20.0
-        for rt in runtimes:
-            try:
-                rt.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                rt.proc.kill()  # unshare ignores SIGTERM; --kill-child takes the sshd with it
-                rt.proc.wait(timeout=30.0)
+        with procs.removing_ipc_dirs(p for rt in runtimes if rt.pid_ns for p in procs.pid_ns_members(rt.pid_ns)):
+            for rt in runtimes:
+                if rt.sshd_pid and procs.parent_pid(rt.sshd_pid) == rt.proc.pid:
+                    # Killing PID 1 first lets unshare reap it: no zombie left for the lazy system init.
+                    procs.send([rt.sshd_pid])
+                elif rt.proc.poll() is None:
+                    rt.proc.kill()
+            # Bounds for a loaded machine: the wait ends as soon as the kernel has emptied the namespace.
+            deadline = time.monotonic() + 20.0
+            for rt in runtimes:
+                try:
+                    rt.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    rt.proc.kill()  # unshare ignores SIGTERM; --kill-child takes the sshd with it
+                    rt.proc.wait(timeout=30.0)
 
     def close(self) -> None:
         """Tear everything down; idempotent, safe after a partial setup."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -109,13 +111,44 @@ def send(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
 
 
 def kill_until_gone(list_live: Callable[[], list[int]], timeout_s: float = 5.0) -> list[int]:
-    """SIGKILL whatever `list_live` reports until it reports nothing; returns what still lives."""
+    """SIGKILL whatever `list_live` reports until it reports nothing (their IPC directories removed after);
+    returns what still lives."""
     deadline = time.monotonic() + timeout_s
     live = list_live()
-    for _ in range(500):
-        if not live or time.monotonic() > deadline:
-            break
-        send(live)
-        time.sleep(0.01)
-        live = list_live()
+    with removing_ipc_dirs(live):
+        for _ in range(500):
+            if not live or time.monotonic() > deadline:
+                break
+            send(live)
+            time.sleep(0.01)
+            live = list_live()
     return live
+
+
+def ipc_dirs(pids: Iterable[int]) -> set[str]:
+    """The IPC directories k3deploy gave these processes (VLLM_RPC_BASE_PATH in their environment)."""
+    from k3deploy.launch.ipc import IPC_ENV, IPC_PREFIX
+
+    found = set()
+    for pid in pids:
+        try:
+            env = (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            name, _, value = item.decode(errors="replace").partition("=")
+            if name == IPC_ENV and value.startswith(IPC_PREFIX):
+                found.add(value)
+    return found
+
+
+@contextlib.contextmanager
+def removing_ipc_dirs(pids: Iterable[int]) -> Iterator[None]:
+    """Around a block that SIGKILLs these processes: their IPC directories are removed after it, as `stop`
+    would have removed them with the nodes (rig hosts share this machine's /tmp, so nothing else will)."""
+    dirs = ipc_dirs(pids)
+    try:
+        yield
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
