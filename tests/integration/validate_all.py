@@ -24,8 +24,11 @@ GPU = "h100-80gb"
 # Python overhead): 0.001 paces it as the `sim` GPU at K3SIM_SPEED~1.7, so slow_decode has a step to slow down
 # and a step outweighs the stand-in's own cost per token (the effort stage holds it against its prediction).
 SPEED = "0.001"
-# TP4 decodes ~4x faster than one node: slow_decode's factor and the threshold are set for the rig.
-MIN_THROUGHPUT = 300.0
+# TP4 decodes ~4x faster than one node: slow_decode's factor and the threshold are set for the rig. Clean runs
+# measured ~2,200 tok/s at load 3 and 219 at load 8 beside real vLLM starts (the stand-in's Python cost per token
+# grows with the machine's load); slow_decode:60 is paced by sleeps at ~55. The floor sits between, far from both.
+MIN_THROUGHPUT = 100.0
+SLOW = 60
 Expect = dict[str, dict[str, str]]  # stage -> {dialect or "*": pattern searched in its detail and evidence}
 # fault -> what fails; every stage not named must pass.
 FAULTS: dict[str, Expect] = {
@@ -46,7 +49,8 @@ FAULTS: dict[str, Expect] = {
                 r"--enable-prompt-tokens-details"}},
     "wrong_cache_state": {"prefix-cache": {"*": r"a cache hit changed the answer: token \d+ is .* on the hit"}},
     "short_context:2600": {"long": {"*": r"rank 0 serves max_model_len 2,600 < serving.context_length"}},
-    "slow_decode:20": {"effort": {"*": r"cold: [\d,]+ output tokens/s < validate.min_throughput_tok_s 300(.|\n)*"
+    f"slow_decode:{SLOW}": {"effort": {"*": rf"cold: [\d,]+ output tokens/s < validate.min_throughput_tok_s "
+                                           rf"{MIN_THROUGHPUT:g}(.|\n)*"
                                      r"cold: far below the prediction for this shape .*the decode step runs at "
                                      r"\d+% of its predicted speed"}},
     # issue 19: the linear-attention state lost; fluent answers, facts gone
