@@ -102,3 +102,26 @@ def test_a_wrong_interface_on_one_replica_names_it_and_shows_the_other(
     noted = [line for line in human.stdout.splitlines() if line.startswith("replica 0: ")]
     assert not [line for line in noted if re.match(r"replica 0: [\w-]+: rank ", line)], noted  # no failure there
     assert any(line.startswith("replica 0: rendezvous rank 1 ") and "all_reduce" in line for line in noted), noted
+
+
+@pytest.mark.timeout(300)
+def test_an_unreachable_node_in_one_replica_and_a_failure_in_the_other_exit_3(
+        deployments: SimDeployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    """The exit code is the worst over the instances, with preflight's order: a node it could not ask (3) before
+    a failed check (1); each instance's own exit code says which it was."""
+    nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
+    dead_ip = f"10.232.{rig4.subnet}.99"  # on the rig network, nobody there
+    nodes[1]["iface"] = "ens-bogus"  # replica 0's rank 1
+    nodes[3]["host"] = dead_ip  # replica 1's rank 1
+    code, report = _preflight(_service(deployments, rig4, "pfs-mixed", nodes), capsys, "ens-bogus on replica 0, "
+                              "replica 1's second node unreachable")
+    assert code == 3, json.dumps(report, indent=1)
+    r0, r1 = report["instances"]
+    assert (r0["exit_code"], r1["exit_code"]) == (1, 3)
+    rows = {(p["instance"], c["name"], v["rank"]): v for p in (r0, r1) for c in p["checks"] for v in c["verdicts"]}
+    assert rows[("replica 0", "iface", 1)]["status"] == "fail" and "ens-bogus" in rows[("replica 0", "iface", 1)]["detail"]
+    down = rows[("replica 1", "reachability", 1)]
+    assert down["status"] == "error" and down["host"] == dead_ip and f"cannot connect to root@{dead_ip}:22" in \
+        down["detail"], down
+    assert rows[("replica 1", "reachability", 0)]["status"] == "pass"
+    assert _statuses(report) == {"router-port": "pass", "router-python": "pass"}
