@@ -56,7 +56,7 @@ def launch(
     and left out (exit 0 while one serves; 4 when none does)."""
     from k3deploy.launch.prepare import prepare
 
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}), services=True)
+    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
     if prep.service is not None:
         from k3deploy.cli.launch_service import launch_service

@@ -30,8 +30,12 @@ def preflight(
     clock, checkpoint, /dev/shm, accelerators, driver, engine, Ray/Python, the rendezvous port, and a
     torch.distributed all_reduce with the engine's environment.
 
+    With replicas or prefill/decode roles: every instance's preflight at once (each replica's, prefill's and
+    decode's nodes, named in the table, the JSON and a JUnit suite each), and the router's machine: reachable,
+    its port and metrics port free, its interpreter finding the router.
+
     Exit 0 when every check passes, 1 when one fails (each failure says how to fix it), 3 when a node
-    cannot be reached."""
+    cannot be reached (the worst over every instance)."""
     from rich.console import Console
 
     from k3deploy.launch.deploy import fleet_of
@@ -41,8 +45,13 @@ def preflight(
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
-    with held_nodes(prep) as jobs, fleet_of(jobs) as fleet:
-        report = run_preflight(prep.plan, prep.catalog, jobs, fleet)
+    if prep.service is not None:
+        from k3deploy.launch.service_preflight import preflight_service
+
+        report = preflight_service(prep.service)
+    else:
+        with held_nodes(prep) as jobs, fleet_of(jobs) as fleet:
+            report = run_preflight(prep.plan, prep.catalog, jobs, fleet)
     if junit is not None:
         write_junit(report, junit)
     if as_json:

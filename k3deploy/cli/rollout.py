@@ -45,7 +45,7 @@ def rollout(
     file = Path(target) if Path(target).suffix in (".yaml", ".yml") or Path(target).is_file() else \
         Path(svc.file) if svc is not None else Path(target)
     overrides = exec_overrides({"executor": executor, **connection})
-    prep = prepare(file, catalog, overrides, services=True)
+    prep = prepare(file, catalog, overrides)
     if prep.service is None:
         from k3deploy.errors import InputError
 

@@ -32,11 +32,10 @@ class Prepared:
 
 
 def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOverrides,
-            environ: Mapping[str, str] | None = None, *, services: bool = False) -> Prepared:
+            environ: Mapping[str, str] | None = None) -> Prepared:
     """Plan `file` (InfeasibleError when it cannot run), warn about secrets the nodes will not get, and make
     the per-node records with the executor targets the topology and `overrides` give (with replicas or
-    prefill/decode roles, when `services` allows them: every replica's or instance's, rank 0 of each first;
-    preflight refuses them)."""
+    prefill/decode roles: every replica's or instance's, rank 0 of each first, and the service's plan)."""
     from k3deploy.engines.secret_refs import secret_warnings
     from k3deploy.planning.files import catalog_for, require_feasible
 
@@ -44,10 +43,6 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
     plan = require_feasible(file, cat)
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
     if plan.topology.replicas > 1 or plan.topology.router is not None:
-        if not services:
-            what = "prefill/decode roles" if plan.pd is not None else "replicas or a router"
-            raise InputError(f"{plan.file}: preflight of {what} is not built yet",
-                             hint=f"`k3deploy launch {plan.file}` runs each instance's preflight before it starts")
         if plan.topology.router is None:
             raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
                              hint="add router: {kind: smg} (or the router for the engine)")
@@ -61,11 +56,17 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
 
 def held_nodes(prep: Prepared) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
     """The nodes `preflight` probes: the topology's, or a Slurm job's held for the probes (never started)."""
-    if not all(j.target.capabilities.runs_in_job for j in prep.jobs):
-        return contextlib.nullcontext(prep.jobs)
+    return held(prep.plan, prep.jobs, prep.catalog)
+
+
+def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
+    """One deployment's (or a service instance's) nodes for preflight's probes: as they are, or a Slurm job's
+    held for them (never started)."""
+    if not all(j.target.capabilities.runs_in_job for j in jobs):
+        return contextlib.nullcontext(tuple(jobs))
     from k3deploy.launch.slurm_launch import held_allocation
     from k3deploy.launch.state import StateStore, default_state_dir
 
-    t = prep.plan.topology
+    t = plan.topology
     out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
-    return held_allocation(prep.plan, prep.jobs, prep.catalog, out)
+    return held_allocation(plan, jobs, catalog, out)

@@ -1,7 +1,9 @@
 """What preflight found: one check's rows over every node, the report, its exit code and the JSON form
-(the rows, statuses and exit codes are k3deploy.verdicts', shared with validate)."""
+(the rows, statuses and exit codes are k3deploy.verdicts', shared with validate). A service's report holds
+each instance's report (replica 0, prefill 1, ...) beside its own checks (the router's node)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,42 +37,59 @@ class CheckResult(BaseModel):
 
 
 class Report(BaseModel):
-    """Every check; the rendezvous probe's per-node measurements."""
+    """Every check; the rendezvous probe's per-node measurements; a service's instances' own reports."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(description="the deployment's name (a service's instance: its own, NAME-r0, NAME-prefill0)")
+    instance: str = Field("", description="which instance of the service this is (replica 0, prefill 0, decode 1); "
+                          "empty for a deployment of its own or the service itself")
     checks: tuple[CheckResult, ...]
     elapsed_s: float
     measurements: dict[int, dict[str, Any]] = Field(default_factory=dict,
                                                      description="rank -> rendezvous probe timings and bandwidth")
+    instances: tuple[Report, ...] = Field((), description="a service's: every instance's report, in launch order "
+                                          "(the service's own checks, the router's, are `checks`)")
+
+    def parts(self) -> Iterator[Report]:
+        """This report and every instance's, the instances first (the order of the table and the summary)."""
+        yield from self.instances
+        yield self
 
     @property
     def exit_code(self) -> int:
-        """3 when a host could not be asked, 1 when a check failed, else 0."""
-        return exit_code((c.status for c in self.checks), unreachable_first=True)
+        """3 when a host could not be asked, 1 when a check failed, else 0 (over every instance)."""
+        return exit_code((c.status for p in self.parts() for c in p.checks), unreachable_first=True)
 
     def first_failure(self) -> tuple[CheckResult, NodeRow] | None:
-        """The first failed check (in check order) and its first failed node."""
-        for c in self.checks:
-            bad = c.failures()
-            if bad:
-                return c, bad[0]
+        """The first failed check (in check order, instances first) and its first failed node."""
+        for p in self.parts():
+            for c in p.checks:
+                bad = c.failures()
+                if bad:
+                    return c, bad[0]
         return None
 
     def summary(self) -> str:
-        """One line per failed check and node: `check: rank R (host): detail; fix` (fixes are imperatives)."""
+        """One line per failed check and node: `[instance: ]check: rank R (host): detail; fix` (fixes are
+        imperatives)."""
         lines = []
-        for c in self.checks:
-            for v in c.failures():
-                fix = f"; {v.fix}" if v.fix else ""
-                lines.append(f"{c.name}: rank {v.rank} ({v.host}): {v.detail}{fix}")
+        for p in self.parts():
+            for c in p.checks:
+                lines += [f"{failure_line(p, c.name, v)}{f'; {v.fix}' if v.fix else ''}" for v in c.failures()]
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
-        """The JSON form (`preflight --json`)."""
-        data = self.model_dump(mode="json")
+        """The JSON form (`preflight --json`): each check's status, the exit code, each instance's the same."""
+        data = self.model_dump(mode="json", exclude={"instances"})
         data["exit_code"] = self.exit_code
         for c, raw in zip(self.checks, data["checks"]):
             raw["status"] = c.status
+        data["instances"] = [i.as_json() for i in self.instances]
         return data
+
+
+def failure_line(part: Report, check: str, v: NodeRow) -> str:
+    """`[instance: ]check: rank R (host): detail`, the words naming a failed node wherever it is shown."""
+    where = f"{part.instance}: " if part.instance else ""
+    return f"{where}{check}: rank {v.rank} ({v.host}): {v.detail}"

@@ -58,7 +58,7 @@ def _restart_replica(topo: Path, index: int, store: StateStore) -> None:
     from k3deploy.launch.service import start_replica, stop_deployment
     from k3deploy.nodeplan.targets import ExecOverrides
 
-    sp = prepare(topo, None, ExecOverrides(), services=True).service
+    sp = prepare(topo, None, ExecOverrides()).service
     assert sp is not None
     stop_deployment(store, f"{NAME}-r{index}")
     start_replica(sp, index, store, skip_preflight=True, tries=1)

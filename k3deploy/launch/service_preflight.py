@@ -1,0 +1,50 @@
+"""`preflight` of a service: every instance's own preflight (each replica's, each prefill's and decode's nodes,
+the same checks launch runs before starting it), all at once as launch starts them, and the router's machine;
+one report naming each instance."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from k3deploy.executors.factory import ExecutorFactory, open_executor
+from k3deploy.executors.fleet import NodeFleet
+from k3deploy.launch.bringup import fleet_of
+from k3deploy.launch.prepare import held
+from k3deploy.launch.service import ServicePlan
+from k3deploy.nodeplan.router_job import router_job
+from k3deploy.preflight.report import CheckResult, Report
+from k3deploy.preflight.router_check import router_checks
+from k3deploy.preflight.runner import run_preflight
+
+
+def instance_labels(sp: ServicePlan) -> tuple[str, ...]:
+    """How the report names each instance: `replica I`, or `prefill J` / `decode K` (counted per role)."""
+    if not sp.roles:
+        return tuple(f"replica {i}" for i in range(len(sp.replicas)))
+    return tuple(f"{role} {sp.roles[:i].count(role)}" for i, role in enumerate(sp.roles))
+
+
+def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor) -> Report:
+    """Every instance's preflight and the router's checks, in parallel; one Report with an entry per instance."""
+    t0 = time.monotonic()
+    labels = instance_labels(sp)
+
+    def instance(i: int) -> Report:
+        plan, jobs = sp.replicas[i]
+        with held(plan, jobs, sp.catalog) as placed, fleet_of(placed, factory) as fleet:
+            report = run_preflight(plan, sp.catalog, placed, fleet)
+        return report.model_copy(update={"instance": labels[i]})
+
+    def router() -> tuple[CheckResult, ...]:
+        rp = sp.plan.router
+        assert rp is not None
+        job = router_job(sp.plan, rp.settings.worker_urls, sp.overrides)
+        with NodeFleet({0: job.target}, factory) as fleet:
+            return router_checks(job, fleet, rp.settings)
+
+    with ThreadPoolExecutor(max_workers=len(sp.replicas) + 1, thread_name_prefix="preflight") as pool:
+        parts = [pool.submit(instance, i) for i in range(len(sp.replicas))]
+        own = pool.submit(router)
+        reports = tuple(p.result() for p in parts)
+        checks = own.result()
+    return Report(name=sp.name, checks=checks, instances=reports, elapsed_s=round(time.monotonic() - t0, 3))
