@@ -62,7 +62,7 @@ def router_preflight(plan: Plan, overrides: ExecOverrides,
         return router_checks(job, fleet, rp.settings)
 
 
-def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], None],
+def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], object],
                 factory: ExecutorFactory = open_executor) -> None:
     """The router checks launch of a service runs before starting any instance; `record` gets the verdict.
     A check failed: PreflightFailed (exit 4); its machine could not be asked: ExecError (exit 3, as for any

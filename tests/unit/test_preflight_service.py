@@ -159,3 +159,39 @@ def test_launch_of_a_service_checks_the_router_machine_before_starting_any_insta
     names = [r.name for r in svc.replicas]
     assert len(names) == 2 and not [n for n in (*names, f"{svc.name}-router") if store.path(n).exists()], \
         sorted(p.name for p in store.directory.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_launch_of_a_service_whose_router_machine_cannot_be_reached_exits_3_starting_nothing(tmp_path: Path) -> None:
+    """The router's machine does not answer (every connection fails: the router's is the only one launch
+    opens before any instance starts): exit 3 as for any node launch cannot reach, named, nothing started."""
+    from k3deploy.errors import ExecError
+    from k3deploy.executors.local import LocalExecutor
+    from k3deploy.executors.target import ExecTarget
+    from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.service import launch_service
+    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.launch.state import StateStore
+    from k3deploy.nodeplan.targets import ExecOverrides
+
+    asked: list[str] = []
+
+    class Down(LocalExecutor):
+        def connect(self) -> None:
+            asked.append(self.host)
+            raise ExecError("cannot connect after 3 attempts: timed out", host=self.host)
+
+    def factory(target: ExecTarget) -> LocalExecutor:
+        return Down(target.host)
+
+    sp = prepare(_topology(REPLICAS, tmp_path, closed_port()), None, ExecOverrides()).service
+    assert sp is not None
+    store = StateStore(tmp_path / "state")
+    with pytest.raises(ExecError) as err:
+        launch_service(sp, store, factory=factory)
+    assert err.value.exit_code == 3 and asked == ["localhost"]
+    assert "router-port: rank 0 (localhost): not checked: cannot connect after 3 attempts" in str(err.value)
+    assert "router.runs_on" in (err.value.hint or "")
+    svc = ServiceStore(store).load(sp.name)
+    assert svc is not None and (svc.status, svc.preflight) == ("failed", "failed"), svc
+    assert not [p.name for p in store.directory.iterdir() if p.suffix == ".json"]
