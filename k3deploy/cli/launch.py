@@ -53,7 +53,8 @@ def launch(
 
     With `replicas` and a `router`: every replica is launched in parallel as its own deployment (NAME-r0, ...),
     then the router (NAME-router) with every ready replica registered; a replica that fails every try is named
-    and left out (exit 0 while one serves; 4 when none does)."""
+    and left out (exit 0 while one serves; 4 when none does). Before any replica starts, the router's machine
+    is checked (its port and metrics port free, router.python has the router): a failure starts nothing (exit 4)."""
     from k3deploy.launch.prepare import prepare
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))

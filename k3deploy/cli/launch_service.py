@@ -39,8 +39,16 @@ def launch_service(sp: ServicePlan, *, dry_run: bool, as_json: bool, attach: boo
     store = StateStore(state_dir or sp.plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)
     sigterm_interrupts()
-    svc = launch(sp, store, on_event=None if as_json else lambda who, e: err.print(
-        f"{who} {event_line(e)}", markup=False), skip_preflight=skip_preflight)
+    try:
+        svc = launch(sp, store, on_event=None if as_json else lambda who, e: err.print(
+            f"{who} {event_line(e)}", markup=False), skip_preflight=skip_preflight)
+    except BaseException:
+        if as_json:  # the record of the failed launch (its cause, the router's preflight), as for a deployment
+            from k3deploy.launch.service_state import ServiceStore
+
+            rec = ServiceStore(store).load(sp.name)
+            print(rec.model_dump_json(indent=2) if rec is not None else "{}")
+        raise
     if as_json:
         print(svc.model_dump_json(indent=2))
     else:

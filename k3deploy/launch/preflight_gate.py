@@ -1,17 +1,27 @@
-"""The preflight that launch runs on the connected gang before anything starts, and its refusal."""
+"""The preflight that launch runs on the connected gang before anything starts, and its refusal; a service's
+router checks (its machine, before any instance starts)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.errors import ExecError
+from k3deploy.executors.factory import ExecutorFactory, open_executor
+from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.gang import Gang, GroupFailed
 from k3deploy.launch.state import Failure, StateStore
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.nodeplan.router_job import router_job
+from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
 
 if TYPE_CHECKING:
-    from k3deploy.preflight.report import Report
+    from k3deploy.preflight.report import CheckResult, Report
+
+Verdict = Literal["passed", "failed"]
+HINT = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
 
 
 class PreflightFailed(GroupFailed):
@@ -23,7 +33,7 @@ class PreflightFailed(GroupFailed):
         check, v = found
         super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
         self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
-        self.hint = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
+        self.hint = HINT
 
 
 def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
@@ -32,9 +42,40 @@ def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store:
         from k3deploy.preflight.runner import run_preflight
 
         report = run_preflight(plan, catalog, jobs, gang.fleet)
-        verdict: Literal["passed", "failed"] = "failed" if report.exit_code else "passed"
+        verdict: Verdict = "failed" if report.exit_code else "passed"
         store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
         if report.exit_code:
             raise PreflightFailed(report)
 
     return gate
+
+
+def router_preflight(plan: Plan, overrides: ExecOverrides,
+                     factory: ExecutorFactory = open_executor) -> tuple[CheckResult, ...]:
+    """A service's router checks (`router-port`, `router-python`) on the machine `router.runs_on` names."""
+    from k3deploy.preflight.router_check import router_checks
+
+    rp = plan.router
+    assert rp is not None
+    job = router_job(plan, rp.settings.worker_urls, overrides)
+    with NodeFleet({0: job.target}, factory) as fleet:
+        return router_checks(job, fleet, rp.settings)
+
+
+def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], object],
+                factory: ExecutorFactory = open_executor) -> None:
+    """The router checks launch of a service runs before starting any instance; `record` gets the verdict.
+    A check failed: PreflightFailed (exit 4); its machine could not be asked: ExecError (exit 3, as for any
+    node launch cannot reach)."""
+    from k3deploy.preflight.report import Report
+    from k3deploy.verdicts.model import EXIT_HOST
+
+    t0 = time.monotonic()
+    report = Report(name=plan.topology.name, checks=router_preflight(plan, overrides, factory),
+                    elapsed_s=round(time.monotonic() - t0, 3))
+    record("failed" if report.exit_code else "passed")
+    if report.exit_code == EXIT_HOST:
+        raise ExecError(f"preflight could not ask the router's machine, nothing was started:\n{report.summary()}",
+                        hint=f"reach it (router.runs_on), then: {HINT}")
+    if report.exit_code:
+        raise PreflightFailed(report)

@@ -17,6 +17,7 @@ from k3deploy.errors import K3Error, LaunchError, StateError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch import deploy
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
+from k3deploy.launch.preflight_gate import router_gate
 from k3deploy.launch.registration import wait_registered
 from k3deploy.launch.service_state import SERVICE_ACTIVE, ReplicaEntry, Service, ServiceStore
 from k3deploy.launch.state import ACTIVE, Deployment, StateStore
@@ -111,8 +112,9 @@ def stop_deployment(store: StateStore, name: str, factory: ExecutorFactory = ope
 
 def launch_service(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
                    on_event: ReplicaSink | None = None, skip_preflight: bool = False) -> Service:
-    """Every replica in parallel, then the router with the ready ones registered; LaunchError when none is
-    ready or the router does not serve (what started is stopped). A failed replica is named and left out."""
+    """The router's checks (unless skipped: nothing starts when one fails), every replica in parallel, then the
+    router with the ready ones registered; LaunchError when none is ready or the router does not serve (what
+    started is stopped). A failed replica is named and left out."""
     services = ServiceStore(store)
     t = sp.plan.topology
     assert t.router is not None and sp.plan.router is not None
@@ -132,8 +134,11 @@ def launch_service(sp: ServicePlan, store: StateStore, *, factory: ExecutorFacto
             router_url=sp.plan.router.settings.url,
             replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i],
                                         role=sp.roles[i] if sp.roles else "") for i, (p, _) in
-                           enumerate(sp.replicas))))
+                           enumerate(sp.replicas)), preflight="skipped" if skip_preflight else "none"))
     try:
+        if not skip_preflight:  # a taken router port found only after every replica loaded costs their load
+            router_gate(sp.plan, sp.overrides, lambda verdict: services.update(
+                sp.name, lambda s: s.model_copy(update={"preflight": verdict})), factory)
         ready = _start_replicas(sp, store, services, factory, on_event, skip_preflight)
         _require_ready(sp, ready, services.load(sp.name))
         job = router_job(_fronting(sp, ready), [urls[i] for i in ready], sp.overrides)

@@ -7,13 +7,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from k3deploy.executors.factory import ExecutorFactory, open_executor
-from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.bringup import fleet_of
+from k3deploy.launch.preflight_gate import router_preflight
 from k3deploy.launch.prepare import held
 from k3deploy.launch.service import ServicePlan
-from k3deploy.nodeplan.router_job import router_job
-from k3deploy.preflight.report import CheckResult, Report
-from k3deploy.preflight.router_check import router_checks
+from k3deploy.preflight.report import Report
 from k3deploy.preflight.runner import run_preflight
 
 
@@ -35,16 +33,9 @@ def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor)
             report = run_preflight(plan, sp.catalog, placed, fleet)
         return report.model_copy(update={"instance": labels[i]})
 
-    def router() -> tuple[CheckResult, ...]:
-        rp = sp.plan.router
-        assert rp is not None
-        job = router_job(sp.plan, rp.settings.worker_urls, sp.overrides)
-        with NodeFleet({0: job.target}, factory) as fleet:
-            return router_checks(job, fleet, rp.settings)
-
     with ThreadPoolExecutor(max_workers=len(sp.replicas) + 1, thread_name_prefix="preflight") as pool:
         parts = [pool.submit(instance, i) for i in range(len(sp.replicas))]
-        own = pool.submit(router)
+        own = pool.submit(router_preflight, sp.plan, sp.overrides, factory)
         reports = tuple(p.result() for p in parts)
         checks = own.result()
     return Report(name=sp.name, checks=checks, instances=reports, elapsed_s=round(time.monotonic() - t0, 3))

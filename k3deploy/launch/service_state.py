@@ -44,6 +44,10 @@ class Service(Record):
     router_url: str
     replicas: tuple[ReplicaEntry, ...]
     cause: str = ""
+    # Records written before the router's preflight existed load as "none".
+    preflight: Literal["passed", "failed", "skipped", "none"] = Field(
+        "none", description="the router's checks before any instance started: passed, failed, skipped "
+        "(--skip-preflight); each instance's own preflight is in its deployment record")
 
     def with_replica(self, index: int, **changes: object) -> Service:
         """A copy with one replica's fields changed."""

@@ -43,6 +43,8 @@ class ServiceReport(BaseModel):
     workers_error: str
     router_problem: str
     replicas: tuple[ReplicaView, ...]
+    cause: str = ""  # why a failed launch failed (the service record's), e.g. the router's preflight
+    preflight: str = "none"  # the router's checks before any instance started: passed, failed, skipped
 
 
 def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> ServiceReport:
@@ -96,7 +98,8 @@ def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> Se
         status = "degraded"
     return ServiceReport(name=name, status=status, file=svc.file, router_kind=svc.router_kind,
                          router_url=svc.router_url, router=router, router_alive=router_alive, workers_error=why,
-                         router_problem=router_problem, replicas=tuple(views))
+                         router_problem=router_problem, replicas=tuple(views), cause=svc.cause,
+                         preflight=svc.preflight)
 
 
 def _workers(url: str) -> tuple[list[RouterWorker], str]:

@@ -66,4 +66,6 @@ def status_view(rep: ServiceReport) -> RenderableType:
             parts.append(Text.assemble((f"{r.role or 'replica'} ", "bold red"), f"{r.name}: {r.problem}"))
     if rep.router_problem:
         parts.append(Text.assemble(("router: ", "bold red"), rep.router_problem))
+    if rep.status == "failed" and rep.cause:
+        parts.append(Text.assemble(("failed: ", "bold red"), rep.cause))
     return Group(*parts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import uuid
 from pathlib import Path
 
@@ -84,6 +85,7 @@ def test_two_replicas_behind_smg_launch_status_faults_stop(tmp_path: Path, check
         run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
         assert run.returncode == 0, run.stderr
         svc = json.loads(run.stdout)
+        assert svc["preflight"] == "skipped", svc
         assert svc["status"] == "ready" and [r["phase"] for r in svc["replicas"]] == ["ready", "ready"]
         code, st = _status(topo)
         assert code == 0 and st["status"] == "ready", st
@@ -123,6 +125,35 @@ def test_two_replicas_behind_smg_launch_status_faults_stop(tmp_path: Path, check
     assert wait_for(lambda: not any(_alive(p) for p in pids), 20), [p for p in pids if _alive(p)]
     assert not any(_alive(p) for p in _pids(store, parts))
     assert _status(topo)[1]["status"] == "stopped"
+
+
+@pytest.mark.timeout(300)
+def test_launch_checks_the_router_machine_before_any_replica_starts(tmp_path: Path, checkpoint: Path) -> None:
+    """The router's port held here: launch stops before any replica (no record, no process) naming the port
+    and its holder; the router's own interpreter finds smg. Freed, the router's checks pass and launch goes on
+    to each replica's own preflight (no checkpoint there: each fails, and nothing serves)."""
+    topo, port = _topology(tmp_path, checkpoint)
+    name = yaml.safe_load(topo.read_text())["name"]
+    store = StateStore(tmp_path / "state")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        run = cli("launch", str(topo), "--json", timeout_s=200)
+    assert run.returncode == 4, run.stderr
+    assert f"router-port: rank 0 (localhost): cannot listen on 127.0.0.1:{port}: Address already in use" in run.stderr
+    assert "router-python" not in run.stderr, run.stderr  # smg's venv has it
+    svc = json.loads(run.stdout)
+    assert (svc["status"], svc["preflight"]) == ("failed", "failed") and "router-port" in svc["cause"], svc
+    assert not [p.name for p in store.directory.iterdir() if p.suffix == ".json"]  # no replica, no router record
+
+    doc = yaml.safe_load(topo.read_text())
+    doc["model"]["path"] = str(tmp_path / "no-checkpoint")
+    topo.write_text(yaml.safe_dump(doc))
+    run = cli("launch", str(topo), "--json", timeout_s=200)
+    assert run.returncode == 4 and "no replica became ready" in run.stderr, run.stderr
+    svc = json.loads(run.stdout)
+    assert svc["preflight"] == "passed" and all("checkpoint" in r["cause"] for r in svc["replicas"]), svc
+    assert [store.require(f"{name}-r{i}").preflight for i in (0, 1)] == ["failed", "failed"]
 
 
 def _engine_of(leader: int) -> int | None:

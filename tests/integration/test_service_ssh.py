@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +149,40 @@ def test_two_replicas_behind_vllm_router_over_ssh(deployments: Deployments, rig4
     assert stop.returncode == 0, stop.stderr
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert wait_for(lambda: _router_gone(store, "it-svc-vr"), 20)
+
+
+@pytest.mark.timeout(300)
+def test_launch_checks_the_router_machine_over_ssh_before_any_replica(
+        deployments: Deployments, rig4: HostRig, capsys: pytest.CaptureFixture[str]) -> None:
+    """The router on the first rig host, its port held there by another process: launch exits 4 with the check's
+    line naming that host, the port and its holder, and the fix; no replica or router record, nothing started
+    on any host."""
+    topo, port = _service(deployments, "it-svc-gate", "smg", "sglang")
+    host = rig4.hosts[0]
+    doc = yaml.safe_load(topo.read_text())
+    doc["router"]["runs_on"] = host.mgmt_ip
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+    hold = f"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(600)"
+    try:
+        rig4.exec(host, ["sh", "-c", f"setsid python3 -c {shlex.quote(hold)} >/dev/null 2>&1 </dev/null &"])
+        knock = f"import socket; socket.create_connection(({host.mgmt_ip!r}, {port}), 2)"
+        assert wait_for(lambda: rig4.exec(host, ["python3", "-c", knock]).returncode == 0, 30)
+        t0 = time.monotonic()
+        run = cli("launch", str(topo), "--json", timeout_s=200)
+        took = time.monotonic() - t0
+    finally:
+        rig4.kill_host_processes(host)
+    with capsys.disabled():
+        print(f"\nlaunch refused by the router's checks over SSH: exit {run.returncode} in {took:.1f} s\n{run.stderr}")
+    assert run.returncode == 4, run.stderr
+    assert f"router-port: rank 0 ({host.mgmt_ip}): cannot listen on " in run.stderr and f":{port}: Address " \
+        "already in use, held by pid" in run.stderr and "python3" in run.stderr, run.stderr
+    assert "router.port / router.metrics_port" in run.stderr and "router-python" not in run.stderr, run.stderr
+    svc = json.loads(run.stdout)
+    assert (svc["status"], svc["preflight"]) == ("failed", "failed") and host.mgmt_ip in svc["cause"], svc
+    store = StateStore(deployments.state_dir)
+    assert [n for n in ("it-svc-gate-r0", "it-svc-gate-r1", "it-svc-gate-router") if store.load(n)] == []
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
 
 
 class Stream:

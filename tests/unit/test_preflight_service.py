@@ -119,3 +119,79 @@ def test_preflight_of_a_service_runs_every_instance_and_the_router_machine(src: 
     assert "router-port: rank 0 (localhost): cannot listen on" in human.stdout
     xml = (tmp_path / "p.xml").read_text()
     assert xml.count("<testsuite ") == len(labels) + 1, xml
+
+
+def _held_port() -> socket.socket:
+    """A loopback socket listening (the router's port taken by another process's socket: this one's)."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    return squatter
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("src", [REPLICAS, PD])
+def test_launch_of_a_service_checks_the_router_machine_before_starting_any_instance(src: Path, tmp_path: Path) -> None:
+    """Before: every instance was launched (its record written, its preflight run, its nodes started when it
+    passed) and the taken router port was found only once they were ready. Now: exit 4 with the check's own
+    line and fix naming the router's host, no instance's record or process, the service recorded failed."""
+    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.launch.state import StateStore
+
+    with _held_port() as squatter:
+        port = squatter.getsockname()[1]
+        topo = _topology(src, tmp_path, port)
+        run = run_k3deploy("launch", topo, "--state-dir", tmp_path / "state", timeout_s=150)
+        as_json = run_k3deploy("launch", topo, "--state-dir", tmp_path / "json", "--json", timeout_s=150)
+    assert run.returncode == 4, (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr
+    assert f"router-port: rank 0 (localhost): cannot listen on 127.0.0.1:{port}: Address already in use, held by " \
+        "pid" in run.stderr, run.stderr
+    assert "set router.port / router.metrics_port to free ports" in run.stderr
+    assert "nothing was started" in run.stderr and "k3deploy launch --skip-preflight" in run.stderr
+    store = StateStore(tmp_path / "state")
+    svc = ServiceStore(store).load(yaml.safe_load(topo.read_text())["name"])
+    assert svc is not None and (svc.status, svc.preflight) == ("failed", "failed"), svc
+    assert "router-port: rank 0 (localhost)" in svc.cause
+    assert as_json.returncode == 4 and json.loads(as_json.stdout)["preflight"] == "failed", as_json
+    shown = run_k3deploy("status", svc.name, "--state-dir", tmp_path / "state")
+    assert shown.returncode == 4 and "failed: preflight failed, nothing was started" in shown.stdout, shown
+    names = [r.name for r in svc.replicas]
+    assert len(names) == 2 and not [n for n in (*names, f"{svc.name}-router") if store.path(n).exists()], \
+        sorted(p.name for p in store.directory.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_launch_of_a_service_whose_router_machine_cannot_be_reached_exits_3_starting_nothing(tmp_path: Path) -> None:
+    """The router's machine does not answer (every connection fails: the router's is the only one launch
+    opens before any instance starts): exit 3 as for any node launch cannot reach, named, nothing started."""
+    from k3deploy.errors import ExecError
+    from k3deploy.executors.local import LocalExecutor
+    from k3deploy.executors.target import ExecTarget
+    from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.service import launch_service
+    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.launch.state import StateStore
+    from k3deploy.nodeplan.targets import ExecOverrides
+
+    asked: list[str] = []
+
+    class Down(LocalExecutor):
+        def connect(self) -> None:
+            asked.append(self.host)
+            raise ExecError("cannot connect after 3 attempts: timed out", host=self.host)
+
+    def factory(target: ExecTarget) -> LocalExecutor:
+        return Down(target.host)
+
+    sp = prepare(_topology(REPLICAS, tmp_path, closed_port()), None, ExecOverrides()).service
+    assert sp is not None
+    store = StateStore(tmp_path / "state")
+    with pytest.raises(ExecError) as err:
+        launch_service(sp, store, factory=factory)
+    assert err.value.exit_code == 3 and asked == ["localhost"]
+    assert "router-port: rank 0 (localhost): not checked: cannot connect after 3 attempts" in str(err.value)
+    assert "router.runs_on" in (err.value.hint or "")
+    svc = ServiceStore(store).load(sp.name)
+    assert svc is not None and (svc.status, svc.preflight) == ("failed", "failed"), svc
+    assert not [p.name for p in store.directory.iterdir() if p.suffix == ".json"]
