@@ -242,10 +242,14 @@ def test_stream_shape(engines: tuple[Engine, Engine]) -> None:
     for key in ("first_finish", "usage_choices", "usage_keys", "finish_on_last_token", "middle_finish",
                 "one_field_per_delta", "object"):
         assert real[key] == sim[key], (key, real, sim)
-    # One chunk per generated token on the real engine; the stand-in hides its think-block markers (as the
-    # reasoning parser does on a model that emits them), so never more chunks than tokens.
-    assert real["token_chunks"] == real["completion_tokens"]
-    assert 1 <= sim["token_chunks"] <= sim["completion_tokens"]
+    # At most one chunk per generated token, on both. Real vLLM sends one per engine step while the API server
+    # keeps up, but merges the deltas of a request whose consumer fell behind (v1/engine/output_processor.py,
+    # RequestOutputCollector.put: "RequestOutputs are merged if the producer gets ahead of the consumer"):
+    # 11 chunks for 12 tokens on this machine, at a quiet moment. The stand-in hides its think-block markers
+    # (as the reasoning parser does on a model that emits them). So k3deploy counts tokens from usage, never
+    # from chunks (validate/streamed.py).
+    for side in (real, sim):
+        assert 1 <= side["token_chunks"] <= side["completion_tokens"], (real, sim)
 
 
 @pytest.mark.parametrize("case", ["prompt too long", "max_tokens past the context", "unknown model"])
