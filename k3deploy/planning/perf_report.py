@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3deploy.planning.perf_model import Term
-from k3deploy.planning.plain_table import SimpleTable, Tables
+from k3deploy.planning.plain_table import SimpleTable
 from k3deploy.planning.prediction import Prediction
 
 
@@ -31,6 +31,7 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
 def prediction_renderable(p: Prediction) -> Any:
     """Headline figures with their bounds, then every term of the decode step and the prefill (the tables
     drawn by `plain_table` when the output is plain: rich's own layout of them was most of `plan --workload`)."""
+    from rich.console import Group
     from rich.text import Text
 
     w = p.workload
@@ -54,4 +55,4 @@ def prediction_renderable(p: Prediction) -> Any:
                                  tuple((t.name, _ms(t.seconds), t.how) for t in terms)))
     parts.append(Text("decode step = max(HBM reads, compute) + collectives + per-layer overhead; factors from "
                       "the catalog's `performance` entry for this engine", style="dim"))
-    return Tables(*parts)
+    return Group(*parts)

@@ -16,35 +16,59 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions
 
 Justify = Literal["left", "right"]
+
+
+class Styled(NamedTuple):
+    """A cell rich shows in a style (a rich Text); plain output shows its text only."""
+
+    text: str
+    style: str
+
+
+Cell = str | Styled
 _WORD = re.compile(r"\s*\S+\s*")  # rich._wrap.re_word: a word with the spaces around it
 _TRAILING = re.compile(r"\s+$")
 
 
 @dataclass(frozen=True)
 class SimpleTable:
-    """A left-titled SIMPLE_HEAD table of plain text: what `rich_table` builds, `plain_lines` draws."""
+    """A left-titled SIMPLE_HEAD table of text cells (lines split at "\\n"): rich draws `rich_table`, this
+    module draws the same lines when the output is plain."""
 
     title: str
     columns: tuple[tuple[str, Justify], ...]
-    rows: tuple[tuple[str, ...], ...]
+    rows: tuple[tuple[Cell, ...], ...]
 
     def rich_table(self) -> Any:
         """The rich Table this stands for (the fallback, and the reference the tests hold the lines to)."""
         from rich import box
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for header, justify in self.columns:
             t.add_column(header, justify=justify)
         for row in self.rows:
-            t.add_row(*row)
+            t.add_row(*(Text(c.text, style=c.style) if isinstance(c, Styled) else c for c in row))
         return t
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
+        plain = (console.color_system is None and not console.record and not options.legacy_windows
+                 and not options.ascii_only and options.justify is None and options.overflow is None
+                 and not options.no_wrap)
+        lines = self.plain_lines(options.max_width) if plain and _plain_text(console, self) else None
+        if lines is None:
+            yield self.rich_table()
+        else:
+            from rich.segment import Segment
+
+            yield Segment("\n".join(lines) + "\n")
 
     def texts(self) -> Iterator[str]:
         """Every string the table shows."""
@@ -52,7 +76,7 @@ class SimpleTable:
         for header, _ in self.columns:
             yield header
         for row in self.rows:
-            yield from row
+            yield from (c.text if isinstance(c, Styled) else c for c in row)
 
     def plain_lines(self, max_width: int) -> list[str] | None:
         """The lines rich draws at `max_width` columns, or None where this layout does not hold."""
@@ -60,7 +84,7 @@ class SimpleTable:
         if not n or any(len(r) != n for r in self.rows):
             return None
         pads = [((0 if i == 0 else 1), (0 if i == n - 1 else 1)) for i in range(n)]
-        cols = [[h, *(r[i] for r in self.rows)] for i, (h, _) in enumerate(self.columns)]
+        cols = [[h, *(_text(r[i]) for r in self.rows)] for i, (h, _) in enumerate(self.columns)]
         extra = 2 + n - 1  # the edges and the dividers
         widths = _column_widths(cols, pads, max_width - extra)
         body: list[str] = []
@@ -69,7 +93,7 @@ class SimpleTable:
             for width, (left, right), text, (_, justify) in zip(widths, pads, cells, self.columns):
                 if width - left - right < 1:
                     return None
-                lines = _wrap(text, width - left - right, justify, "ellipsis")
+                lines = [w for line in text.split("\n") for w in _wrap(line, width - left - right, justify, "ellipsis")]
                 wrapped.append([" " * left + line + " " * right for line in lines])
             height = max(len(c) for c in wrapped)
             for width, c in zip(widths, wrapped):
@@ -80,8 +104,8 @@ class SimpleTable:
                 body.append(" " + "─".join("─" * w for w in widths) + " ")
         table_width = sum(widths) + extra
         edge = " " * table_width
-        title = _wrap(self.title, table_width, "left", "fold") if self.title else []
-        return [*title, edge, *body, edge]
+        title = [w for line in self.title.split("\n") for w in _wrap(line, table_width, "left", "fold")]
+        return [*(title if self.title else []), edge, *body, edge]
 
 
 def _column_maximums(longest: list[int], pads: list[tuple[int, int]], widths: list[int]) -> list[int]:
@@ -97,7 +121,7 @@ def _column_maximums(longest: list[int], pads: list[tuple[int, int]], widths: li
 
 def _column_widths(cols: list[list[str]], pads: list[tuple[int, int]], max_width: int) -> list[int]:
     """Table._calculate_column_widths for flexible, wrapping columns and no expand."""
-    longest = [max(len(t) for t in texts) for texts in cols]
+    longest = [max(len(line) for t in texts for line in t.split("\n")) for texts in cols]
     widths = [w or 1 for w in _column_maximums(longest, pads, [max_width] * len(cols))]
     if sum(widths) > max_width:
         widths = _collapse(widths, max_width)
@@ -201,33 +225,14 @@ def _breaks(text: str, width: int, fold: bool) -> list[int]:
     return breaks
 
 
-class Tables:
-    """Tables and rich renderables printed one after another (a rich Group), tables drawn here when plain."""
-
-    def __init__(self, *parts: Any) -> None:
-        self.parts = parts
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
-        from rich.segment import Segment
-
-        plain = (console.color_system is None and not console.record and not options.legacy_windows
-                 and not options.ascii_only and options.justify is None and options.overflow is None
-                 and not options.no_wrap)
-        for part in self.parts:
-            if not isinstance(part, SimpleTable):
-                yield part
-                continue
-            lines = part.plain_lines(options.max_width) if plain and _plain_text(console, part) else None
-            if lines is not None:
-                yield Segment("\n".join(lines) + "\n")
-            else:
-                yield part.rich_table()
+def _text(cell: Cell) -> str:
+    return cell.text if isinstance(cell, Styled) else cell
 
 
 def _plain_text(console: Console, table: SimpleTable) -> bool:
-    """Every string is printable ASCII the console shows as it is (no markup, no emoji code)."""
+    """Every string is printable ASCII (and line breaks) the console shows as it is (no markup, no emoji)."""
     for s in table.texts():
-        if not (s.isascii() and s.isprintable()):
+        if not (s.isascii() and s.replace("\n", " ").isprintable()):
             return False
         if "[" in s or ":" in s:
             t = console.render_str(s, highlight=False)

@@ -1,5 +1,5 @@
 """planning/plain_table draws rich's SIMPLE_HEAD tables byte for byte as rich does: random tables at 20..220
-columns, every shipped topology's prediction at 80, 120 and 200, and rich itself wherever the subset ends."""
+columns, every shipped topology's plan and prediction at 80, 120 and 200, and rich itself where the subset ends."""
 from __future__ import annotations
 
 import io
@@ -15,8 +15,9 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning.files import plan_path
 from k3deploy.planning.perf_model import PerfUnknown
 from k3deploy.planning.perf_report import prediction_renderable
-from k3deploy.planning.plain_table import SimpleTable, Tables
+from k3deploy.planning.plain_table import SimpleTable, Styled
 from k3deploy.planning.prediction import predict_plan
+from k3deploy.planning.report import plan_renderable
 from k3deploy.planning.workload import parse_workload
 
 pytestmark = pytest.mark.timeout(300)
@@ -33,21 +34,31 @@ def draw(renderable: Any, width: int, **kw: Any) -> str:
     return out.getvalue()
 
 
-def by_rich(t: Tables) -> Group:
-    """The same parts with every table left to rich."""
-    return Group(*(p.rich_table() if isinstance(p, SimpleTable) else p for p in t.parts))
+def by_rich(r: Any) -> Any:
+    """The same renderable with every table left to rich."""
+    if isinstance(r, Group):
+        return Group(*(by_rich(p) for p in r.renderables))
+    return r.rich_table() if isinstance(r, SimpleTable) else r
+
+
+def tables_in(r: Any) -> list[SimpleTable]:
+    if isinstance(r, Group):
+        return [t for p in r.renderables for t in tables_in(p)]
+    return [r] if isinstance(r, SimpleTable) else []
+
+
+CAT = load_catalog()
+PLANS = [(path.name, plan_path(path, CAT).plan) for path in sorted((ROOT / "topologies").glob("*.yaml"))]
 
 
 def predictions() -> list[tuple[str, Any]]:
-    cat = load_catalog()
     out = []
-    for path in sorted((ROOT / "topologies").glob("*.yaml")):
-        plan = plan_path(path, cat).plan
+    for name, plan in PLANS:
         if plan is None or not plan.feasible:
             continue
         for load in WORKLOADS:
             try:
-                out.append((f"{path.name} {load}", predict_plan(plan, cat, parse_workload(load))))
+                out.append((f"{name} {load}", predict_plan(plan, CAT, parse_workload(load))))
             except PerfUnknown:
                 continue
     return out
@@ -64,7 +75,7 @@ def test_every_shipped_topology_is_predicted() -> None:
 @pytest.mark.parametrize("name, p", PREDICTIONS, ids=[n for n, _ in PREDICTIONS])
 def test_prediction_drawn_here_is_rich_byte_for_byte(name: str, p: Any, width: int) -> None:
     t = prediction_renderable(p)
-    tables = [part for part in t.parts if isinstance(part, SimpleTable)]
+    tables = tables_in(t)
     assert len(tables) == 5
     for table in tables:  # each table takes the plain path here, and gives rich's lines
         lines = table.plain_lines(width)
@@ -73,7 +84,20 @@ def test_prediction_drawn_here_is_rich_byte_for_byte(name: str, p: Any, width: i
     assert draw(t, width) == draw(by_rich(t), width)
 
 
-WORDS = st.text(alphabet="abcXY019,.()-/=+:[ ", max_size=50)
+@pytest.mark.parametrize("width", [80, 120, 200])
+@pytest.mark.parametrize("name, plan", PLANS, ids=[n for n, _ in PLANS])
+def test_plan_drawn_here_is_rich_byte_for_byte(name: str, plan: Any, width: int) -> None:
+    """`plan`'s memory budget (each role's in PD) takes the plain path and gives rich's bytes."""
+    r = plan_renderable(plan)
+    tables = tables_in(r)
+    assert tables or plan.memory is None
+    for table in tables:
+        assert table.plain_lines(width) is not None, table.title
+    assert draw(r, width) == draw(by_rich(r), width)
+
+
+WORDS = st.text(alphabet="abcXY019,.()-/=+:[ \n", max_size=50)
+CELLS = WORDS | st.builds(Styled, WORDS, st.sampled_from(["", "bold", "red"]))
 
 
 @st.composite
@@ -81,7 +105,7 @@ def tables(draw_: Any) -> SimpleTable:
     n = draw_(st.integers(1, 4))
     columns = tuple((draw_(st.text(alphabet="abc xy", max_size=12)), draw_(st.sampled_from(["left", "right"])))
                     for _ in range(n))
-    rows = draw_(st.lists(st.tuples(*[WORDS] * n), max_size=6))
+    rows = draw_(st.lists(st.tuples(*[CELLS] * n), max_size=6))
     return SimpleTable(draw_(st.text(alphabet="abcXY01 ,;()", max_size=90)), columns, tuple(rows))
 
 
@@ -92,7 +116,7 @@ def test_random_tables_drawn_here_are_rich_byte_for_byte(table: SimpleTable, wid
     lines = table.plain_lines(width)
     if lines is not None:
         assert "\n".join(lines) + "\n" == want
-    assert draw(Tables(table), width) == want
+    assert draw(table, width) == want
 
 
 def test_most_random_widths_take_the_plain_path() -> None:
@@ -107,19 +131,20 @@ def test_most_random_widths_take_the_plain_path() -> None:
 @pytest.mark.parametrize("kw, table", [
     ({}, SimpleTable("µs", (("a", "left"),), (("b",),))),  # not ASCII
     ({}, SimpleTable("t", (("a", "left"), ("b", "right")), (("x\ty", "z"),))),  # a tab
+    ({"force_terminal": True, "color_system": "standard"}, SimpleTable("t", (("a", "left"),), ((Styled("y", "red"),),))),
     ({"markup": True}, SimpleTable("t", (("a", "left"),), (("[bold]x[/bold] y",),))),  # markup the console reads
     ({"emoji": True}, SimpleTable("t", (("a", "left"),), ((":smile: y",),))),
     ({"force_terminal": True, "color_system": "truecolor"}, SimpleTable("t", (("a", "left"),), (("y",),))),
 ])
 def test_outside_the_subset_rich_draws_it(kw: dict[str, Any], table: SimpleTable) -> None:
-    parts = Tables(table, "after")
+    parts = Group(table, "after")
     assert draw(parts, 40, **kw) == draw(by_rich(parts), 40, **kw)
 
 
 def test_a_table_too_narrow_for_its_padding_falls_back() -> None:
     t = SimpleTable("t", tuple((c, "left") for c in "abcdefghij"), (tuple("0123456789"),))
     assert t.plain_lines(20) is None
-    assert draw(Tables(t), 20) == draw(t.rich_table(), 20)
+    assert draw(t, 20) == draw(t.rich_table(), 20)
 
 
 def test_terminal_keeps_the_styles() -> None:
