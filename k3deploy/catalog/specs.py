@@ -144,6 +144,9 @@ class ModelSpec(Sourced):
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
     draft: DraftSpec | None = Field(None, description="the draft model whose cost speculative decoding adds")
+    sglang_static_overhead_gib: float | None = Field(
+        None, description="GiB per GPU SGLang holds inside its static share beside this model's weights when it "
+        "sizes its KV and state pools (none given: 0)")
 
 
 class Catalog(Spec):

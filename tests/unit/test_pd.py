@@ -57,11 +57,13 @@ def _vllm_local() -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.parametrize("path", [LOCAL, SGLANG, VLLM])
-def test_pd_topologies_plan_clean(path: Path) -> None:
+# SGLang's decode pool on H200: what the engine holds beside the weights leaves 125,294 KV tokens, short of 8
+# requests at 32,768 (test_sglang_state_pool.py pins that memory against the published admission caps).
+@pytest.mark.parametrize(("path", "warnings"), [(LOCAL, []), (SGLANG, ["CONTEXT_AT_CONCURRENCY"]), (VLLM, [])])
+def test_pd_topologies_plan_clean(path: Path, warnings: list[str]) -> None:
     plan = make_plan(load_topology(path), load_catalog())
     assert plan.feasible and plan.pd is not None
-    assert [i for i in plan.issues if i.severity != "info"] == []
+    assert [i.code for i in plan.issues if i.severity != "info"] == warnings
     assert plan.pd.prefill.plan.shape is not None and plan.pd.decode.plan.shape is not None
 
 
