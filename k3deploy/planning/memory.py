@@ -8,7 +8,7 @@ from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, Mo
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
-from k3deploy.planning.arith import stage_layers
+from k3deploy.planning.arith import GIB, stage_layers
 
 BF16_BYTES = 2
 
@@ -122,6 +122,7 @@ class MemoryBudget(NamedTuple):
     draft_kv_bytes_per_token: float = 0.0  # the draft's KV per token (each KV-pool token holds both)
     draft_slots: int = 0  # extra KDA state slots per request while speculating (in slots_per_request)
     replay_ring_bytes_per_slot: int = 0  # SGLang ReplaySSM ring each state slot carries (0: off)
+    engine_static_bytes: int = 0  # inside the engine's static share, beyond weights and pools (SGLang)
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""
@@ -177,9 +178,12 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
                                                           model.cache.conv_state_dtype, kda_layers=stage.kda_layers)
     ratio: float | None = None
     block: int | None = None
+    static_overhead = 0
     if inp.family == "sglang":
-        static = usable_bytes * inp.mem_fraction
-        cache = max(0.0, static - weights)
+        # SGLang sizes both pools from what its static share leaves after everything resident at profiling
+        # time, not after the weights alone (kv_cache_configurator.py _profile_available_bytes).
+        static_overhead = round((model.sglang_static_overhead_gib or 0.0) * GIB)
+        cache = max(0.0, usable_bytes * inp.mem_fraction - weights - static_overhead)
         ratio = inp.pool_ratio or sglang_pool_ratio(
             found, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1, draft_slots=extra,
             draft_kv_bytes=draft_kv)
@@ -196,7 +200,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_per_request = slots * stage.kda_layers * math.ceil(block * per_layer_tok)
         state_pool = min(int(cache), inp.max_running_requests * state_per_request)
         kv_pool = int(cache) - state_pool
-    headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool
+    headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool - static_overhead
     return MemoryBudget(
         usable_bytes=usable_bytes, weights_bytes=weights, routed_weights_bytes=routed,
         non_expert_weights_bytes=rest, reserve_bytes=inp.reserve_bytes, kv_pool_bytes=kv_pool,
@@ -208,7 +212,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_requests=int(state_pool // state_per_request) if state_per_request else
         (inp.max_running_requests if not arch.kda_layers else 0),
         draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
-        replay_ring_bytes_per_slot=ring,
+        replay_ring_bytes_per_slot=ring, engine_static_bytes=static_overhead,
     )
 
 

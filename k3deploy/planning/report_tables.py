@@ -42,6 +42,8 @@ def budget_table(plan: Plan, role: str = "") -> SimpleTable:
         *([("weights: draft model", m.draft_weights_bytes, [f"draft / attn_tp {s.attn_tp}"])]
           if m.draft_weights_bytes else []),
         ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
+        *([("engine static memory", m.engine_static_bytes, ["held in the static share", "when the pools are sized"])]
+          if m.engine_static_bytes else []),
         (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
          + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
          + [f"x {m.kv_tokens:,} tokens"]),

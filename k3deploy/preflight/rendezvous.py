@@ -44,9 +44,8 @@ def port_check(fleet: NodeFleet, nodes: Mapping[int, NodeJob], port: int, ranks:
         head_v = Verdict(rank=head, host=nodes[head].host, status="error",
                          detail=f"not checked: {h.error if h is not None else 'no answer'}")
     elif not answer["ok"]:
-        who = f", held by {answer['holder']}" if answer.get("holder") else ""
         head_v = Verdict(rank=head, host=nodes[head].host, status="fail",
-                         detail=f"cannot listen on {addr}: {answer['error']}{who}",
+                         detail=f"cannot listen on {addr}: {answer['error']}{port_probe.held_by(answer)}",
                          fix=f"stop what holds port {port} on the head, or set launch.port to a free port")
     out = [head_v]
     heard = set(answer.get("ranks", [])) if answer.get("ok") else None

@@ -52,8 +52,7 @@ def _ports(job: NodeJob, fleet: NodeFleet, listen: str, ports: tuple[int, ...]) 
         if answer is None:
             return Verdict(rank=0, host=job.host, status="error", detail=f"not checked: {got.error}")
         if not answer["ok"]:
-            who = f", held by {answer['holder']}" if answer.get("holder") else ""
-            taken.append(f"cannot listen on {host_port(listen, port)}: {answer['error']}{who}")
+            taken.append(f"cannot listen on {host_port(listen, port)}: {answer['error']}{port_probe.held_by(answer)}")
     if taken:
         return Verdict(rank=0, host=job.host, status="fail", detail="; ".join(taken), problems=taken,
                        fix="stop what holds the port on the router's machine, or set router.port / "

@@ -8,6 +8,29 @@ import socket
 import sys
 import time
 
+HOLDER_CHARS = 120  # of a holder's command line in a one-line failure message
+
+
+def one_line(text, limit=HOLDER_CHARS):
+    """`text` fit for one line of a message: control characters escaped (a newline as \\n), cut to `limit`
+    characters with an ellipsis (never inside an escape)."""
+    pieces = [ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text]
+    if sum(len(p) for p in pieces) <= limit:
+        return "".join(pieces)
+    out, size = [], 0
+    for piece in pieces:
+        if size + len(piece) > limit - 1:
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out) + "\u2026"
+
+
+def held_by(answer):
+    """', held by pid N (cmdline)' for a failed listen's answer, one line whatever the node sent; '' when unknown."""
+    who = answer.get("holder")
+    return f", held by {one_line(str(who), HOLDER_CHARS + 20)}" if who else ""
+
 
 def holder(port):
     """'pid N (cmdline)' of the process listening on the port, from /proc (None when it cannot tell)."""
@@ -29,7 +52,7 @@ def holder(port):
                 if link.startswith("socket:[") and link[8:-1] in inodes:
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
                         cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                    return f"pid {pid} ({cmd[:120]})"
+                    return f"pid {pid} ({one_line(cmd)})"
         except OSError:
             continue
     return None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from k3deploy.executors.target import RayTarget, SshTarget
+from tests.contract_node import ContractNode, http_server
 from tests.executor_contract import *  # the shared behaviour tests
-from tests.executor_contract import ContractNode, http_server
 from tests.integration.sim_deployments import ROOT
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig

@@ -1,27 +1,28 @@
-"""The rest of the SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch`
-(or deployment): one node's sshd killed while it starts, one host's private link cut while it starts and
-after ready, Ctrl-C while an SSH connection hangs, while a start hangs in its session (head starting, workers
-starting) and while waiting for ready, the head killed after ready, the readiness deadline passing, the
-supervisor killed. Each ends with the failing node
-(or the interrupt) and cause named, the documented exit code, and no process of the deployment left on any
-host."""
+"""The SSH fault matrix on the namespace rig, each fault injected into a running `k3deploy launch` (or
+deployment): one node's sshd killed while it starts, one host's private link cut while it starts and after
+ready, the head killed after ready, the readiness deadline passing, the supervisor killed (Ctrl-C in each
+phase: test_launch_ssh_interrupts.py). Each ends with the failing node and cause named, the documented exit
+code, and no process of the deployment left on any host."""
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from k3deploy.launch.state import StateStore
 from tests import figures
+from tests.integration.ssh_faults import (
+    PORT,
+    SLOW_HEAD,
+    SecondSshd,
+    after,
+    launching,
+    nodes_via,
+    sshd2,
+)
 from tests.integration.test_launch_ssh import (
     Deployments,
     deployments,
@@ -29,133 +30,12 @@ from tests.integration.test_launch_ssh import (
     hosts_empty,
 )
 from tests.k3deploy_cli import run_k3deploy as cli
-from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
-from tests.rig import HostRig, RigHost
-from tests.rig.sshd import SSHD, public_key
+from tests.rig import HostRig
 from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
-__all__ = ["deployments"]  # fixtures
-
-PORT = 2222
-# A head that takes this long to load cannot be ready before a fault injected into a starting worker is seen.
-SLOW_HEAD = {"K3SIM_FAULT": "slow_load:60", "K3SIM_FAULT_RANK": "0"}
-# Accepts SSH connections and never answers: a node whose sshd hangs. Prints `accepted` and `closed`.
-HUNG_SSHD = r"""
-import socket, sys, time
-srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-deadline = time.monotonic() + 120
-srv.settimeout(120)
-conn, _ = srv.accept()
-print("accepted", flush=True)
-conn.settimeout(1)
-while time.monotonic() < deadline:
-    try:
-        if not conn.recv(4096):
-            break
-    except socket.timeout:
-        continue
-    except OSError:
-        break
-print("closed", flush=True)
-"""
-
-
-class SecondSshd:
-    """A second sshd on a rig host (port PORT, management address), a daemon like a real host's: unlike the
-    rig's own (PID 1 of the host) it can be killed, sessions and all, while the host's other processes run on."""
-
-    def __init__(self, rig: HostRig, host: RigHost, tmp: Path) -> None:
-        self.rig, self.host = rig, host
-        key = rig.workdir / host.name / "ssh_host_ed25519_key"
-        own = (rig.workdir / host.name / "sshd_config").read_text().splitlines()
-        self.conf, self.pidfile, self.log = tmp / "sshd2_config", tmp / "sshd2.pid", tmp / "sshd2.log"
-        self.conf.write_text("\n".join([f"ListenAddress {host.mgmt_ip}:{PORT}",
-                                        *(ln for ln in own if not ln.startswith(("ListenAddress", "PidFile")))]))
-        self.known_hosts = tmp / "known_hosts"
-        self.known_hosts.write_text(rig.known_hosts_path.read_text() + f"[{host.mgmt_ip}]:{PORT} {public_key(key)}\n")
-
-    def start(self) -> None:
-        """Start it (it daemonizes) and wait until it accepts."""
-        run = self.rig.exec(self.host, [SSHD, "-f", str(self.conf), "-E", str(self.log), "-o",
-                                        f"PidFile={self.pidfile}"])
-        assert run.returncode == 0, run.stderr
-        assert wait_for(lambda: self.pids() and _accepts(self.host.mgmt_ip), 10), self.log.read_text()
-
-    def pids(self) -> list[int]:
-        """Its master and every sshd process under it (one pair per open connection), as the host sees them."""
-        try:
-            master = int(self.pidfile.read_text())
-        except (OSError, ValueError):
-            return []
-        rows = [line.split(None, 2) for line in self.rig.exec(self.host, ["ps", "-eo", "pid=,ppid=,args="]).stdout
-                .splitlines()]
-        found, todo = [], [master]
-        while todo:
-            pid = todo.pop()
-            if any(int(r[0]) == pid and r[2].startswith(("sshd", SSHD)) for r in rows):
-                found.append(pid)
-                todo += [int(r[0]) for r in rows if int(r[1]) == pid]
-        return found
-
-    def kill(self) -> None:
-        """SIGKILL the daemon and its sessions: open connections drop, new ones are refused."""
-        pids = self.pids()
-        if pids:
-            self.rig.exec(self.host, ["kill", "-KILL", *map(str, pids)])
-        assert wait_for(lambda: not self.pids() and not _accepts(self.host.mgmt_ip), 10), self.pids()
-        self.pidfile.unlink(missing_ok=True)
-
-
-def _accepts(ip: str) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection((ip, PORT), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def sshd2(rig4: HostRig, tmp_path: Path) -> Iterator[SecondSshd]:
-    """A second, killable sshd on h03 (rank 2 of the deployments here); gone after the test."""
-    d = SecondSshd(rig4, rig4.hosts[2], tmp_path)
-    d.start()
-    yield d
-    d.kill()
-
-
-@contextmanager
-def launching(topo: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """`k3deploy launch TOPO ARGS` in the background (stderr carries its progress lines); killed if it is
-    still running when the block ends."""
-    proc = start_k3deploy("launch", topo, "--skip-preflight", *args)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=10)
-
-
-def after(fault: Callable[[], object], proc: subprocess.Popen[str], timeout_s: float) -> tuple[int, str, float]:
-    """Inject `fault` (counted in the figures) into a running launch, which must then end within timeout_s:
-    its exit code, its stderr and the seconds it took to end."""
-    fault()
-    figures.fault_injected()
-    t0 = time.monotonic()
-    _, err = proc.communicate(timeout=timeout_s)
-    return proc.returncode, err, time.monotonic() - t0
-
-
-def nodes_via(rig: HostRig, rank: int, port: int) -> list[dict[str, object]]:
-    """The default nodes, one of them reached on another SSH port."""
-    nodes: list[dict[str, object]] = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig.hosts]
-    nodes[rank]["ssh"] = {"port": port}
-    return nodes
+__all__ = ["deployments", "sshd2"]  # fixtures
 
 
 @pytest.mark.timeout(150)
@@ -204,6 +84,7 @@ def test_sshd_killed_on_a_starting_worker_stops_the_rest_and_says_what_is_left(
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
 
 
+
 @pytest.mark.timeout(120)
 def test_private_link_cut_on_a_starting_worker_names_that_node(deployments: Deployments, rig4: HostRig,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,6 +108,7 @@ def test_private_link_cut_on_a_starting_worker_names_that_node(deployments: Depl
     with capsys.disabled():
         print(f"\nprivate link cut on a starting worker: launch exited 4 {took:.1f} s later: "
               f"{rec.failure.cause[:160]}")
+
 
 
 @pytest.mark.timeout(150)
@@ -256,54 +138,6 @@ def test_private_link_cut_after_ready_supervisor_names_that_node(deployments: De
               f"{status['failure']['cause'][:160]}")
 
 
-def _line(proc: subprocess.Popen[str], timeout_s: float) -> str:
-    """The next stdout line of `proc`, or '' after timeout_s."""
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-    return proc.stdout.readline().strip() if ready else ""
-
-
-@pytest.mark.timeout(90)
-def test_ctrl_c_while_an_ssh_connection_hangs_exits_130_at_once(deployments: Deployments, rig4: HostRig) -> None:
-    """rank 3's sshd accepts the connection and never answers (a 30 s connect timeout): Ctrl-C while launch
-    waits on it ends the launch at once with 130, the hanging connection closed and nothing started."""
-    host = rig4.hosts[3]
-    hung = subprocess.Popen(["nsenter", "--target", str(rig4.sshd_pid(host)), "--net", "--", sys.executable, "-c",
-                             HUNG_SSHD, host.mgmt_ip, str(PORT)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert _line(hung, 10) == "listening"
-        topo = deployments.topology("it-ctrl-c-connect", nodes=nodes_via(rig4, 3, PORT))
-        with launching(topo, "--connect-timeout", "30") as proc:
-            assert _line(hung, 30) == "accepted"  # launch is in its SSH handshake with rank 3
-            code, err, took = after(lambda: proc.send_signal(signal.SIGINT), proc, 20)
-        assert code == 130, err
-        assert "interrupted" in err and "Traceback" not in err
-        assert took < 45, took  # not the 3 x 30 s of connect attempts
-        assert _line(hung, 10) == "closed"  # the hanging connection was given up, not left open
-    finally:
-        hung.kill()
-        hung.wait(timeout=10)
-    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
-    rec = StateStore(deployments.state_dir).require("it-ctrl-c-connect")
-    assert rec.status == "stopped" and rec.owner is None and all(n.handle is None for n in rec.nodes)
-    assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
-    assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
-
-
-@pytest.mark.timeout(90)
-def test_ctrl_c_while_waiting_for_ready_stops_every_node_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
-    """Every engine runs, rank 0 still loading: Ctrl-C stops all four over SSH and exits 130."""
-    topo = deployments.topology("it-ctrl-c-ready", env=SLOW_HEAD, launch={"dist_timeout_s": 60, "ready_timeout_s": 90})
-    with launching(topo) as proc:
-        assert wait_for(lambda: all(engine_running(rig4, h.name) for h in rig4.hosts), 60), proc.poll()
-        code, err, _ = after(lambda: proc.send_signal(signal.SIGINT), proc, 30)
-    assert code == 130, err
-    assert "interrupted" in err and "Traceback" not in err
-    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
-    rec = StateStore(deployments.state_dir).require("it-ctrl-c-ready")
-    assert rec.status == "stopped" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
-    assert rec.failure is not None and rec.failure.cause.startswith("interrupted")
-
 
 @pytest.mark.timeout(120)
 def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Deployments, rig4: HostRig) -> None:
@@ -328,6 +162,7 @@ def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Dep
         assert "Lost the head node" not in (deployments.tmp / "logs" / f"it-kill-head-rank{rank}.log").read_text()
 
 
+
 @pytest.mark.timeout(120)
 def test_readiness_deadline_passing_stops_every_node(deployments: Deployments, rig4: HostRig) -> None:
     """Every engine starts, rank 0 loads for a minute: at launch.ready_timeout_s launch gives up, says so with the
@@ -341,6 +176,7 @@ def test_readiness_deadline_passing_stops_every_node(deployments: Deployments, r
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     rec = StateStore(deployments.state_dir).require("it-deadline")
     assert rec.status == "failed" and rec.owner is None and [n.phase for n in rec.nodes] == ["stopped"] * 4
+
 
 
 @pytest.mark.timeout(120)
@@ -364,75 +200,3 @@ def test_supervisor_killed_status_says_so_and_stop_still_stops_everything(deploy
     assert stop.returncode == 0, stop.stderr
     assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert json.loads(cli("status", str(topo), "--json").stdout)["status"] == "stopped"
-
-
-class StalledSessions:
-    """Every new SSH session on one host waits in root's ~/.ssh/rc (sshd runs it before the session's command)
-    while a gate file exists, as sessions do behind a hung NFS home or a slow PAM module (bounded: 60 s). The
-    rc is bind-mounted in that host's own mount namespace only."""
-
-    def __init__(self, rig: HostRig, host: RigHost, tmp: Path) -> None:
-        self.rig, self.host = rig, host
-        self.dot_ssh = Path(os.path.expanduser("~root")) / ".ssh"
-        self.folder, self.gate, self.waiting = tmp / f"dot-ssh-{host.name}", tmp / "gate", tmp / "waiting"
-        self.folder.mkdir()
-        (self.folder / "rc").write_text(f"echo $$ > {self.waiting}\ni=0\n"
-                                        f"while [ -e {self.gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n")
-        self.made_dot_ssh = False
-
-    def arm(self) -> None:
-        """Close the gate and put the rc in place on the host."""
-        self.gate.touch()
-        if not self.dot_ssh.exists():  # a fresh machine: the mount point must exist
-            self.dot_ssh.mkdir(mode=0o700)
-            self.made_dot_ssh = True
-        done = self.rig.exec(self.host, ["mount", "--bind", str(self.folder), str(self.dot_ssh)])
-        assert done.returncode == 0, done.stderr
-
-    def release(self) -> None:
-        """Open the gate: every waiting session goes on to run its command."""
-        self.gate.unlink(missing_ok=True)
-
-    def disarm(self) -> None:
-        """Open the gate and take the rc away."""
-        self.release()
-        self.rig.exec(self.host, ["umount", str(self.dot_ssh)])
-        if self.made_dot_ssh:
-            self.dot_ssh.rmdir()
-
-
-@contextmanager
-def stalled_sessions(rig: HostRig, host: RigHost, tmp: Path) -> Iterator[StalledSessions]:
-    """New SSH sessions on `host` stall until released (or the block ends)."""
-    stall = StalledSessions(rig, host, tmp)
-    stall.arm()
-    try:
-        yield stall
-    finally:
-        stall.disarm()
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("rank", [0, 2], ids=["head-starting", "workers-starting"])
-def test_ctrl_c_while_a_start_hangs_in_its_session_starts_nothing_later(deployments: Deployments, rig4: HostRig,
-                                                                        tmp_path: Path, rank: int) -> None:
-    """A node's start command hangs before it runs (its SSH session stalls in ~/.ssh/rc): rank 0's (head
-    starting), or rank 2's while the other workers start. Ctrl-C exits 130 and stops what started; when the
-    stalled session later goes on to run the start launch gave up on, that must start nothing."""
-    host = rig4.hosts[rank]
-    name = f"it-ctrl-c-start{rank}"
-    topo = deployments.topology(name)
-    with stalled_sessions(rig4, host, tmp_path) as stall:
-        with launching(topo) as proc:
-            assert wait_for(stall.waiting.exists, 60), proc.poll()  # the start is stuck in its session
-            others = [h for h in rig4.hosts if h is not host] if rank else []  # the head starts before any worker
-            assert wait_for(lambda: all(engine_running(rig4, h.name) for h in others), 30), proc.poll()
-            code, err, took = after(lambda: proc.send_signal(signal.SIGINT), proc, 30)
-        assert code == 130, err
-        assert "interrupted" in err and "Traceback" not in err, err
-        assert took < 18, took  # not the 20 s control timeout of the stalled start
-        stall.release()  # the session goes on: sshd now runs the start command
-        # Every host empties, the stalled session included; an engine it started would stay and fail this.
-        assert hosts_empty(rig4, 15), {h.name: rig4.pids(h) for h in rig4.hosts}
-    rec = StateStore(deployments.state_dir).require(name)
-    assert rec.status == "stopped" and rec.owner is None, rec

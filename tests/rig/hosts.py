@@ -9,63 +9,21 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from typing_extensions import Self
 
 from . import procs
-from .netns import (
-    MGMT_IFACE,
-    PRIV_IFACE,
-    NetNames,
-    RigError,
-    host_lines,
-    read_counters,
-    root_lines,
-    run_batches,
-)
+from .bringup import MAX_HOSTS, HostRef, HostRuntime, RigFiles, RigHost, start_hosts, stop_hosts
+from .netns import MGMT_IFACE, NetNames, RigError, read_counters, run_batches
 from .registry import allocate, cleanup_stale, release
-from .sshd import (
-    SSHD,
-    ReadyTarget,
-    keygen,
-    known_hosts_line,
-    launch,
-    log_tail,
-    ssh_config_block,
-    sshd_config,
-    wait_ready,
-)
+from .sshd import SSHD, log_tail
 
 if TYPE_CHECKING:
     import paramiko
 
-MAX_HOSTS = 32
-
-
-@dataclass(frozen=True)
-class RigHost:
-    """One fake host as tests see it."""
-
-    name: str
-    ns: str
-    priv_ip: str
-    mgmt_ip: str
-    priv_iface: str = PRIV_IFACE
-    mgmt_iface: str = MGMT_IFACE
-
-
-HostRef = RigHost | str
-
-
-@dataclass
-class _HostRuntime:
-    proc: subprocess.Popen[bytes]  # `ip netns exec ... unshare ...`, parent of the sshd
-    log: Path
-    sshd_pid: int = 0  # root-namespace PID of the sshd (PID 1 inside the host)
-    pid_ns: str = ""
+__all__ = ["MAX_HOSTS", "HostRef", "HostRig", "RigHost"]
 
 
 class HostRig:
@@ -76,7 +34,7 @@ class HostRig:
             raise ValueError(f"n must be in 1..{MAX_HOSTS}, got {n}")
         self.hosts: list[RigHost] = []
         self.timings: dict[str, float] = {}
-        self._runtime: dict[str, _HostRuntime] = {}
+        self._runtime: dict[str, HostRuntime] = {}
         self._closed = False
         self._controller: str | None = None
         self._ident = ""
@@ -86,13 +44,14 @@ class HostRig:
         self._ident, self.subnet, self.workdir = ident, subnet, workdir
         atexit.register(self.close)
         self._names = NetNames(ident, subnet)
-        self.key_path = workdir / "id_ed25519"
-        self.known_hosts_path = workdir / "known_hosts"
-        self.ssh_config_path = workdir / "ssh_config"
+        files = RigFiles(workdir)
+        self.key_path, self.known_hosts_path, self.ssh_config_path = (files.key_path, files.known_hosts_path,
+                                                                      files.ssh_config_path)
         self.root_priv_ip = self._names.root_ip("p")
         self.root_mgmt_ip = self._names.root_ip("m")
         try:
-            self._build(n, ready_timeout_s)
+            start_hosts(self._names, files, n, ready_timeout_s, ident, hosts=self.hosts, runtime=self._runtime,
+                        timings=self.timings)
         except BaseException:
             self.close()
             raise
@@ -102,52 +61,6 @@ class HostRig:
     def ident(self) -> str:
         """Unique name prefix of everything this rig creates (namespaces, links, files)."""
         return self._ident
-
-    def _build(self, n: int, ready_timeout_s: float) -> None:
-        names, workdir = self._names, self.workdir
-        t0 = time.monotonic()
-        for i in range(1, n + 1):
-            (workdir / f"h{i:02d}").mkdir()
-        host_keys = [workdir / f"h{i:02d}" / "ssh_host_ed25519_key" for i in range(1, n + 1)]
-        keygen([self.key_path, *host_keys], comment=f"{self.ident}")
-        authorized = workdir / "authorized_keys"
-        authorized.write_text(Path(f"{self.key_path}.pub").read_text())
-        self.timings["keys_s"] = time.monotonic() - t0
-
-        t0 = time.monotonic()
-        errors = run_batches([(None, root_lines(names, n))])
-        if not errors:
-            errors = run_batches([(names.ns(i), host_lines(names, i)) for i in range(1, n + 1)])
-        if errors:
-            raise RigError("network setup failed: " + "; ".join(errors))
-        self.timings["net_s"] = time.monotonic() - t0
-
-        t0 = time.monotonic()
-        Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)  # sshd's privsep dir
-        known, config, targets = [], [], []
-        for i in range(1, n + 1):
-            host = RigHost(f"h{i:02d}", names.ns(i), names.priv_ip(i), names.mgmt_ip(i))
-            hdir = workdir / host.name
-            conf = hdir / "sshd_config"
-            conf.write_text(sshd_config([host.mgmt_ip, host.priv_ip], host_keys[i - 1], authorized))
-            known.append(known_hosts_line([host.mgmt_ip, host.priv_ip, host.name], host_keys[i - 1]))
-            config.append(ssh_config_block(host.name, host.mgmt_ip, self.key_path, self.known_hosts_path))
-            log = hdir / "sshd.log"
-            proc = launch(host.ns, host.name, conf, log)
-            self._runtime[host.name] = _HostRuntime(proc, log)
-            self.hosts.append(host)
-            targets.append(ReadyTarget(host.name, [host.mgmt_ip, host.priv_ip], proc, log))
-        self.known_hosts_path.write_text("".join(known))
-        self.ssh_config_path.write_text("\n".join(config))
-        wait_ready(targets, ready_timeout_s)
-        kids_of = procs.children(rt.proc.pid for rt in self._runtime.values())
-        for host in self.hosts:
-            rt = self._runtime[host.name]
-            kids = kids_of[rt.proc.pid]
-            if len(kids) != 1 or procs.exe_path(kids[0]) != SSHD:
-                raise RigError(f"{host.name}: expected one sshd under unshare, found {kids}")
-            rt.sshd_pid, rt.pid_ns = kids[0], procs.ns_link(kids[0], "pid") or ""
-        self.timings["sshd_s"] = time.monotonic() - t0
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -288,23 +201,8 @@ class HostRig:
     # -- teardown -------------------------------------------------------------------------------
 
     def _stop_hosts(self, hosts: list[RigHost]) -> None:
-        """Kill each host's sshd (PID 1: the kernel kills the rest) and reap the unshare parents."""
-        runtimes = [self._runtime[h.name] for h in hosts if h.name in self._runtime]
-        with procs.removing_ipc_dirs(p for rt in runtimes if rt.pid_ns for p in procs.pid_ns_members(rt.pid_ns)):
-            for rt in runtimes:
-                if rt.sshd_pid and procs.parent_pid(rt.sshd_pid) == rt.proc.pid:
-                    # Killing PID 1 first lets unshare reap it: no zombie left for the lazy system init.
-                    procs.send([rt.sshd_pid])
-                elif rt.proc.poll() is None:
-                    rt.proc.kill()
-            # Bounds for a loaded machine: the wait ends as soon as the kernel has emptied the namespace.
-            deadline = time.monotonic() + 20.0
-            for rt in runtimes:
-                try:
-                    rt.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    rt.proc.kill()  # unshare ignores SIGTERM; --kill-child takes the sshd with it
-                    rt.proc.wait(timeout=30.0)
+        """Stop these hosts (their sshds and everything in their namespaces)."""
+        stop_hosts([self._runtime[h.name] for h in hosts if h.name in self._runtime])
 
     def close(self) -> None:
         """Tear everything down; idempotent, safe after a partial setup."""

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from k3deploy.executors.target import LocalTarget
+from tests.contract_node import ContractNode, http_server
 from tests.executor_contract import *  # the shared behaviour tests
-from tests.executor_contract import ContractNode, http_server
 
 
 @pytest.fixture

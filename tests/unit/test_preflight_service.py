@@ -195,3 +195,49 @@ def test_launch_of_a_service_whose_router_machine_cannot_be_reached_exits_3_star
     svc = ServiceStore(store).load(sp.name)
     assert svc is not None and (svc.status, svc.preflight) == ("failed", "failed"), svc
     assert not [p.name for p in store.directory.iterdir() if p.suffix == ".json"]
+
+
+class _Recorder:
+    """An executor that only records what it is asked (the router checks under Slurm must ask nothing)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target, self.calls = target, []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *_a, **_k: self.calls.append(name)
+
+
+@pytest.mark.timeout(60)
+def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None:
+    """A service launched through Slurm with the router on one of its nodes: that node is the job's, placed
+    only once launch holds the allocation, so preflight cannot check it. Both router rows skip on the node
+    `router.runs_on` names, saying so; nothing is run there; the report still passes. A router on this machine
+    (`runs_on: local`) is checked here as with any executor."""
+    from k3deploy.launch.preflight_gate import router_preflight
+    from k3deploy.nodeplan.targets import ExecOverrides
+    from tests.unit.test_render_support import doc_of, plan_of
+
+    made: list[_Recorder] = []
+
+    def factory(target: Any) -> Any:
+        made.append(_Recorder(target))
+        return made[-1]
+
+    plan = plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm", "router.runs_on": "node-2"}))
+    checks = router_preflight(plan, ExecOverrides(), factory)
+    assert [c.name for c in checks] == ["router-port", "router-python"]
+    for c in checks:
+        (v,) = c.verdicts
+        assert (v.status, v.rank, v.host) == ("skip", 0, "node-2"), v
+        assert v.detail == "the router's node is the Slurm job's, known once launch holds it", v
+    assert [(m.target.kind, m.calls) for m in made] == [("slurm", ["close"])]  # made, closed, never asked
+    assert checks[0].asks == "bind 10.0.0.12:30000, 10.0.0.12:30001 (the router's port, its metrics)"
+    report = Report(name="svc", checks=checks, elapsed_s=0.0)
+    assert report.exit_code == 0 and report.first_failure() is None
+
+    made.clear()
+    here = router_preflight(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
+                                                                         "router.runs_on": "local"})),
+                            ExecOverrides(), factory)
+    assert [m.target.kind for m in made] == ["local"] and "connect" in made[0].calls, [m.calls for m in made]
+    assert all(v.status != "skip" for c in here for v in c.verdicts), here

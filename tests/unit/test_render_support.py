@@ -17,7 +17,7 @@ from k3deploy.topology.loader import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
-# Prefill/decode topologies render per instance (planning.pd.instance_inputs): test_pd.py, test_render_flags.py.
+# Prefill/decode topologies render per instance (planning.pd.instance_inputs): test_pd_render.py, test_render_flags.py.
 PD_TOPOLOGIES = [p for p in TOPOLOGIES if "\nroles:" in p.read_text(encoding="utf-8")]
 FORMATS = ("text", "json", "script", "slurm", "lws")
 UPDATE = os.environ.get("K3_UPDATE_GOLDEN") == "1"
