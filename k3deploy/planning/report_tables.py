@@ -50,7 +50,8 @@ def budget_table(plan: Plan, role: str = "") -> SimpleTable:
         ("KDA state pool", m.state_pool_bytes, kda),
         ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
-    cells: list[tuple[Cell, ...]] = [(name, Styled(gib_cell(n), "red" if n < 0 else ""), f"{n:,}", "\n".join(how)) for name, n, how in rows]
+    cells: list[tuple[Cell, ...]] = [(name, Styled(gib_cell(n), "red" if n < 0 else ""), f"{n:,}", "\n".join(how))
+                                     for name, n, how in rows]
     cells.append((Styled("usable", "bold"), Styled(gib_cell(m.usable_bytes), "bold"), f"{m.usable_bytes:,}", ""))
     return SimpleTable(f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})",
                        (("line item", "left"), ("GiB", "right"), ("bytes", "right"), ("how", "left")), tuple(cells))
