@@ -100,7 +100,7 @@ def _paired(times: dict[str, list[tuple[float, float]]]) -> None:
     for label, rows in (("plan", plan), ("plan --workload", with_workload)):
         wall = statistics.median(r[0] / f[0] for r, f in zip(rows, floor))
         cpu = statistics.median(r[1] / f[1] for r, f in zip(rows, floor))
-        print(f"paired, per round: {label} / typer floor: wall {wall:.2f}x, cpu {cpu:.2f}x "
+        print(f"paired, per round: {label} / typer floor: wall {wall:.2f}x, CPU {cpu:.2f}x "
               f"(target <= {FLOOR_TARGET:.2f}x)")
 
 
