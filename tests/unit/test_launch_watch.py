@@ -14,7 +14,8 @@ from k3deploy.launch.events import NodeEvent
 from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
 from tests.polling import wait_for
-from tests.unit.test_launch_local import _engine_pid, cli, launch_lib, name  # noqa: F401 - `name` is a fixture
+from tests.unit.test_launch_local import cli, launch_lib, name  # noqa: F401 - `name` is a fixture
+from tests.unit.test_launch_supervision import _engine_pid
 from tests.unit.test_launch_support import fake_topology, tagged_pids
 
 
