@@ -4,15 +4,13 @@ healthy there; never fewer than N-1 serving. Between the completion and the rout
 `short` validate stage, straight to the new replica) run. The first failure stops the rollout, naming replica and stage."""
 from __future__ import annotations
 
-import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 
-from k3deploy.engines.router_api import MEMBERSHIP, running_requests
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp
-from k3deploy.launch.registration import POLL_S, workers_of
+from k3deploy.launch.membership import put_back, take_out
+from k3deploy.launch.registration import workers_of
 from k3deploy.launch.service import ServicePlan, start_replica, stop_deployment
 from k3deploy.launch.service_state import Service, ServiceStore
 from k3deploy.launch.state import StateStore
@@ -24,68 +22,13 @@ ReplicaCheck = tuple[str, Callable[[int], "str | None"]]
 
 
 class RolloutFailed(LaunchError):
-    """One replica failed a stage: the rollout stopped there (the others keep serving)."""
+    """One replica (or prefill/decode instance) failed a stage: the rollout stopped there (the others serve)."""
 
-    def __init__(self, replica: str, stage: str, cause: str) -> None:
-        super().__init__(f"rollout stopped at {replica}, stage {stage}: {cause}",
-                         hint=f"the other replicas still serve; see k3deploy status {replica} and k3deploy logs "
-                         f"{replica}")
-        self.replica, self.stage = replica, stage
-
-
-def _take_out(http: NodeHttp, kind: str, url: str, drain_s: float) -> None:
-    """Ask the router to drop `url` and wait until it no longer lists it as taking requests."""
-    m = MEMBERSHIP[kind]
-    rows, why = workers_of(http)
-    if why:
-        raise ExecError(why)
-    ids = [w for w in _raw_workers(http) if str(w.get("url", "")).rstrip("/") == url]
-    path = m.remove_path.format(id=ids[0].get("id", "") if ids else "", url=urllib.parse.quote(url, safe=""))
-    reply = http.request(m.remove_method, path)
-    if not reply.ok:
-        raise ExecError(f"{m.remove_method} {path}: HTTP {reply.status}: {reply.text[:200]}")
-    deadline = time.monotonic() + drain_s
-    while time.monotonic() < deadline:
-        rows, why = workers_of(http)
-        if not why and not any(w.url == url for w in rows):
-            break
-        time.sleep(POLL_S)
-    else:
-        raise ExecError(f"the router still lists {url} after {drain_s:.0f} s of draining")
-    # vllm-router drops a worker at once: what it already sent there is still running on the replica.
-    with NodeHttp(url) as replica:
-        while time.monotonic() < deadline:
-            try:
-                page = replica.get("/metrics", 5.0)
-            except ExecError:
-                return  # nothing answers: nothing left to drain
-            left = running_requests(page.text) if page.ok else None
-            if not left:
-                return
-            time.sleep(POLL_S)
-    raise ExecError(f"{url} still runs requests after {drain_s:.0f} s of draining")
-
-
-def _raw_workers(http: NodeHttp) -> list[dict[str, object]]:
-    reply = http.get("/workers", 5.0)
-    doc = reply.json() if reply.ok else {}
-    return [w for w in doc.get("workers", []) if isinstance(w, dict)] if isinstance(doc, dict) else []
-
-
-def _put_back(http: NodeHttp, kind: str, url: str, timeout_s: float) -> None:
-    """Register `url` and wait until the router lists it healthy."""
-    m = MEMBERSHIP[kind]
-    path = m.add_path.format(url=urllib.parse.quote(url, safe=""))
-    reply = http.request(m.add_method, path, {"url": url} if m.add_body else None)
-    if not reply.ok:
-        raise ExecError(f"{m.add_method} {path}: HTTP {reply.status}: {reply.text[:200]}")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rows, _ = workers_of(http)
-        if any(w.url == url and w.healthy for w in rows):
-            return
-        time.sleep(POLL_S)
-    raise ExecError(f"{url} not healthy in the router after {timeout_s:.0f} s")
+    def __init__(self, replica: str, stage: str, cause: str, role: str = "") -> None:
+        super().__init__(f"rollout stopped at {replica}" + (f" ({role})" if role else "") + f", stage {stage}: "
+                         f"{cause}", hint=f"the other {'instances' if role else 'replicas'} still serve; see "
+                         f"k3deploy status {replica} and k3deploy logs {replica}")
+        self.replica, self.stage, self.role = replica, stage, role
 
 
 def _healthy_others(http: NodeHttp, svc: Service, url: str) -> int:
@@ -94,8 +37,9 @@ def _healthy_others(http: NodeHttp, svc: Service, url: str) -> int:
     return sum(1 for w in rows if w.url in others and w.healthy)
 
 
-def _noting(index: int, cause: str) -> Callable[[Service], Service]:
-    return lambda s: s.with_replica(index, cause=cause)
+def noting(index: int, cause: str) -> Callable[[Service], Service]:
+    """The record change that says why replica or instance I is out of the router ("": it serves again)."""
+    return lambda s: s.with_replica(index, cause=cause, **({} if cause else {"phase": "ready"}))
 
 
 def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
@@ -119,7 +63,7 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
                                     "leave fewer than N-1 serving")
                 stage = "drain"
                 say(f"{rep.name}: out of the router, draining")
-                _take_out(http, kind, url, drain_s)
+                take_out(http, kind, url, drain_s)
                 stage = "stop"
                 say(f"{rep.name}: stopping")
                 stop_deployment(store, rep.name, factory)
@@ -133,9 +77,10 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
                         raise ExecError(why)
                 stage = "register"
                 say(f"{rep.name}: back into the router")
-                _put_back(http, kind, url, ready_s)
+                put_back(http, kind, url, ready_s)
             except (ExecError, LaunchError) as exc:
-                services.update(sp.name, _noting(rep.index, f"rollout {stage}: {exc}"))
+                services.update(sp.name, noting(rep.index, f"rollout {stage}: {exc}"))
                 raise RolloutFailed(rep.name, stage, str(exc)) from None
+            services.update(sp.name, noting(rep.index, ""))  # a cause left by an earlier rollout is gone
             say(f"{rep.name}: serving again")
     return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))
