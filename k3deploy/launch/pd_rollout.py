@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from k3deploy.engines.router_api import MEMBERSHIP, prompt_tokens
 from k3deploy.errors import ExecError, InputError, LaunchError
@@ -21,8 +20,16 @@ from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp, completes
 from k3deploy.launch.membership import listed, put_back, take_out
 from k3deploy.launch.registration import POLL_S, workers_of
-from k3deploy.launch.rollout import DRAIN_TIMEOUT_S, ReplicaCheck, RolloutFailed, Say, noting
-from k3deploy.launch.service import ServicePlan, start_replica, stop_deployment
+from k3deploy.launch.rollout import (
+    DRAIN_TIMEOUT_S,
+    InstanceOps,
+    ReplicaCheck,
+    RolloutFailed,
+    Say,
+    deployment_ops,
+    noting,
+)
+from k3deploy.launch.service import ServicePlan
 from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
 from k3deploy.launch.state import StateStore
 
@@ -32,26 +39,6 @@ ROLE_ORDER = ("prefill", "decode")
 # sends a prompt that matches no tree to the smallest, the new instance's empty one.
 SERVE_ROUNDS = 16
 COUNT_LAG_S = 5.0  # an engine counts a request a moment after its answer went out
-
-
-@dataclass(frozen=True)
-class InstanceOps:
-    """Stopping and starting instance I (its deployment); rollout's only side effects past the router."""
-
-    stop: Callable[[int], None]
-    start: Callable[[int], None]
-
-
-def deployment_ops(sp: ServicePlan, store: StateStore, factory: ExecutorFactory = open_executor,
-                   skip_preflight: bool = True) -> InstanceOps:
-    """Stop and start instances as launch does (start: gang, readiness, supervisor; one try)."""
-    def stop(index: int) -> None:
-        stop_deployment(store, sp.replicas[index][0].topology.name, factory)
-
-    def start(index: int) -> None:
-        start_replica(sp, index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
-
-    return InstanceOps(stop=stop, start=start)
 
 
 def refuse(sp: ServicePlan, svc: Service | None) -> None:
@@ -118,6 +105,7 @@ def rollout_roles(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactor
                     take_out(http, kind, url, drain_s)
                     stage = "others-serve"
                     _others_serve(http, kind, rep, ready_s, boot.get(rep.url))
+                    say(f"{label}: out; a completion through the router is answered without it")
                 else:
                     say(f"{label}: not in the router (nothing to drain)")
                 stage = "stop"
@@ -140,12 +128,16 @@ def rollout_roles(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactor
                 cause = str(exc)
                 if stage not in ("check", "drain", "others-serve", "stop", "start", "register"):
                     cause += _left_out(http, kind, url, drain_s)
-                services.update(sp.name, lambda s: noting(rep.index, f"rollout {stage}: {cause}")(s).model_copy(
-                    update={"status": "degraded"}))
+                services.update(sp.name, _failed(rep.index, f"rollout {stage}: {cause}"))
                 raise RolloutFailed(rep.name, stage, cause, role) from None
             services.update(sp.name, noting(rep.index, ""))
             say(f"{label}: serving again")
     return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))
+
+
+def _failed(index: int, cause: str) -> Callable[[Service], Service]:
+    """The record change for an instance the rollout stopped at: named, the service degraded (the rest serve)."""
+    return lambda s: noting(index, cause)(s).model_copy(update={"status": "degraded"})
 
 
 def _other_serves(http: NodeHttp, svc: Service, rep: ReplicaEntry) -> None:
@@ -197,7 +189,7 @@ def _takes_part(http: NodeHttp, url: str) -> str:
         while True:
             after = _counted(url)
             if after is not None and after > before:
-                return f"took part in completion {n + 1} through the router"
+                return f"takes part in requests through the router (its prompt-token count grew, {n + 1} sent)"
             if time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)

@@ -5,6 +5,7 @@ healthy there; never fewer than N-1 serving. Between the completion and the rout
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
@@ -31,6 +32,27 @@ class RolloutFailed(LaunchError):
         self.replica, self.stage, self.role = replica, stage, role
 
 
+@dataclass(frozen=True)
+class InstanceOps:
+    """Stopping and starting replica (or instance) I, its deployment: rollout's only side effects past the
+    router."""
+
+    stop: Callable[[int], None]
+    start: Callable[[int], None]
+
+
+def deployment_ops(sp: ServicePlan, store: StateStore, factory: ExecutorFactory = open_executor,
+                   skip_preflight: bool = True) -> InstanceOps:
+    """Stop and start as launch does (start: gang, readiness with a real completion, supervisor; one try)."""
+    def stop(index: int) -> None:
+        stop_deployment(store, sp.replicas[index][0].topology.name, factory)
+
+    def start(index: int) -> None:
+        start_replica(sp, index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
+
+    return InstanceOps(stop=stop, start=start)
+
+
 def _healthy_others(http: NodeHttp, svc: Service, url: str) -> int:
     rows, _ = workers_of(http)
     others = {r.url.rstrip("/") for r in svc.replicas} - {url}
@@ -44,7 +66,7 @@ def noting(index: int, cause: str) -> Callable[[Service], Service]:
 
 def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
             say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, skip_preflight: bool = True,
-            checks: Sequence[ReplicaCheck] = ()) -> Service:
+            checks: Sequence[ReplicaCheck] = (), ops: InstanceOps | None = None) -> Service:
     """Restart every replica in turn behind the running router; RolloutFailed at the first failed stage (a
     failed check keeps the new replica out of the router)."""
     services = ServiceStore(store)
@@ -52,6 +74,7 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
     if svc is None or svc.status not in ("ready", "degraded"):
         raise LaunchError(f"{sp.name} is not a running service ({svc.status if svc else 'no record'})",
                           hint=f"k3deploy launch {sp.plan.file}")
+    ops = ops or deployment_ops(sp, store, factory, skip_preflight)
     kind, ready_s = svc.router_kind, sp.plan.topology.launch.ready_timeout_s
     with NodeHttp(svc.router_url) as http:
         for rep in svc.replicas:
@@ -66,10 +89,10 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
                 take_out(http, kind, url, drain_s)
                 stage = "stop"
                 say(f"{rep.name}: stopping")
-                stop_deployment(store, rep.name, factory)
+                ops.stop(rep.index)
                 stage = "start"
                 say(f"{rep.name}: starting")
-                start_replica(sp, rep.index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
+                ops.start(rep.index)
                 for stage, check in checks:
                     say(f"{rep.name}: validate stage {stage}")
                     why = check(rep.index)

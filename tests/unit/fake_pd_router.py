@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -83,7 +84,7 @@ def _handler(router: FakeRouter) -> type[BaseHTTPRequestHandler]:
             size = int(self.headers.get("Content-Length") or 0)
             return json.loads(self.rfile.read(size)) if size else None
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             host = f"http://{self.headers['Host']}"
             if self.path == "/workers":
                 self._send(200, router.listing())
@@ -96,7 +97,7 @@ def _handler(router: FakeRouter) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"error": self.path})
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self._body()
             if self.path == "/v1/completions":
                 self._send(*router.complete())
@@ -114,7 +115,7 @@ def _handler(router: FakeRouter) -> type[BaseHTTPRequestHandler]:
                 router.workers.append(w)
             self._send(202, {"status": "accepted", "worker_id": w.id})
 
-        def do_DELETE(self) -> None:  # noqa: N802
+        def do_DELETE(self) -> None:
             router.calls.append(("DELETE", self.path, None))
             wid = urllib.parse.unquote(self.path.rsplit("/", 1)[-1])
             with router.lock:
@@ -144,3 +145,22 @@ def serving(router: FakeRouter, urls: list[str]) -> Iterator[str]:
             s.server_close()
         for t in threads:
             t.join(10)
+
+
+def free_base() -> int:
+    """An engine port P with P..P+3 free on each of 127.0.0.1..4 (the test topologies' nodes; an instance or
+    replica serves on one of them at P + its number)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + 3 >= 65535:
+            continue
+        try:
+            for n in range(16):
+                with socket.socket() as t:
+                    t.bind((f"127.0.0.{n // 4 + 1}", base + n % 4))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free loopback ports")

@@ -5,7 +5,6 @@ with its role and stage, the rest untouched; refused up front (exit 2) for a rol
 vllm-router, or for instances that moved."""
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,15 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.engines.router_api import MEMBERSHIP
 from k3deploy.errors import InputError, LaunchError
-from k3deploy.launch.pd_rollout import InstanceOps, refuse, rollout_roles
-from k3deploy.launch.rollout import RolloutFailed
+from k3deploy.launch.pd_rollout import refuse, rollout_roles
+from k3deploy.launch.rollout import InstanceOps, RolloutFailed
 from k3deploy.launch.service import ServicePlan, service_plan
 from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
 from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
 from tests.k3deploy_cli import run_k3deploy
-from tests.unit.fake_pd_router import FakeRouter, Worker, serving
+from tests.unit.fake_pd_router import FakeRouter, Worker, free_base, serving
 
 pytestmark = pytest.mark.timeout(60)
 LOCAL = Path(__file__).resolve().parents[2] / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"
@@ -29,26 +28,8 @@ ONE_P = "prefill: {instances: 1, nodes: [127.0.0.1, 127.0.0.2], parallel: {tp: 2
 ONE_D = "decode: {instances: 1, nodes: [127.0.0.3, 127.0.0.4], parallel: {tp: 2, ep: 2}}"
 
 
-def _free_base() -> int:
-    """An engine port P with P..P+3 free on 127.0.0.1..4 (instance n serves on node n+1, port P+n)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + 3 >= 65535:
-            continue
-        try:
-            for n in range(4):
-                with socket.socket() as t:
-                    t.bind((f"127.0.0.{n + 1}", base + n))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free loopback ports")
-
-
 def _sp(tmp_path: Path, prefills: int = 2, decodes: int = 2, router: str = "smg") -> ServicePlan:
-    text = LOCAL.read_text(encoding="utf-8").replace("port: 18000", f"port: {_free_base()}")
+    text = LOCAL.read_text(encoding="utf-8").replace("port: 18000", f"port: {free_base()}")
     if prefills == 2:
         text = text.replace(ONE_P, "prefill: {instances: 2, nodes: [127.0.0.1, 127.0.0.2], parallel: {tp: 1}}")
     if decodes == 2:
@@ -112,7 +93,8 @@ def test_prefills_then_decodes_each_back_with_its_role_and_bootstrap_port(tmp_pa
     assert router.fewest_healthy == {"prefill": 1, "decode": 1}
     assert sorted((w.url, w.worker_type) for w in router.workers) == sorted(zip(urls, sp.roles))
     assert done.status == "ready" and all(r.cause == "" for r in done.replicas)
-    assert "prefill k3-pd-prefill0: took part in completion 1 through the router" in said, said
+    assert "prefill k3-pd-prefill0: takes part in requests through the router (its prompt-token count grew, 1 " \
+        "sent)" in said, said
     assert said[-1] == "decode k3-pd-decode1: serving again"
 
 
