@@ -26,8 +26,12 @@ from k3deploy.launch.rollout import (
     ReplicaCheck,
     RolloutFailed,
     Say,
+    Steps,
     deployment_ops,
     noting,
+    restart,
+    run_checks,
+    running,
 )
 from k3deploy.launch.service import ServicePlan
 from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
@@ -84,54 +88,38 @@ def rollout_roles(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactor
     """Restart every instance in turn behind the running router; InputError before anything when it cannot keep
     each role serving, RolloutFailed at the first failed stage (a new instance that failed is left out)."""
     services = ServiceStore(store)
-    svc = services.load(sp.name)
-    refuse(sp, svc)
-    if svc is None or svc.status not in ("ready", "degraded"):
-        raise LaunchError(f"{sp.name} is not a running service ({svc.status if svc else 'no record'})",
-                          hint=f"k3deploy launch {sp.plan.file}")
+    refuse(sp, services.load(sp.name))
+    svc = running(services, sp)
     assert sp.plan.router is not None
     ops = ops or deployment_ops(sp, store, factory)
     kind, ready_s = svc.router_kind, sp.plan.topology.launch.ready_timeout_s
     boot = dict(sp.plan.router.settings.prefill)
     with NodeHttp(svc.router_url) as http:
         for rep in order(svc):
-            url, role, label = rep.url.rstrip("/"), rep.role, f"{rep.role} {rep.name}"
-            stage = "check"
+            url, role, steps = rep.url.rstrip("/"), rep.role, Steps(f"{rep.role} {rep.name}", say)
             try:
                 if listed(http, url):
                     _other_serves(http, svc, rep)
-                    stage = "drain"
-                    say(f"{label}: out of the router, draining")
+                    steps("drain", "out of the router, draining")
                     take_out(http, kind, url, drain_s)
-                    stage = "others-serve"
+                    steps("others-serve", "out; a completion through the router must be answered without it")
                     _others_serve(http, kind, rep, ready_s, boot.get(rep.url))
-                    say(f"{label}: out; a completion through the router is answered without it")
                 else:
-                    say(f"{label}: not in the router (nothing to drain)")
-                stage = "stop"
-                say(f"{label}: stopping")
-                ops.stop(rep.index)
-                stage = "start"
-                say(f"{label}: starting")
-                ops.start(rep.index)
-                stage = "register"
-                say(f"{label}: back into the router as {role}")
+                    say(f"{steps.label}: not in the router (nothing to drain)")
+                restart(ops, rep.index, steps)
+                steps("register", f"back into the router as {role}")
                 put_back(http, kind, url, ready_s, role, boot.get(rep.url))
-                stage = "serve"
-                say(f"{label}: " + _takes_part(http, url))
-                for stage, check in checks:
-                    say(f"{label}: validate stage {stage} through the router")
-                    why = check(rep.index)
-                    if why is not None:
-                        raise ExecError(why)
+                steps.stage = "serve"
+                say(f"{steps.label}: " + _takes_part(http, url))
+                run_checks(checks, rep.index, steps, " through the router")
             except (ExecError, LaunchError) as exc:
                 cause = str(exc)
-                if stage not in ("check", "drain", "others-serve", "stop", "start", "register"):
+                if steps.stage not in ("check", "drain", "others-serve", "stop", "start", "register"):
                     cause += _left_out(http, kind, url, drain_s)
-                services.update(sp.name, _failed(rep.index, f"rollout {stage}: {cause}"))
-                raise RolloutFailed(rep.name, stage, cause, role) from None
+                services.update(sp.name, _failed(rep.index, f"rollout {steps.stage}: {cause}"))
+                raise RolloutFailed(rep.name, steps.stage, cause, role) from None
             services.update(sp.name, noting(rep.index, ""))
-            say(f"{label}: serving again")
+            say(f"{steps.label}: serving again")
     return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))
 
 

@@ -64,46 +64,68 @@ def noting(index: int, cause: str) -> Callable[[Service], Service]:
     return lambda s: s.with_replica(index, cause=cause, **({} if cause else {"phase": "ready"}))
 
 
+class Steps:
+    """The stage under way for one replica or instance (a failure names it), each announced as it starts."""
+
+    def __init__(self, label: str, say: Say) -> None:
+        self.label, self.say, self.stage = label, say, "check"
+
+    def __call__(self, stage: str, line: str) -> None:
+        self.stage = stage
+        self.say(f"{self.label}: {line}")
+
+
+def restart(ops: InstanceOps, index: int, steps: Steps) -> None:
+    """Stop replica or instance I, then start it."""
+    steps("stop", "stopping")
+    ops.stop(index)
+    steps("start", "starting")
+    ops.start(index)
+
+
+def run_checks(checks: Sequence[ReplicaCheck], index: int, steps: Steps, how: str = "") -> None:
+    """Each check of replica or instance I in turn; ExecError at the first that fails."""
+    for stage, check in checks:
+        steps(stage, f"validate stage {stage}{how}")
+        why = check(index)
+        if why is not None:
+            raise ExecError(why)
+
+
+def running(services: ServiceStore, sp: ServicePlan) -> Service:
+    """The service's record, when it is ready or degraded (LaunchError otherwise)."""
+    svc = services.load(sp.name)
+    if svc is None or svc.status not in ("ready", "degraded"):
+        raise LaunchError(f"{sp.name} is not a running service ({svc.status if svc else 'no record'})",
+                          hint=f"k3deploy launch {sp.plan.file}")
+    return svc
+
+
 def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
             say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, skip_preflight: bool = True,
             checks: Sequence[ReplicaCheck] = (), ops: InstanceOps | None = None) -> Service:
     """Restart every replica in turn behind the running router; RolloutFailed at the first failed stage (a
     failed check keeps the new replica out of the router)."""
     services = ServiceStore(store)
-    svc = services.load(sp.name)
-    if svc is None or svc.status not in ("ready", "degraded"):
-        raise LaunchError(f"{sp.name} is not a running service ({svc.status if svc else 'no record'})",
-                          hint=f"k3deploy launch {sp.plan.file}")
+    svc = running(services, sp)
     ops = ops or deployment_ops(sp, store, factory, skip_preflight)
     kind, ready_s = svc.router_kind, sp.plan.topology.launch.ready_timeout_s
     with NodeHttp(svc.router_url) as http:
         for rep in svc.replicas:
-            url = rep.url.rstrip("/")
-            stage = "check"
+            url, steps = rep.url.rstrip("/"), Steps(rep.name, say)
             try:
                 if len(svc.replicas) > 1 and _healthy_others(http, svc, url) < len(svc.replicas) - 1:
                     raise ExecError("another replica is not healthy in the router: taking this one out would "
                                     "leave fewer than N-1 serving")
-                stage = "drain"
-                say(f"{rep.name}: out of the router, draining")
+                steps("drain", "out of the router, draining")
                 take_out(http, kind, url, drain_s)
-                stage = "stop"
-                say(f"{rep.name}: stopping")
-                ops.stop(rep.index)
-                stage = "start"
-                say(f"{rep.name}: starting")
-                ops.start(rep.index)
-                for stage, check in checks:
-                    say(f"{rep.name}: validate stage {stage}")
-                    why = check(rep.index)
-                    if why is not None:
-                        raise ExecError(why)
-                stage = "register"
-                say(f"{rep.name}: back into the router")
+                restart(ops, rep.index, steps)
+                run_checks(checks, rep.index, steps)
+                steps("register", "back into the router")
                 put_back(http, kind, url, ready_s)
             except (ExecError, LaunchError) as exc:
-                services.update(sp.name, noting(rep.index, f"rollout {stage}: {exc}"))
-                raise RolloutFailed(rep.name, stage, str(exc)) from None
+                services.update(sp.name, noting(rep.index, f"rollout {steps.stage}: {exc}"))
+                raise RolloutFailed(rep.name, steps.stage, str(exc)) from None
             services.update(sp.name, noting(rep.index, ""))  # a cause left by an earlier rollout is gone
             say(f"{rep.name}: serving again")
     return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))

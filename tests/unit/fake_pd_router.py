@@ -38,6 +38,7 @@ class FakeRouter:
     lock: threading.Lock = field(default_factory=threading.Lock)
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(100))
     turn: Iterator[int] = field(default_factory=itertools.count)
+    broken: bool = False  # every completion fails (a router that cannot serve, whoever is in)
 
     def listing(self) -> dict[str, Any]:
         with self.lock:
@@ -56,6 +57,8 @@ class FakeRouter:
 
     def complete(self) -> tuple[int, dict[str, Any]]:
         with self.lock:
+            if self.broken:
+                return 502, {"error": {"message": "upstream connect error"}}
             n = next(self.turn)
             pair = []
             for role in ("prefill", "decode"):

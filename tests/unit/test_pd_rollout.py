@@ -146,6 +146,23 @@ def test_a_new_instance_that_fails_its_check_is_taken_out_again(tmp_path: Path) 
     assert not any(w.url == prefill0 for w in router.workers)
 
 
+def test_an_instance_out_while_the_rest_cannot_serve_goes_back_unchanged(tmp_path: Path) -> None:
+    sp = _sp(tmp_path)
+    store = StateStore(tmp_path / "state")
+    router = _router(sp)
+    router.broken = True
+    rec = Recorder()
+    with serving(router, list(sp.plan.router.settings.worker_urls)) as url:  # type: ignore[union-attr]
+        _service(sp, store, url)
+        with pytest.raises(RolloutFailed, match=r"k3-pd-prefill0 \(prefill\), stage others-serve: with "
+                                                r"k3-pd-prefill0 out, a completion through the router failed "
+                                                r"\(/v1/completions: HTTP 502.*k3-pd-prefill0 is back in the router"):
+            rollout_roles(sp, store, drain_s=10, ops=rec.ops)
+    prefill0 = sp.plan.router.settings.worker_urls[0]  # type: ignore[union-attr]
+    assert rec.done == [] and [(m, b) for m, _, b in router.calls] == [
+        ("DELETE", None), ("POST", {"url": prefill0, "worker_type": "prefill", "bootstrap_port": 18998})]
+
+
 def test_membership_bodies_carry_the_role_and_a_prefills_bootstrap_port() -> None:
     smg = MEMBERSHIP["smg"]
     assert smg.add_json("http://a:1") == {"url": "http://a:1"}  # a replica: regular
