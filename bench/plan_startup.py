@@ -88,8 +88,20 @@ def _medians(cmds: dict[str, list[str]], runs: int,
     for _ in range(runs):
         for name, argv in cmds.items():
             times[name].append(_time(argv, env))
+    _paired(times)
     return ({name: statistics.median(w for w, _ in t) for name, t in times.items()},
             {name: statistics.median(c for _, c in t) for name, t in times.items()})
+
+
+def _paired(times: dict[str, list[tuple[float, float]]]) -> None:
+    """Median of each round's own ratio to the typer floor run beside it: a load that drifts over the run moves
+    both sides of a round alike, where it moves one median more than the other."""
+    _, _, floor, plan, with_workload = times.values()
+    for label, rows in (("plan", plan), ("plan --workload", with_workload)):
+        wall = statistics.median(r[0] / f[0] for r, f in zip(rows, floor))
+        cpu = statistics.median(r[1] / f[1] for r, f in zip(rows, floor))
+        print(f"paired, per round: {label} / typer floor: wall {wall:.2f}x, CPU {cpu:.2f}x "
+              f"(target <= {FLOOR_TARGET:.2f}x)")
 
 
 def _report(med: dict[str, float], cpu: dict[str, float], runs: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3deploy.planning.perf_model import Term
+from k3deploy.planning.plain_table import SimpleTable
 from k3deploy.planning.prediction import Prediction
 
 
@@ -28,23 +29,21 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
 
 
 def prediction_renderable(p: Prediction) -> Any:
-    """Headline figures with their bounds, then every term of the decode step and the prefill."""
-    from rich import box
+    """Headline figures with their bounds, then every term of the decode step and the prefill (the tables
+    drawn by `plain_table` when the output is plain: rich's own layout of them was most of `plan --workload`)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     w = p.workload
-    head = Table(title=f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency "
-                 f"{w.concurrency} (effort {w.effort}; {p.gpus} GPUs)", title_justify="left",
-                 box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("figure", "value", "bound by"):
-        head.add_column(col, justify="right" if col == "value" else "left")
-    head.add_row("TTFT (mean)", f"{_ms(p.ttft_s)} ms", p.bound("ttft"))
-    head.add_row("TPOT (mean)", f"{_ms(p.tpot_s)} ms", p.bound("tpot"))
-    head.add_row("ITL (mean)", f"{_ms(p.tpot_s)} ms", "as TPOT")
-    head.add_row("output tok/s", f"{p.output_throughput:,.0f}", p.bound("tpot"))
-    head.add_row("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", f"over {p.gpus} GPUs")
+    head = SimpleTable(
+        f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency {w.concurrency} "
+        f"(effort {w.effort}; {p.gpus} GPUs)",
+        (("figure", "left"), ("value", "right"), ("bound by", "left")),
+        (("TTFT (mean)", f"{_ms(p.ttft_s)} ms", p.bound("ttft")),
+         ("TPOT (mean)", f"{_ms(p.tpot_s)} ms", p.bound("tpot")),
+         ("ITL (mean)", f"{_ms(p.tpot_s)} ms", "as TPOT"),
+         ("output tok/s", f"{p.output_throughput:,.0f}", p.bound("tpot")),
+         ("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", f"over {p.gpus} GPUs")))
     parts: list[Any] = [head]
     if p.capped_by:
         parts.append(Text(f"{p.running} requests run at once (capped by {p.capped_by}); the rest wait",
@@ -52,13 +51,8 @@ def prediction_renderable(p: Prediction) -> Any:
     for title, terms in (("TPOT", p.tpot_terms), ("TTFT", p.ttft_terms),
                          (f"decode step at batch {p.running} (per GPU)", p.decode.terms),
                          (f"prefill of {w.input_tokens:,} tokens (per GPU, one stage)", p.prefill.terms)):
-        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        t.add_column("term")
-        t.add_column("ms", justify="right")
-        t.add_column("how")
-        for term in terms:
-            t.add_row(term.name, _ms(term.seconds), term.how)
-        parts.append(t)
+        parts.append(SimpleTable(title, (("term", "left"), ("ms", "right"), ("how", "left")),
+                                 tuple((t.name, _ms(t.seconds), t.how) for t in terms)))
     parts.append(Text("decode step = max(HBM reads, compute) + collectives + per-layer overhead; factors from "
                       "the catalog's `performance` entry for this engine", style="dim"))
     return Group(*parts)

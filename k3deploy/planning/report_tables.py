@@ -1,11 +1,10 @@
 """The per-GPU memory budget and capacity tables of a plan (the whole plan's, or one role's in PD)."""
 from __future__ import annotations
 
-from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from k3deploy.planning.arith import GIB
+from k3deploy.planning.plain_table import Cell, SimpleTable, Styled
 from k3deploy.planning.plan_model import Plan
 
 
@@ -22,17 +21,12 @@ def quantity_table(title: str) -> Table:
     return t
 
 
-def budget_table(plan: Plan, role: str = "") -> Table:
+def budget_table(plan: Plan, role: str = "") -> SimpleTable:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
-    broken at phrase boundaries so the table reads at 80 columns."""
+    broken at phrase boundaries so the table reads at 80 columns; plain_table draws it when the output is
+    plain (rich's layout of it was a fifth of `plan`'s own time)."""
     m = plan.memory
     assert m is not None
-    t = Table(title=f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("line item")
-    t.add_column("GiB", justify="right")
-    t.add_column("bytes", justify="right")
-    t.add_column("how")
     s = plan.shape
     assert s is not None
     kv_kind = "GQA" if plan.model is not None and plan.model.architecture.attention == "gqa" else "MLA"
@@ -56,10 +50,11 @@ def budget_table(plan: Plan, role: str = "") -> Table:
         ("KDA state pool", m.state_pool_bytes, kda),
         ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
-    for name, n, how in rows:
-        t.add_row(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}", "\n".join(how))
-    t.add_row(Text("usable", style="bold"), Text(gib_cell(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", "")
-    return t
+    cells: list[tuple[Cell, ...]] = [(name, Styled(gib_cell(n), "red" if n < 0 else ""), f"{n:,}", "\n".join(how))
+                                     for name, n, how in rows]
+    cells.append((Styled("usable", "bold"), Styled(gib_cell(m.usable_bytes), "bold"), f"{m.usable_bytes:,}", ""))
+    return SimpleTable(f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})",
+                       (("line item", "left"), ("GiB", "right"), ("bytes", "right"), ("how", "left")), tuple(cells))
 
 
 def capacity_table(plan: Plan, role: str = "") -> Table:

@@ -29,4 +29,5 @@ def test_plan_startup_bench_reports_every_ratio() -> None:
     assert "ratio plan / typer floor:" in run.stdout and "(target <= 1.25x)" in run.stdout
     assert "(the same for every row)" in run.stdout
     assert run.stdout.count("median") == 5 and run.stdout.count(" cpu ") == 5
+    assert run.stdout.count("paired, per round: ") == 2, run.stdout
     assert "cpu ratio plan / typer floor:" in run.stdout
