@@ -1,5 +1,5 @@
 """`k3deploy rollout` of prefill/decode roles over SSH on the namespace rig: 2 prefills + 2 decodes of the stand-in
-(SGLang mimic, one host each) behind the real smg in PD mode. Under a steady client stream through the router the
+(SGLang mimic, one host each) behind the real smg, and sglang-router, in PD mode. Under a steady client stream through the router the
 rollout restarts every instance (prefills first), fails no request, and the router's /workers, polled every
 0.5 s, never shows 0 healthy of a role; then a rollout whose new prefill cannot get ready stops there, naming it,
 its role and the stage, and the rest keep serving; stop leaves nothing. (A role with a single instance, or
@@ -65,9 +65,15 @@ class RoleStream(Stream):
 
 
 @pytest.mark.timeout(1500)
-def test_rollout_of_two_prefills_two_decodes_behind_smg_over_ssh(deployments: Deployments, rig_pdr: HostRig,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("router", ["smg", "sglang-router"])
+def test_rollout_of_two_prefills_two_decodes_over_ssh(deployments: Deployments, rig_pdr: HostRig, router: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """smg lists a worker it drops `draining` until its requests end; sglang-router drops it at once, so the
+    drain waits on the instance's own running and waiting gauges."""
     topo, port = _pd_topology(deployments, NAME, prefill=[[0], [1]], decode=[[2], [3]], tp=1)
+    doc: dict[str, Any] = yaml.safe_load(topo.read_text())
+    doc["router"]["kind"] = router
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
     store = StateStore(deployments.state_dir)
     run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=500)
     assert run.returncode == 0, run.stderr
@@ -95,11 +101,11 @@ def test_rollout_of_two_prefills_two_decodes_behind_smg_over_ssh(deployments: De
         ("prefill", True, ""), ("prefill", True, ""), ("decode", True, ""), ("decode", True, "")], st
     assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
     with capsys.disabled():
-        print(f"\nPD rollout over SSH (2P2D behind smg): {took:.0f} s, {stream.ok} requests, 0 failed, fewest "
+        print(f"\nPD rollout over SSH (2P2D behind {router}): {took:.0f} s, {stream.ok} requests, 0 failed, fewest "
               f"healthy per role {stream.fewest_by_role} over {stream.polls} polls\n{roll.stderr}")
 
     # The new version cannot get ready: prefill0's start fails, the rollout stops there, the rest serve.
-    doc: dict[str, Any] = yaml.safe_load(topo.read_text())
+    doc = yaml.safe_load(topo.read_text())
     doc["engine"]["env"]["K3SIM_FAULT"] = "crash_after_load"
     topo.write_text(yaml.safe_dump(doc, sort_keys=False))
     bad = cli("rollout", str(topo), timeout_s=600)
