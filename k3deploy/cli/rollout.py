@@ -1,4 +1,5 @@
-"""`k3deploy rollout`: restart replicas behind their router one at a time, never fewer than N-1 serving."""
+"""`k3deploy rollout`: restart replicas (or prefill/decode instances) behind their router one at a time, never
+fewer than N-1 replicas (or one instance of each role) serving."""
 from __future__ import annotations
 
 import sys
@@ -20,19 +21,23 @@ from k3deploy.cli.status import StateDirOpt
 def rollout(
     target: Annotated[str, typer.Argument(help="the service's topology file (its current content is applied), "
                                           "or its name (the file it was launched from)", show_default=False)],
-    drain_s: Annotated[float, typer.Option("--drain-s", min=1, help="longest wait for a replica's in-flight "
-                                           "requests")] = 120.0,
-    skip_short: Annotated[bool, typer.Option("--skip-short", help="put each new replica back without its `short` "
-                                             "validate stage (a model that cannot pass it, e.g. random weights "
-                                             "that never stop)")] = False,
+    drain_s: Annotated[float, typer.Option("--drain-s", min=1, help="longest wait for a replica's or instance's "
+                                           "in-flight requests")] = 120.0,
+    skip_short: Annotated[bool, typer.Option("--skip-short", help="leave out the `short` validate stage of each "
+                                             "new replica or instance (a model that cannot pass it, e.g. random "
+                                             "weights that never stop)")] = False,
     executor: ExecutorOpt = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
     **connection: Any,
 ) -> None:
     """One replica at a time: out of the router (drained), stopped, started, a real completion and the `short`
-    validate stage straight to it, back in and healthy. Exit 4 at the first failure, naming the replica and
-    stage (the others keep serving)."""
+    validate stage straight to it, back in and healthy. Prefill/decode roles: one instance at a time, prefills
+    first: out of the router (drained) while a completion through the router shows the rest serve, stopped,
+    started, back in with its role (a prefill with its bootstrap port), healthy, seen serving, `short` through
+    the router. Exit 2 before anything when a role has a single instance or the router cannot take PD workers
+    back (vllm-router). Exit 4 at the first failure, naming the replica or instance (and role) and the stage;
+    the others keep serving."""
     from k3deploy.launch.lookup import locate
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.rollout import rollout as roll
@@ -51,11 +56,17 @@ def rollout(
 
         raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
-    if prep.service.roles:
-        from k3deploy.errors import InputError
 
-        raise InputError(f"{file}: rollout of prefill/decode roles is not built yet",
-                         hint=f"k3deploy stop {name}, then k3deploy launch {file}")
-    done = roll(prep.service, store, say=lambda line: print(line, file=sys.stderr), drain_s=drain_s,
-                checks=[] if skip_short else [("short", replica_stage(prep.service, store, "short"))])
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    if prep.service.roles:
+        from k3deploy.launch.pd_rollout import rollout_roles
+
+        url = svc.router_url if svc is not None else None
+        done = rollout_roles(prep.service, store, say=say, drain_s=drain_s, checks=[] if skip_short else [
+            ("short", replica_stage(prep.service, store, "short", router_url=url))])
+    else:
+        done = roll(prep.service, store, say=say, drain_s=drain_s,
+                    checks=[] if skip_short else [("short", replica_stage(prep.service, store, "short"))])
     print(summary(done))

@@ -20,6 +20,7 @@ class RouterWorker:
     healthy: bool | None  # None: the router does not say
     status: str  # the router's own word for it ("ready", ...), or ""
     load: int | None
+    worker_type: str = ""  # regular | prefill | decode (smg, sglang-router, vllm-router), or ""
 
 
 def _rows(doc: Any) -> list[dict[str, Any]]:
@@ -41,7 +42,8 @@ def router_workers(doc: Any) -> list[RouterWorker]:
         load = w.get("load")
         out.append(RouterWorker(url=str(w.get("url", "")).rstrip("/"),
                                 healthy=healthy if isinstance(healthy, bool) else None,
-                                status=str(w.get("status", "")), load=load if isinstance(load, int) else None))
+                                status=str(w.get("status", "")), load=load if isinstance(load, int) else None,
+                                worker_type=str(w.get("worker_type", ""))))
     return out
 
 
@@ -54,15 +56,41 @@ class Membership:
     add_method: str
     add_path: str
     add_body: bool  # the URL goes in a JSON body {"url": ...} rather than the query
+    pd_refused: str = ""  # why the router cannot put a prefill or decode worker back at runtime ("": it can)
+
+    def add_json(self, url: str, role: str = "", bootstrap_port: int | None = None) -> dict[str, Any] | None:
+        """The body that registers `url` (None: the URL goes in the query). In PD mode smg takes a worker
+        posted without `worker_type` as `regular`, lists it healthy and never routes to it (seen with smg 1.13.0
+        and sglang-router 0.3.2): a PD instance goes back with its role, a prefill with its bootstrap port."""
+        if not self.add_body:
+            return None
+        body: dict[str, Any] = {"url": url}
+        if role:
+            body["worker_type"] = role
+        if role == "prefill" and bootstrap_port is not None:
+            body["bootstrap_port"] = bootstrap_port
+        return body
 
 
 # smg 1.13.0 (seen here): DELETE /workers/{id} answers 202 and lists the worker `draining` until its requests
 # end, then drops it; POST /workers {"url"} answers 202 and the worker is `ready` once it passes its checks.
 # vllm-router 0.1.17 keeps the gateway's older routes (/add_worker, /remove_worker with ?url=; in its binary).
+# In PD mode (seen here, prefill + 2 decodes of the stand-in): smg 1.13.0 and sglang-router 0.3.2 take
+# POST /workers {"url", "worker_type": "prefill"|"decode", "bootstrap_port"} (202; listed with that type) and
+# DELETE /workers/{id} (smg lists it `draining` ~5 s, sglang-router drops it at once). vllm-router 0.1.17
+# removes a PD worker (/remove_worker: 200) but answers /add_worker (with or without worker_type) and POST
+# /workers with HTTP 400 "PD router requires specific add_prefill_server or add_decode_server methods", and has
+# no HTTP route to either method (its routes: /add_worker, /remove_worker, /list_workers, /workers,
+# /workers/{url}): an instance taken out could never be put back.
+VLLM_ROUTER_PD = ("vllm-router 0.1.17 cannot put a prefill or decode worker back at runtime: in PD mode it answers "
+                  "/add_worker and POST /workers with HTTP 400 'PD router requires specific add_prefill_server or "
+                  "add_decode_server methods', and no HTTP route reaches those (seen running it here; "
+                  "k3deploy/engines/router_api.py)")
 MEMBERSHIP = {
     "smg": Membership("DELETE", "/workers/{id}", "POST", "/workers", True),
     "sglang-router": Membership("DELETE", "/workers/{id}", "POST", "/workers", True),
-    "vllm-router": Membership("POST", "/remove_worker?url={url}", "POST", "/add_worker?url={url}", False),
+    "vllm-router": Membership("POST", "/remove_worker?url={url}", "POST", "/add_worker?url={url}", False,
+                              pd_refused=VLLM_ROUTER_PD),
 }
 
 # What a replica is still serving, from its own /metrics (real names: SGLang's and vLLM's gauges); the drain
@@ -73,6 +101,10 @@ RUNNING_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "vllm:num_
 # Requests a replica has finished, from its own /metrics (vLLM 0.32.0's counter, read from the real engine):
 # who served through a router that names no worker (vllm-router) is whose count grew.
 FINISHED_COUNTERS = ("vllm:request_success_total",)
+# Prompt tokens an engine has processed (SGLang's and vLLM's counters; docs/references/production_metrics.md,
+# vLLM 0.32.0's /metrics): a PD request grows them on its prefill and its decode alike, so a new instance that
+# took part in a request through the router is one whose count grew.
+PROMPT_COUNTERS = ("sglang:prompt_tokens_total", "vllm:prompt_tokens_total")
 
 
 def _sum(metrics_text: str, names: tuple[str, ...]) -> float | None:
@@ -96,3 +128,8 @@ def running_requests(metrics_text: str) -> float | None:
 def finished_requests(metrics_text: str) -> float | None:
     """The requests the engine has finished, from a Prometheus text page (None when it does not count them)."""
     return _sum(metrics_text, FINISHED_COUNTERS)
+
+
+def prompt_tokens(metrics_text: str) -> float | None:
+    """The prompt tokens the engine has processed, from a Prometheus text page (None when it has no counter)."""
+    return _sum(metrics_text, PROMPT_COUNTERS)

@@ -1,5 +1,6 @@
-"""One validate stage against one replica straight (not through the router): what rollout runs on a replica it
-has just started, before it is put back."""
+"""One validate stage on one replica or prefill/decode instance that rollout has just started: a replica's
+straight to it, before it is put back; an instance's through the router once it is back (neither role answers a
+request alone), judged with the instance's own nodes (logs, liveness)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,14 +16,17 @@ if TYPE_CHECKING:
     from k3deploy.launch.state import StateStore
 
 
-def replica_stage(sp: ServicePlan, store: StateStore, stage: str,
-                  runner_factory: RunnerFactory | None = None) -> Callable[[int], str | None]:
-    """A check of replica I by `stage`: None when it passed, else its status and detail."""
+def replica_stage(sp: ServicePlan, store: StateStore, stage: str, runner_factory: RunnerFactory | None = None,
+                  router_url: str | None = None) -> Callable[[int], str | None]:
+    """A check of replica (or instance) I by `stage`: None when it passed, else its status and detail. With
+    `router_url` its requests go through the router."""
     from k3deploy.validate.nodes import fleet_runner
 
     def check(index: int) -> str | None:
         sub = sp.replicas[index][0].topology
         dep = store.require(sub.name)
+        if router_url is not None:
+            dep = dep.model_copy(update={"url": router_url, "probe_from": "here"})
         report = run_stages(Target(sub, Path(sp.plan.file), dep), runner_factory or fleet_runner,
                             [IMPLEMENTED[stage]], sp.catalog, manifest=None, fail_fast=True,
                             progress=lambda e: None, on_stage=lambda n, r: None)

@@ -77,15 +77,15 @@ def test_the_router_fronts_the_ready_instances_and_a_role_without_one_is_refused
         _require_ready(sp, [1, 2], None)
 
 
-def test_launch_dry_run_shows_each_instance_and_rollout_refuses(tmp_path: Path) -> None:
+def test_launch_dry_run_shows_each_instance_and_rollout_of_single_instances_refuses(tmp_path: Path) -> None:
     r = run_k3deploy("launch", str(LOCAL), "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "# ===== prefill k3-pd-prefill0 =====" in r.stdout and "# ===== decode k3-pd-decode0 =====" in r.stdout
     assert "--pd-disaggregation" in r.stdout and "--prefill http://127.0.0.1:18000 18998" in r.stdout
     doc = json.loads(run_k3deploy("launch", str(LOCAL), "--dry-run", "--json").stdout)
     assert [len(r) for r in doc["replicas"]] == [2, 2]
-    r = run_k3deploy("rollout", str(LOCAL), "--state-dir", str(tmp_path))
-    assert r.returncode == 2 and "rollout of prefill/decode roles is not built yet" in r.stderr, r.stderr
+    r = run_k3deploy("rollout", str(LOCAL), "--state-dir", str(tmp_path))  # one instance per role: refused
+    assert r.returncode == 2 and "roles.prefill has a single instance" in r.stderr, r.stderr
 
 
 def test_validate_of_roles_runs_node_stages_per_instance_and_request_stages_once(tmp_path: Path) -> None:
