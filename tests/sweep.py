@@ -37,11 +37,17 @@ _PREVIOUS: Any = signal.SIG_DFL
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Sweep on SIGTERM (the main thread only may set handlers; a worker thread's run simply skips it)."""
+    """Sweep on SIGTERM (the main thread only may set handlers; a worker thread's run simply skips it), and
+    make SIGINT a KeyboardInterrupt even where it came in ignored."""
     global _PREVIOUS
     if sys.platform != "win32":
         try:
             _PREVIOUS = signal.signal(signal.SIGTERM, _on_sigterm)
+            # A pytest a script starts in the background (scripts/real_tier.sh's two runs, or any run of a
+            # script itself started with `&`) inherits SIGINT ignored, and Python then installs no handler:
+            # the SIGINT that ends a run tearing its fixtures down (engines, rigs) would do nothing.
+            if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         except ValueError:
             pass
 
