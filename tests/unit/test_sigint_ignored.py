@@ -37,11 +37,11 @@ def test_waits(engine):
 
 def test_sigint_ends_a_run_that_came_in_with_sigint_ignored(tmp_path: Path) -> None:
     (tmp_path / "test_slow.py").write_text(BODY)
+    # `trap "" INT` then exec: SIGINT ignored on entry, as a script's `cmd &` leaves it.
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.sweep",
-         "--rootdir", str(tmp_path), str(tmp_path / "test_slow.py")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # what `cmd &` does in a script
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "tests.sweep", "--rootdir", str(tmp_path), str(tmp_path / "test_slow.py")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: (tmp_path / "started").exists() or run.poll() is not None, 120), "never started"
         run.send_signal(signal.SIGINT)
