@@ -29,6 +29,7 @@ if [ "${1:-}" = "--files" ]; then
 fi
 
 logs="$(mktemp -d "${TMPDIR:-/tmp}/k3deploy-real-tier.XXXXXX")"
+pids=()  # set -u: the trap may fire before the first run starts
 # shellcheck disable=SC2317  # run by the trap
 stop_runs() {  # a Ctrl-C or CI's stop: each pytest tears down its fixtures (engines, rigs) on SIGINT
   for pid in "${pids[@]}"; do kill -INT "$pid" 2>/dev/null; done
@@ -37,8 +38,9 @@ stop_runs() {  # a Ctrl-C or CI's stop: each pytest tears down its fixtures (eng
   exit 130
 }
 trap stop_runs INT TERM
-# Job control: without it a background command ignores SIGINT, and Python then installs no handler for it
-# (stop_runs could not end a run cleanly).
+# Job control: each run in its own process group, so a Ctrl-C reaches a run once, through stop_runs (a second
+# SIGINT during pytest's teardown would cut the teardown short), and comes in not ignored (tests/sweep.py
+# also restores Python's handler where it was).
 set -m
 
 started=$SECONDS

@@ -32,11 +32,11 @@ def summary_lines() -> list[str]:
     if not SPENT_S:
         return []
     tests_s = sum(SPENT_S.values())
-    install = os.environ.get("K3DEPLOY_VLLM_INSTALL_S", "")
-    install_s = float(install) if install.replace(".", "", 1).isdigit() else None
     run = os.environ.get("K3DEPLOY_REAL_TIER_RUN", "")
     if run:
         return [f"real-engine tier, run {run}: {len(SPENT_S)} tests starting real vLLM took {tests_s:.0f} s"]
+    install = os.environ.get("K3DEPLOY_VLLM_INSTALL_S", "")
+    install_s = float(install) if install.replace(".", "", 1).isdigit() else None
     lines = [f"real-engine tier: {len(SPENT_S)} tests starting real vLLM took {tests_s:.0f} s"]
     if install_s is not None:
         lines.append(f"real-engine tier: venv install {install_s:.0f} s; tier total {tests_s + install_s:.0f} s "
