@@ -19,7 +19,7 @@ from k3deploy.errors import ExecError, InputError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp, completes
 from k3deploy.launch.membership import listed, put_back, take_out
-from k3deploy.launch.registration import POLL_S, workers_of
+from k3deploy.launch.registration import POLL_S
 from k3deploy.launch.rollout import (
     DRAIN_TIMEOUT_S,
     InstanceOps,
@@ -28,6 +28,7 @@ from k3deploy.launch.rollout import (
     Say,
     Steps,
     deployment_ops,
+    healthy_others,
     noting,
     restart,
     run_checks,
@@ -130,9 +131,7 @@ def _failed(index: int, cause: str) -> Callable[[Service], Service]:
 
 def _other_serves(http: NodeHttp, svc: Service, rep: ReplicaEntry) -> None:
     """ExecError unless another instance of the role is healthy in the router (it keeps the role serving)."""
-    rows, _ = workers_of(http)
-    mates = {r.url.rstrip("/") for r in svc.replicas if r.role == rep.role and r.name != rep.name}
-    if not any(w.url in mates and w.healthy for w in rows):
+    if not healthy_others(http, svc, rep.url.rstrip("/"), rep.role):
         raise ExecError(f"no other {rep.role} instance is healthy in the router: taking {rep.name} out would "
                         f"leave no {rep.role} serving")
 

@@ -53,9 +53,10 @@ def deployment_ops(sp: ServicePlan, store: StateStore, factory: ExecutorFactory 
     return InstanceOps(stop=stop, start=start)
 
 
-def _healthy_others(http: NodeHttp, svc: Service, url: str) -> int:
+def healthy_others(http: NodeHttp, svc: Service, url: str, role: str | None = None) -> int:
+    """How many of the service's other instances (of `role` only, when given) the router lists healthy."""
     rows, _ = workers_of(http)
-    others = {r.url.rstrip("/") for r in svc.replicas} - {url}
+    others = {r.url.rstrip("/") for r in svc.replicas if role is None or r.role == role} - {url}
     return sum(1 for w in rows if w.url in others and w.healthy)
 
 
@@ -114,7 +115,7 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
         for rep in svc.replicas:
             url, steps = rep.url.rstrip("/"), Steps(rep.name, say)
             try:
-                if len(svc.replicas) > 1 and _healthy_others(http, svc, url) < len(svc.replicas) - 1:
+                if len(svc.replicas) > 1 and healthy_others(http, svc, url) < len(svc.replicas) - 1:
                     raise ExecError("another replica is not healthy in the router: taking this one out would "
                                     "leave fewer than N-1 serving")
                 steps("drain", "out of the router, draining")
