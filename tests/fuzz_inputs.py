@@ -204,6 +204,9 @@ def attacks() -> dict[str, bytes]:
         "float-past-range": demo.replace("context_length: 32768", "context_length: 1.0e+999").encode(),
         "float-past-range-in-timeout": demo.replace("dist_timeout_s: 60", "dist_timeout_s: 1.0e+999").encode(),
         "date-that-is-not": demo.replace("revision: tiny-r1", "revision: 2026-13-45").encode(),
+        # found by the fuzzer on CI's newer hypothesis (6cb2ac1): a list or a mapping used as a key
+        "complex-key": (demo + "? [a, b]\n: x\n").encode(),
+        "mapping-key": (demo + "{a: 1}: x\n").encode(),
         "merge-keys": ("base: &b {tp: 4}\n" + demo.replace("parallel: {", "parallel: {<<: *b, ")).encode(),
     }
 

@@ -10,18 +10,18 @@ import os
 import re
 import resource
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from k3deploy.catalog.loader import DATA_DIR
 from k3deploy.planning.files import catalog_for, plan_path
-from tests import figures
+from tests import figures, fuzz_seed
 from tests.fuzz_inputs import (
     PAST_LIMITS,
     SHIPPED,
@@ -36,10 +36,18 @@ from tests.fuzz_inputs import (
 )
 
 
-def fuzz(examples: int) -> settings:
-    """Reproducible in CI (the same inputs every run), no timed deadline (the test's timeout bounds it)."""
-    return settings(database=None, deadline=None, derandomize=True, print_blob=True, max_examples=examples,
-                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate, Phase.shrink))
+def fuzz(examples: int) -> Callable[[Any], Any]:
+    """A per-run budget of `examples` (scaled by K3_FUZZ_SCALE), drawn from this run's seed (tests/fuzz_seed.py:
+    a new one each run, printed in the header and the summary, K3_FUZZ_SEED replays it), so runs add up to new
+    inputs instead of replaying the same ones; no timed deadline (the test's timeout bounds it). The inputs
+    earlier runs found are explicit cases (attacks(), PAST_LIMITS)."""
+    budget = settings(database=None, deadline=None, derandomize=False, print_blob=True,
+                      max_examples=fuzz_seed.examples(examples), suppress_health_check=list(HealthCheck),
+                      phases=(Phase.explicit, Phase.generate, Phase.shrink))
+
+    def apply(test: Any) -> Any:
+        return seed(fuzz_seed.SEED)(budget(test))
+    return apply
 CATALOG_DOCS = {p.name: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted(DATA_DIR.glob("*.yaml"))}
 DEMO = Path(SHIPPED[0]).parent / "local-demo.yaml"
 LOCATED = re.compile(r":\d+:\d+: ")  # file:line:col
