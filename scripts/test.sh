@@ -71,18 +71,29 @@ else
   echo "scripts/test.sh: the routers venv could not be made; the router tests will skip" >&2
 fi
 # --- end of the routers block ---------------------------------------------------------------------------
-# Static checks are their own step (the unit tier needs no mypy); skipped when pytest gets arguments.
-[ "$#" -gt 0 ] || bash scripts/static_checks.sh
-# The unit tier again under Python 3.10, the oldest pyproject.toml promises (also skipped when pytest gets
-# arguments): scripts/py310_units.sh, which says why when it skips.
-[ "$#" -gt 0 ] || bash scripts/py310_units.sh
+# Static checks (their own step: the unit tier needs no mypy) and the Python 3.10 run (scripts/py310_units.sh,
+# which says why when it skips) at once: each keeps one core busy. Both skipped when pytest gets arguments.
+if [ "$#" -eq 0 ]; then
+  static_out="$(mktemp "${TMPDIR:-/tmp}/k3deploy-static.XXXXXX")"
+  bash scripts/static_checks.sh >"$static_out" 2>&1 &
+  static_pid=$!
+  py310=0
+  bash scripts/py310_units.sh || py310=$?
+  static=0
+  wait "$static_pid" || static=$?
+  cat "$static_out"
+  rm -f "$static_out"
+  [ "$static" = 0 ] || { echo "scripts/test.sh: the static checks failed (above)" >&2; exit "$static"; }
+  [ "$py310" = 0 ] || { echo "scripts/test.sh: the Python 3.10 run failed (above)" >&2; exit "$py310"; }
+fi
 [ -z "$vllm_install_pid" ] || vllm_installed
 if [ "$#" -gt 0 ]; then  # the tests asked for, in one run
   exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 fi
 # A full run: the real-engine tier first, as two runs at once (scripts/real_tier.sh says why), then every
-# other test; the status is the worse of the two. It lists its slowest tests, so each tier's cost in CI can
-# be read off the log.
+# other test as two xdist workers (most of those tests wait on processes, sockets and logs: one worker leaves a
+# core idle), each module one group, the longest first (tests/schedule.py); the status is the worse of the two.
+# It lists its slowest tests, so each tier's cost in CI can be read off the log.
 tier=0
 leave_out=()
 if [ -n "$vllm_install_pid" ]; then  # else (K3DEPLOY_SKIP_REAL_ENGINE) the main run shows them skipped, and why
@@ -90,6 +101,7 @@ if [ -n "$vllm_install_pid" ]; then  # else (K3DEPLOY_SKIP_REAL_ENGINE) the main
   while IFS= read -r path; do leave_out+=("--ignore=$path"); done < <(bash scripts/real_tier.sh --files)
 fi
 main=0
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=60 ${leave_out[@]+"${leave_out[@]}"} || main=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=60 \
+  ${K3DEPLOY_JUNIT:+--junitxml="$K3DEPLOY_JUNIT"} ${leave_out[@]+"${leave_out[@]}"} || main=$?
 [ "$tier" = 0 ] || echo "scripts/test.sh: the real-engine tier failed (its runs are above)" >&2
 [ "$main" = 0 ] && [ "$tier" = 0 ]

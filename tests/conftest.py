@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -52,11 +53,27 @@ NO_TORCH = ("needs torch, which this venv lacks (the Python 3.10 unit run instal
             "its only wheel here is for 3.11); it runs under the main venv")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One fuzz seed for the whole run, in the environment so every process of it (xdist workers) shares it."""
+    from tests import fuzz_seed
+
+    os.environ.setdefault("K3_FUZZ_SEED", str(fuzz_seed.SEED))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from tests import fuzz_seed
+
+    return fuzz_seed.replay_line()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the tests that need torch, with the reason, where torch is not installed."""
+    """The run's order (tests/schedule.py: longest modules first, each module one xdist group), and the tests
+    that need torch skipped, with the reason, where torch is not installed."""
+    from tests import schedule
     from tests.realengine.tier_time import note_items
 
     note_items(items)
+    schedule.order(items)
     if HAS_TORCH:
         return
     for item in items:
@@ -70,6 +87,29 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     note_report(report)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """An xdist worker hands its figures and its real-engine times to the controller, which prints them."""
+    from tests.realengine import tier_time
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests import figures
+
+        workeroutput["k3deploy_figures"] = dict(figures.FIGURES)
+        workeroutput["k3deploy_tier_s"] = dict(tier_time.SPENT_S)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """The controller adds up what each xdist worker counted (pytest_sessionfinish above)."""
+    from tests import figures
+    from tests.realengine import tier_time
+
+    out = getattr(node, "workeroutput", {})
+    figures.FIGURES.update(out.get("k3deploy_figures", {}))
+    tier_time.SPENT_S.update(out.get("k3deploy_tier_s", {}))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the reliability figures the tests gathered (tests/figures.py) and the real-engine tier's time
     (tests/realengine/tier_time.py), once, at the end of the run."""
@@ -77,5 +117,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from tests.realengine import tier_time
 
     terminalreporter.section("k3deploy reliability figures")
-    for line in summary_lines() + tier_time.summary_lines():
+    from tests import fuzz_seed
+
+    for line in summary_lines() + tier_time.summary_lines() + [fuzz_seed.replay_line()]:
         terminalreporter.write_line(line)

@@ -1,0 +1,46 @@
+"""The order of a run and how its tests are shared between xdist workers (scripts/test.sh runs the main tier as
+`-n 2 --dist loadgroup --no-loadscope-reorder`): every module is one group (its module-scoped fixtures, a rig or
+a deployment, are made once, on one worker), and groups go out longest first, as measured
+(tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the two workers end
+together instead of one waiting on the last long module. A module the file does not know counts as a typical
+one of its tier."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+# Seconds for a module the file does not name yet (a new one): the median of its tier in the last measured run.
+UNKNOWN_S = {"integration": 40.0, "realengine": 120.0, "unit": 5.0}
+
+
+def module_of(item: pytest.Item) -> str:
+    """The test's module as a path from the repo root: `tests/unit/test_plan_cli.py`."""
+    return item.nodeid.split("::", 1)[0]
+
+
+def measured() -> dict[str, float]:
+    try:
+        data = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.get("modules", {}).items()}
+
+
+def weight(module: str, known: dict[str, float]) -> float:
+    if module in known:
+        return known[module]
+    tier = module.split("/")[1] if module.count("/") >= 2 else "unit"
+    return UNKNOWN_S.get(tier, UNKNOWN_S["unit"])
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Longest modules first (stable within a module); each module its own xdist group."""
+    known = measured()
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight(module_of(item), known), module_of(item), position[id(item)]))
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(module_of(item)))
