@@ -24,7 +24,7 @@ def logs(
 
     store, name = lookup.locate(deployment, str(state_dir) if state_dir else None)
     ranks = list(node) if node else None
-    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.records.service import ServiceStore
 
     svc = ServiceStore(store).load(name)
     if svc is not None and not follow:

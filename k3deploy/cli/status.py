@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: the topology's launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
@@ -26,7 +26,7 @@ def status(
     from k3deploy.launch.lookup import status as get_status
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
-    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.records.service import ServiceStore
 
     if ServiceStore(store).load(name) is not None:
         _service_status(store, name, as_json)

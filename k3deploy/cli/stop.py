@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
 from k3deploy.cli.status import StateDirOpt
 
@@ -24,7 +24,7 @@ def stop(
     from k3deploy.launch.lookup import locate
 
     store, name = locate(deployment, str(state_dir) if state_dir else None)
-    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.records.service import ServiceStore
 
     if ServiceStore(store).load(name) is not None:
         _stop_service(store, name)

@@ -10,9 +10,11 @@ from k3deploy.errors import InputError
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.bringup import open_gang
-from k3deploy.launch.readiness import choose_probe_from
-from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Attempt, Deployment, Failure
+from k3deploy.records.status import ACTIVE
+from k3deploy.records.store import StateStore, default_state_dir
+from k3deploy.serving.readiness import choose_probe_from
 
 
 def locate(name_or_file: str, state_dir: str | None) -> tuple[StateStore, str]:

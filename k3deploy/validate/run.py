@@ -30,7 +30,7 @@ def _load(file: Path) -> Topology:
 
 def resolve_target(target: str, state_dir: str | None = None) -> Target:
     """A topology file (with its deployment when one is ready), or a deployment name (StateError if none)."""
-    from k3deploy.launch.state import StateStore, default_state_dir
+    from k3deploy.records.store import StateStore, default_state_dir
 
     path = Path(target)
     if path.suffix in (".yaml", ".yml") or path.is_file():

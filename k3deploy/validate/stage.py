@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog, ModelSpec
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.executors.base import Executor
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
     from k3deploy.topology.schema import Topology
     from k3deploy.validate.routed import Routed
 
