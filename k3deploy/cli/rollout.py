@@ -38,17 +38,17 @@ def rollout(
     the router. Exit 2 before anything when a role has a single instance or the router cannot take PD workers
     back (vllm-router). Exit 4 at the first failure, naming the replica or instance (and role) and the stage;
     the others keep serving."""
-    from k3deploy.launch.lookup import locate
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.rollout import rollout as roll
     from k3deploy.launch.service_views import summary
+    from k3deploy.records.locate import locate
     from k3deploy.records.service import ServiceStore
     from k3deploy.validate.replica_check import replica_stage
 
-    store, name = locate(target, str(state_dir) if state_dir else None)
+    found = locate(target, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
     svc = ServiceStore(store).load(name)
-    file = Path(target) if Path(target).suffix in (".yaml", ".yml") or Path(target).is_file() else \
-        Path(svc.file) if svc is not None else Path(target)
+    file = found.file or (Path(svc.file) if svc is not None else Path(target))
     overrides = exec_overrides({"executor": executor, **connection})
     prep = prepare(file, catalog, overrides)
     if prep.service is None:

@@ -21,9 +21,10 @@ def stop(
     from k3deploy.errors import ExecError
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch import deploy
-    from k3deploy.launch.lookup import locate
+    from k3deploy.records.locate import locate
 
-    store, name = locate(deployment, str(state_dir) if state_dir else None)
+    found = locate(deployment, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
     from k3deploy.records.service import ServiceStore
 
     if ServiceStore(store).load(name) is not None:
