@@ -16,7 +16,7 @@ from k3deploy.cli.common import (
     print_warnings,
     with_connection_options,
 )
-from k3deploy.cli.interrupts import sigterm_interrupts as _sigterm_interrupts  # the old name, kept importable
+from k3deploy.cli.interrupts import sigterm_interrupts
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
@@ -103,7 +103,7 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
         if live is None and not as_json:
             err.print(event_line(event), markup=False)
 
-    _sigterm_interrupts()
+    sigterm_interrupts()
     try:
         if live is not None:
             live.start()

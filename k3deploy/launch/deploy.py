@@ -27,9 +27,6 @@ from k3deploy.records.status import ACTIVE, Status
 from k3deploy.records.store import StateStore
 from k3deploy.serving.readiness import ProbeFrom, choose_probe_from
 
-# bring_up, fleet_of, open_gang and teardown moved to bringup; other modules still take them from here.
-__all__ = ["OWNER_EXIT_EXTRA_S", "bring_up", "fleet_of", "launch", "new_record", "open_gang", "spawn_supervisor",
-           "stop", "teardown"]
 OWNER_EXIT_EXTRA_S = 15.0
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 

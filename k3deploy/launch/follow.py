@@ -7,7 +7,8 @@ from typing import TextIO
 
 from k3deploy.errors import StateError
 from k3deploy.executors.base import ProcessHandle
-from k3deploy.launch.deploy import fleet_of, stop
+from k3deploy.launch.bringup import fleet_of
+from k3deploy.launch.deploy import stop
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import GroupFailed
 from k3deploy.launch.streaming import LineSink, LogStreamer

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.topology.schema import Topology
 
-__all__ = ["RunnerFactory", "Target", "load_manifest", "resolve_target", "validate"]  # the first two: target.py's
-
 
 def resolve_target(target: str, state_dir: str | None = None) -> Target:
     """A topology file (with its deployment when one is ready), or a deployment name (StateError if none)."""
