@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from fanout import _hosts_cpu_s, _leftovers
 from scale import _cpu_s, _topology, engine_floor
 
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
+from k3deploy.records.store import StateStore
 from tests.rig import HostRig
 
 _STAMP = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) ", re.MULTILINE)

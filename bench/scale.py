@@ -39,9 +39,9 @@ from k3deploy.executors import ExecTarget, Executor, NodeFleet
 from k3deploy.executors.fleet import require_all
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch import deploy
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
+from k3deploy.records.store import StateStore
 from tests.rig import HostRig
 from tests.unit.test_launch_support import fake_topology
 

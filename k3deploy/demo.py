@@ -13,7 +13,7 @@ from k3deploy.extras import require
 
 if TYPE_CHECKING:
     from k3deploy.launch.events import NodeEvent
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
     from k3deploy.validate.pipeline import Report
     from k3deploy.validate.stage import ProgressEvent, StageResult
 
@@ -69,9 +69,9 @@ def run_demo(workdir: Path, *, keep: bool = False, on_event: Callable[[NodeEvent
              on_step: Callable[[str], None] = lambda s: None) -> DemoResult:
     """Prepare, plan, launch, validate, and stop unless `keep` (then a supervisor watches it)."""
     from k3deploy.launch import deploy
-    from k3deploy.launch.state import StateStore
     from k3deploy.nodeplan.jobs import jobs_for
     from k3deploy.planning.files import catalog_for, require_feasible
+    from k3deploy.records.store import StateStore
     from k3deploy.validate.nodes import fleet_runner
     from k3deploy.validate.run import resolve_target, validate
 

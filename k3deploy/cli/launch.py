@@ -16,7 +16,7 @@ from k3deploy.cli.common import (
     print_warnings,
     with_connection_options,
 )
-from k3deploy.cli.interrupts import sigterm_interrupts as _sigterm_interrupts  # the old name, kept importable
+from k3deploy.cli.interrupts import sigterm_interrupts
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
@@ -89,8 +89,8 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
     from rich.live import Live
 
     from k3deploy.launch import deploy
-    from k3deploy.launch.state import StateStore, default_state_dir
     from k3deploy.launch.views import Progress, deployment_summary, event_line
+    from k3deploy.records.store import StateStore, default_state_dir
 
     store = StateStore(state_dir or plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)
@@ -103,7 +103,7 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
         if live is None and not as_json:
             err.print(event_line(event), markup=False)
 
-    _sigterm_interrupts()
+    sigterm_interrupts()
     try:
         if live is not None:
             live.start()

@@ -33,8 +33,8 @@ def launch_service(sp: ServicePlan, *, dry_run: bool, as_json: bool, attach: boo
         Console(highlight=False, soft_wrap=True).print(service_views.dry_run(sp, router))
         return
     from k3deploy.launch.service import launch_service as launch
-    from k3deploy.launch.state import StateStore, default_state_dir
     from k3deploy.launch.views import event_line
+    from k3deploy.records.store import StateStore, default_state_dir
 
     store = StateStore(state_dir or sp.plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)
@@ -44,7 +44,7 @@ def launch_service(sp: ServicePlan, *, dry_run: bool, as_json: bool, attach: boo
             f"{who} {event_line(e)}", markup=False), skip_preflight=skip_preflight)
     except BaseException:
         if as_json:  # the record of the failed launch (its cause, the router's preflight), as for a deployment
-            from k3deploy.launch.service_state import ServiceStore
+            from k3deploy.records.service import ServiceStore
 
             rec = ServiceStore(store).load(sp.name)
             print(rec.model_dump_json(indent=2) if rec is not None else "{}")

@@ -21,10 +21,12 @@ def logs(
     every replica's and the router's, prefixed `[NAME-rI rank host]`)."""
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch import lookup
+    from k3deploy.records.locate import locate
 
-    store, name = lookup.locate(deployment, str(state_dir) if state_dir else None)
+    found = locate(deployment, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
     ranks = list(node) if node else None
-    from k3deploy.launch.service_state import ServiceStore
+    from k3deploy.records.service import ServiceStore
 
     svc = ServiceStore(store).load(name)
     if svc is not None and not follow:

@@ -38,7 +38,7 @@ def preflight(
     cannot be reached (the worst over every instance)."""
     from rich.console import Console
 
-    from k3deploy.launch.deploy import fleet_of
+    from k3deploy.launch.bringup import fleet_of
     from k3deploy.launch.prepare import held_nodes, prepare
     from k3deploy.preflight.runner import run_preflight
     from k3deploy.preflight.views import table, write_junit

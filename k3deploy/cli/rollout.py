@@ -38,17 +38,17 @@ def rollout(
     the router. Exit 2 before anything when a role has a single instance or the router cannot take PD workers
     back (vllm-router). Exit 4 at the first failure, naming the replica or instance (and role) and the stage;
     the others keep serving."""
-    from k3deploy.launch.lookup import locate
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.rollout import rollout as roll
-    from k3deploy.launch.service_state import ServiceStore
     from k3deploy.launch.service_views import summary
+    from k3deploy.records.locate import locate
+    from k3deploy.records.service import ServiceStore
     from k3deploy.validate.replica_check import replica_stage
 
-    store, name = locate(target, str(state_dir) if state_dir else None)
+    found = locate(target, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
     svc = ServiceStore(store).load(name)
-    file = Path(target) if Path(target).suffix in (".yaml", ".yml") or Path(target).is_file() else \
-        Path(svc.file) if svc is not None else Path(target)
+    file = found.file or (Path(svc.file) if svc is not None else Path(target))
     overrides = exec_overrides({"executor": executor, **connection})
     prep = prepare(file, catalog, overrides)
     if prep.service is None:
@@ -56,6 +56,8 @@ def rollout(
 
         raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
+
+    plans = [plan for plan, _ in prep.service.replicas]
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
@@ -65,8 +67,8 @@ def rollout(
 
         url = svc.router_url if svc is not None else None
         done = rollout_roles(prep.service, store, say=say, drain_s=drain_s, checks=[] if skip_short else [
-            ("short", replica_stage(prep.service, store, "short", router_url=url))])
+            ("short", replica_stage(plans, prep.service.catalog, store, "short", router_url=url))])
     else:
         done = roll(prep.service, store, say=say, drain_s=drain_s,
-                    checks=[] if skip_short else [("short", replica_stage(prep.service, store, "short"))])
+                    checks=[] if skip_short else [("short", replica_stage(plans, prep.service.catalog, store, "short"))])
     print(summary(done))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: the topology's launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
@@ -22,11 +22,12 @@ def status(
     Of replicas behind a router: each replica beside what the router's /workers says of it, and the router.
     Exit 4 when the deployment failed (a service: when nothing serves)."""
     from k3deploy.executors.factory import open_executor
-    from k3deploy.launch.lookup import locate
     from k3deploy.launch.lookup import status as get_status
+    from k3deploy.records.locate import locate
 
-    store, name = locate(deployment, str(state_dir) if state_dir else None)
-    from k3deploy.launch.service_state import ServiceStore
+    found = locate(deployment, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
+    from k3deploy.records.service import ServiceStore
 
     if ServiceStore(store).load(name) is not None:
         _service_status(store, name, as_json)

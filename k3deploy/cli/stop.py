@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
 from k3deploy.cli.status import StateDirOpt
 
@@ -21,10 +21,11 @@ def stop(
     from k3deploy.errors import ExecError
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch import deploy
-    from k3deploy.launch.lookup import locate
+    from k3deploy.records.locate import locate
 
-    store, name = locate(deployment, str(state_dir) if state_dir else None)
-    from k3deploy.launch.service_state import ServiceStore
+    found = locate(deployment, str(state_dir) if state_dir else None)
+    store, name = found.store, found.name
+    from k3deploy.records.service import ServiceStore
 
     if ServiceStore(store).load(name) is not None:
         _stop_service(store, name)

@@ -5,9 +5,9 @@ import re
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from k3deploy.executors.target import Capabilities
 
@@ -61,8 +61,14 @@ class ProcessHandle(BaseModel):
     start_ticks: int | None = Field(None, description="start time in clock ticks since boot (PID-reuse guard)")
     tag: str = Field(description=f"value of {TAG_VAR} in the process's environment")
     log_path: str = Field(description="log file on the host (stdout and stderr)")
-    # Records before 0.3 held the Ray agent's name here; the Ray executor now derives it from `tag`.
-    container: str | None = Field(None, description="unused (records before 0.3: the Ray agent's name)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_agent_name(cls, data: Any) -> Any:
+        # Records before 0.3 held the Ray agent's name in `container`; the Ray executor derives it from `tag`.
+        if isinstance(data, dict) and "container" in data:
+            return {k: v for k, v in data.items() if k != "container"}
+        return data
 
 
 class Forward(Protocol):

@@ -16,8 +16,10 @@ from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
 from k3deploy.launch.slurm_watch import end_slurm_job
-from k3deploy.launch.state import Deployment, Failure, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Deployment, Failure
+from k3deploy.records.status import Status
+from k3deploy.records.store import StateStore
 
 LOCAL_LOG_LINES = 5000
 

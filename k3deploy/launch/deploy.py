@@ -18,16 +18,15 @@ from k3deploy.launch.bringup import StartFn, bring_up, fleet_of, open_gang, tear
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, new_run_id
 from k3deploy.launch.preflight_gate import preflight_gate
-from k3deploy.launch.procs import Identity, start_ticks
-from k3deploy.launch.readiness import ProbeFrom, choose_probe_from
 from k3deploy.launch.slurm_watch import end_slurm_job
-from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, NodeState, StateStore, Status
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
+from k3deploy.records.deployment import Attempt, Deployment, Failure, NodeState
+from k3deploy.records.owner import Identity, start_ticks
+from k3deploy.records.status import ACTIVE, Status
+from k3deploy.records.store import StateStore
+from k3deploy.serving.readiness import ProbeFrom, choose_probe_from
 
-# bring_up, fleet_of, open_gang and teardown moved to bringup; other modules still take them from here.
-__all__ = ["OWNER_EXIT_EXTRA_S", "bring_up", "fleet_of", "launch", "new_record", "open_gang", "spawn_supervisor",
-           "stop", "teardown"]
 OWNER_EXIT_EXTRA_S = 15.0
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 

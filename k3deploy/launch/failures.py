@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from k3deploy.errors import LaunchError
 from k3deploy.executors.base import exit_record
-from k3deploy.launch.readiness import cause_line, fatal_line
-from k3deploy.launch.state import Failure
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Failure
+from k3deploy.serving.readiness import cause_line, fatal_line
 
 ENDED_CAUSE = "; its log says: "  # before the line that says why an engine ended
 

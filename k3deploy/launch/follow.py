@@ -7,12 +7,15 @@ from typing import TextIO
 
 from k3deploy.errors import StateError
 from k3deploy.executors.base import ProcessHandle
-from k3deploy.launch.deploy import fleet_of, stop
+from k3deploy.launch.bringup import fleet_of
+from k3deploy.launch.deploy import stop
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import GroupFailed
-from k3deploy.launch.state import ACTIVE, Deployment, StateStore
 from k3deploy.launch.streaming import LineSink, LogStreamer
 from k3deploy.launch.supervisor import Supervisor
+from k3deploy.records.deployment import Deployment
+from k3deploy.records.status import ACTIVE
+from k3deploy.records.store import StateStore
 
 # How often `follow` reads the record to see whether the deployment is still active.
 RECHECK_S = 1.0

@@ -16,10 +16,10 @@ from k3deploy.launch.head_ready import HeadReadiness
 from k3deploy.launch.ipc import with_ipc_dir
 from k3deploy.launch.links import blame_link
 from k3deploy.launch.node_stop import stop_node, terminate
-from k3deploy.launch.readiness import ProbeFrom, cause_line, fatal_line
-from k3deploy.launch.state import Failure
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Failure
+from k3deploy.serving.readiness import ProbeFrom, cause_line, fatal_line
 
 # Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
 READY_POLL_S = 0.1

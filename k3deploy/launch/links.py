@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 from k3deploy.executors.base import Executor
 from k3deploy.executors.fleet import NodeFleet
-from k3deploy.launch.state import Failure
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Failure
 
 # /sys/class/net/IFACE/operstate of a pulled cable, a port the switch shut, or `ip link set down`.
 DOWN = ("down", "lowerlayerdown")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -10,25 +9,11 @@ from k3deploy.errors import InputError
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.http import NodeHttp, serving
 from k3deploy.launch.bringup import open_gang
-from k3deploy.launch.readiness import choose_probe_from
-from k3deploy.launch.state import ACTIVE, Attempt, Deployment, Failure, StateStore, default_state_dir
 from k3deploy.nodeplan.jobs import NodeJob
-
-
-def locate(name_or_file: str, state_dir: str | None) -> tuple[StateStore, str]:
-    """A topology file (its name and launch.state_dir) or a deployment name, and where its record is."""
-    path = Path(name_or_file)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        from k3deploy.topology.loader import TopologyError, load_topology
-
-        try:
-            t = load_topology(path).topology
-        except TopologyError as exc:
-            raise InputError(f"{path} is not a valid topology:\n{exc}") from exc
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc}") from exc
-        return StateStore(state_dir or t.launch.state_dir or default_state_dir()), t.name
-    return StateStore(state_dir or default_state_dir()), name_or_file
+from k3deploy.records.deployment import Attempt, Deployment, Failure
+from k3deploy.records.status import ACTIVE
+from k3deploy.records.store import StateStore
+from k3deploy.serving.readiness import choose_probe_from
 
 
 class NodeStatus(BaseModel):

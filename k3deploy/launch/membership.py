@@ -9,7 +9,8 @@ import urllib.parse
 from k3deploy.engines.router_api import MEMBERSHIP, running_requests
 from k3deploy.errors import ExecError
 from k3deploy.executors.http import NodeHttp
-from k3deploy.launch.registration import POLL_S, workers_of
+from k3deploy.launch.registration import POLL_S
+from k3deploy.serving.router_workers import workers_of
 
 
 def listed(http: NodeHttp, url: str) -> bool:

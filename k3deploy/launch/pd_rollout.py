@@ -35,8 +35,8 @@ from k3deploy.launch.rollout import (
     running,
 )
 from k3deploy.launch.service import ServicePlan
-from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
-from k3deploy.launch.state import StateStore
+from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.store import StateStore
 
 ROLE_ORDER = ("prefill", "decode")
 # Completions through the router until a new instance is seen taking part (its own prompt-token count grew):

@@ -11,11 +11,12 @@ from k3deploy.errors import ExecError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.gang import Gang, GroupFailed
-from k3deploy.launch.state import Failure, StateStore
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.nodeplan.router_job import router_job
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
+from k3deploy.records.deployment import Failure
+from k3deploy.records.store import StateStore
 
 if TYPE_CHECKING:
     from k3deploy.preflight.report import CheckResult, Report

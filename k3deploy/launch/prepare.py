@@ -65,7 +65,7 @@ def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.Ab
     if not all(j.target.capabilities.runs_in_job for j in jobs):
         return contextlib.nullcontext(tuple(jobs))
     from k3deploy.launch.slurm_launch import held_allocation
-    from k3deploy.launch.state import StateStore, default_state_dir
+    from k3deploy.records.store import StateStore, default_state_dir
 
     t = plan.topology
     out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name

@@ -7,16 +7,11 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from k3deploy.engines.router_api import (
-    SERVED_BY_HEADER,
-    WORKERS_PATH,
-    RouterWorker,
-    finished_requests,
-    router_workers,
-)
-from k3deploy.errors import ExecError, LaunchError
+from k3deploy.engines.router_api import SERVED_BY_HEADER, WORKERS_PATH
+from k3deploy.errors import LaunchError
 from k3deploy.executors.http import NodeHttp
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.serving.router_workers import finished_counts, workers_of
 
 POLL_S = 0.5
 # Cache-aware routing keeps a shared prefix on one replica: prompts that differ from their first character
@@ -24,20 +19,6 @@ POLL_S = 0.5
 PROMPTS_PER_REPLICA = 8
 # An engine counts a request finished a moment after its answer went out: how long to wait for the count.
 COUNT_LAG_S = 5.0
-
-
-def workers_of(http: NodeHttp, timeout_s: float = 5.0) -> tuple[list[RouterWorker], str]:
-    """The router's workers, or ([], why not)."""
-    try:
-        reply = http.get(WORKERS_PATH, timeout_s)
-    except ExecError as exc:
-        return [], str(exc)
-    if not reply.ok:
-        return [], f"{WORKERS_PATH}: HTTP {reply.status}"
-    try:
-        return router_workers(reply.json()), ""
-    except ValueError:
-        return [], f"{WORKERS_PATH}: not JSON: {reply.text[:200]}"
 
 
 def _model(http: NodeHttp) -> str | None:
@@ -88,22 +69,6 @@ def wait_registered(router: NodeJob, urls: Sequence[str], timeout_s: float, kind
             time.sleep(POLL_S)
             served = _grown(before, finished_counts(want))
         return served & want
-
-
-def finished_counts(urls: set[str]) -> dict[str, float] | None:
-    """Each replica's finished requests from its own /metrics; None when one cannot be read from here."""
-    out = {}
-    for url in urls:
-        try:
-            with NodeHttp(url) as http:
-                page = http.get("/metrics", 5.0)
-        except ExecError:
-            return None
-        count = finished_requests(page.text) if page.ok else None
-        if count is None:
-            return None
-        out[url] = count
-    return out
 
 
 def _grown(before: dict[str, float] | None, after: dict[str, float] | None) -> set[str]:

@@ -11,10 +11,10 @@ from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp
 from k3deploy.launch.membership import put_back, take_out
-from k3deploy.launch.registration import workers_of
 from k3deploy.launch.service import ServicePlan, start_replica, stop_deployment
-from k3deploy.launch.service_state import Service, ServiceStore
-from k3deploy.launch.state import StateStore
+from k3deploy.records.service import Service, ServiceStore
+from k3deploy.records.store import StateStore
+from k3deploy.serving.router_workers import workers_of
 
 DRAIN_TIMEOUT_S = 120.0
 Say = Callable[[str], None]

@@ -19,12 +19,14 @@ from k3deploy.launch import deploy
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.preflight_gate import router_gate
 from k3deploy.launch.registration import wait_registered
-from k3deploy.launch.service_state import SERVICE_ACTIVE, ReplicaEntry, Service, ServiceStore
-from k3deploy.launch.state import ACTIVE, Deployment, StateStore
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.nodeplan.router_job import router_job, router_name
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
+from k3deploy.records.deployment import Deployment
+from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.status import ACTIVE
+from k3deploy.records.store import StateStore
 from k3deploy.topology.replicas import replica_groups, replica_topology, router_node
 
 ReplicaSink = Callable[[str, NodeEvent], None]
@@ -121,7 +123,7 @@ def launch_service(sp: ServicePlan, store: StateStore, *, factory: ExecutorFacto
     urls = sp.plan.router.settings.worker_urls
     with services.lock(sp.name):
         old = services.load(sp.name)
-        if old is not None and old.status in SERVICE_ACTIVE:
+        if old is not None and old.status in ACTIVE:
             raise StateError(f"service {sp.name} is already {old.status}",
                              hint=f"stop it first: k3deploy stop {sp.name}")
         for plan, _ in sp.replicas:

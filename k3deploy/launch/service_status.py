@@ -8,9 +8,10 @@ from k3deploy.engines.router_api import RouterWorker
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.http import NodeHttp
 from k3deploy.launch import lookup
-from k3deploy.launch.registration import workers_of
-from k3deploy.launch.service_state import SERVICE_ACTIVE, ServiceStore
-from k3deploy.launch.state import StateStore
+from k3deploy.records.service import ServiceStore
+from k3deploy.records.status import ACTIVE, InstanceStatus, unit_status
+from k3deploy.records.store import StateStore
+from k3deploy.serving.router_workers import workers_of
 
 
 class ReplicaView(BaseModel):
@@ -51,7 +52,7 @@ def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> Se
     """The service record, a live look at every replica and the router, and the router's `/workers`."""
     svc = ServiceStore(store).load(name)
     assert svc is not None
-    active = svc.status in SERVICE_ACTIVE
+    active = svc.status in ACTIVE
     router = lookup.status(store, svc.router_name, factory) if svc.router_name and store.load(svc.router_name) \
         else None
     router_alive = router is not None and any(n.alive for n in router.nodes)
@@ -88,14 +89,7 @@ def service_status(store: StateStore, name: str, factory: ExecutorFactory) -> Se
             f": {router.failure.cause}" if router.failure else "")
     elif active and why:
         router_problem = f"{svc.router_name}: {why}"
-    status = svc.status
-    serving = [v for v in views if not v.problem]
-    # With roles a request needs a prefill and a decode: a role with no instance serving serves nobody.
-    role_down = any(not any(v.role == role for v in serving) for role in {v.role for v in views if v.role})
-    if active and (router_problem or not serving or role_down):
-        status = "failed"  # nothing answers clients
-    elif active and len(serving) < len(views):
-        status = "degraded"
+    status = unit_status(svc.status, [InstanceStatus(v.role, not v.problem) for v in views], not router_problem)
     return ServiceReport(name=name, status=status, file=svc.file, router_kind=svc.router_kind,
                          router_url=svc.router_url, router=router, router_alive=router_alive, workers_error=why,
                          router_problem=router_problem, replicas=tuple(views), cause=svc.cause,

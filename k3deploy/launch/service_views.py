@@ -7,9 +7,9 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from k3deploy.launch.service import ServicePlan
-    from k3deploy.launch.service_state import Service
     from k3deploy.launch.service_status import ServiceReport
     from k3deploy.nodeplan.jobs import NodeJob
+    from k3deploy.records.service import Service
 
 _STYLE = {"ready": "green", "degraded": "yellow", "failed": "bold red", "stopped": "yellow", "starting": "cyan"}
 

@@ -32,9 +32,10 @@ from k3deploy.launch.events import GROUP, EventSink, NodeEvent
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.ipc import with_ipc_dir
 from k3deploy.launch.slurm_watch import end_job
-from k3deploy.launch.state import Failure, SlurmJob, StateStore
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
+from k3deploy.records.deployment import Failure, SlurmJob
+from k3deploy.records.store import StateStore
 
 # How long a task waits for its go (preflight runs meanwhile) before it gives up and ends the job.
 GO_WAIT_S = 900

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from k3deploy.errors import ExecError
 from k3deploy.executors.slurm_jobs import SlurmClient, bad_node
-from k3deploy.launch.state import Failure, SlurmJob
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Failure, SlurmJob
 
 
 def node_failure(job: SlurmJob, jobs: Sequence[NodeJob]) -> Failure | None:

@@ -19,10 +19,11 @@ from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.bringup import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
-from k3deploy.launch.procs import Identity
 from k3deploy.launch.slurm_watch import node_failure, slurm_explained
-from k3deploy.launch.state import Attempt, Deployment, Failure, SlurmJob, StateStore
 from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
+from k3deploy.records.deployment import Attempt, Deployment, Failure, SlurmJob
+from k3deploy.records.owner import Identity
+from k3deploy.records.store import StateStore
 
 # A process that ends is seen through its node's stream at once; this round only finds hosts gone silent.
 POLL_S = 10.0

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from k3deploy.launch.lookup import StatusReport
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
 
 _STYLE = {"ready": "green", "loading": "cyan", "started": "cyan", "failed": "bold red", "unreachable": "bold red",
           "stopped": "yellow", "stopping": "yellow", "restarting": "magenta"}

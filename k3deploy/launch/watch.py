@@ -112,10 +112,6 @@ class NodeWatch:
                 break
         return [s for s in got if s is not None]
 
-    def wake(self) -> None:
-        """End a `wait` now (a stop was asked for)."""
-        self.queue.put(None)
-
     def close(self, wait_s: float = JOIN_S) -> None:
         """End every stream and wait up to `wait_s` for the followers (0: let them end on their own, as they
         do within a read timeout, or when their connection closes)."""

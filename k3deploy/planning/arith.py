@@ -29,11 +29,6 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def gib(n_bytes: float) -> float:
-    """Bytes -> GiB."""
-    return n_bytes / GIB
-
-
 def stage_layers(num_layers: int, pp: int) -> list[range]:
     """Contiguous 1-based layer ranges of the pipeline stages that hold any layer (earlier stages take the
     remainder); with more stages than layers the rest are empty and left out, so a huge pp costs nothing."""

@@ -32,8 +32,8 @@ class RolePrediction(NamedTuple):
 def transfer_s(t: Topology, catalog: Catalog, input_tokens: int) -> Term:
     """One request's MLA KV and KDA state, prefill to decode, over the scale-out link (each rank pair at once)."""
     from k3deploy.engines.kinds import engine_family
+    from k3deploy.planning.instance_plan import memory_inputs
     from k3deploy.planning.memory import kda_state_bytes_per_slot, mla_kv_bytes_per_token
-    from k3deploy.planning.plan import memory_inputs
 
     model, hw = catalog.models[t.model.id], catalog.hardware[t.hardware.gpu]
     if hw.scaleout_gbps is None or hw.scaleout_latency_us is None:

@@ -5,22 +5,9 @@ A topology with roles is planned per role (planning.pd), any other one as one de
 from __future__ import annotations
 
 from k3deploy.catalog.specs import Catalog
-from k3deploy.planning.capacity import Capacity, memory_issues
-from k3deploy.planning.instance_plan import (
-    CHECKS,
-    READS,
-    longest_prefill,
-    memory_inputs,
-    perf_inputs_for,
-    plan_instance,
-)
-from k3deploy.planning.instance_plan import locate as _locate
-from k3deploy.planning.plan_model import INPUT_CODES, PdPlan, Plan, RolePlan
+from k3deploy.planning.instance_plan import plan_instance
+from k3deploy.planning.plan_model import Plan
 from k3deploy.topology.loader import LoadedTopology
-
-# The names other modules took from here before the split, still importable from here.
-__all__ = ["CHECKS", "INPUT_CODES", "READS", "Capacity", "PdPlan", "Plan", "RolePlan", "_locate", "longest_prefill",
-           "make_plan", "memory_inputs", "memory_issues", "perf_inputs_for"]
 
 
 def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:

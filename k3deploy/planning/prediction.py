@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.draft_cost import draft_cost, with_draft
+from k3deploy.planning.instance_plan import memory_inputs, perf_inputs_for
 from k3deploy.planning.perf_model import (
     PerfInputs,
     PerfUnknown,
@@ -30,7 +31,7 @@ from k3deploy.planning.perf_model import (
     prefill_latency_s,
     require_timeable,
 )
-from k3deploy.planning.plan import Plan, memory_inputs, perf_inputs_for
+from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.schema import Topology
 
@@ -159,8 +160,8 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     from k3deploy.engines.kinds import engine_family
     from k3deploy.engines.shape import make_shape
     from k3deploy.planning import rules
+    from k3deploy.planning.capacity import memory_issues
     from k3deploy.planning.memory import memory_budget
-    from k3deploy.planning.plan import memory_issues
 
     model, hw = catalog.models.get(t.model.id), catalog.hardware.get(t.hardware.gpu)
     if model is None or hw is None:

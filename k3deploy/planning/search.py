@@ -10,8 +10,8 @@ from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.errors import InputError
 from k3deploy.planning import rules
 from k3deploy.planning.arith import divisors
+from k3deploy.planning.capacity import Capacity, memory_issues
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
-from k3deploy.planning.plan import Capacity, memory_issues
 from k3deploy.topology.settings import Serving
 
 

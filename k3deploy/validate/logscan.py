@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from k3deploy.validate.stage import NodeRow, StageResult, Status
+from k3deploy.validate.stage import StageResult
+from k3deploy.verdicts.model import NodeRow, Status
 
 EXCERPT_CHARS = 160  # argument dumps run to thousands of characters: show the part that decided
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
     from k3deploy.topology.schema import Topology
     from k3deploy.validate.stage import Nodes
 

@@ -16,7 +16,7 @@ LOG_LINES = 5000
 def rank0_http(ctx: ValidateContext, timeout_s: float = 30.0) -> NodeHttp:
     """A client for rank 0's API (close it); asked where launch asked, re-decided when that was here."""
     from k3deploy.executors.http import NodeHttp
-    from k3deploy.launch.readiness import choose_probe_from
+    from k3deploy.serving.readiness import choose_probe_from
 
     dep = ctx.deployment
     if dep is None or not dep.url:
@@ -49,7 +49,7 @@ def deployment_failure(ctx: ValidateContext) -> str | None:
     ended first is named (the supervisor stops the others after it). None while every node that answers runs."""
     from k3deploy.errors import ExecError
     from k3deploy.executors.base import exit_record
-    from k3deploy.launch.readiness import cause_line
+    from k3deploy.serving.readiness import cause_line
 
     dep = ctx.deployment
     if dep is None:

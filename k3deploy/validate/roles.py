@@ -20,8 +20,8 @@ from k3deploy.verdicts.model import exit_code
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
     from k3deploy.checkpoint.manifest import Manifest
-    from k3deploy.launch.service_state import Service
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
+    from k3deploy.records.service import Service
     from k3deploy.topology.schema import Topology
 
 # Stages about one instance's processes and nodes; the others send requests.
@@ -62,8 +62,8 @@ def validate_service(target: Target, runner_factory: RunnerFactory, stages: Sequ
                      manifest: Manifest | None, fail_fast: bool, not_implemented: Sequence[str],
                      progress: Callable[[ProgressEvent], None], on_stage: OnStage) -> Report:
     """Each selected node stage once per instance, then the request stages once, through the router."""
-    from k3deploy.launch.service_state import ServiceStore
-    from k3deploy.launch.state import StateStore, default_state_dir
+    from k3deploy.records.service import ServiceStore
+    from k3deploy.records.store import StateStore, default_state_dir
 
     t = target.topology
     store = StateStore(t.launch.state_dir or default_state_dir())

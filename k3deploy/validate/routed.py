@@ -48,7 +48,7 @@ class Routed:
             time.sleep(POLL_S)
 
     def _counts(self) -> dict[str, float] | None:
-        from k3deploy.launch.registration import finished_counts
+        from k3deploy.serving.router_workers import finished_counts
 
         return finished_counts(set(self.replicas))
 

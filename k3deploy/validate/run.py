@@ -16,35 +16,21 @@ if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.topology.schema import Topology
 
-__all__ = ["RunnerFactory", "Target", "load_manifest", "resolve_target", "validate"]  # the first two: target.py's
-
-
-def _load(file: Path) -> Topology:
-    from k3deploy.topology.loader import TopologyError, load_topology
-
-    try:
-        return load_topology(file).topology
-    except TopologyError as exc:
-        raise InputError(f"{file} is not a valid topology:\n{exc}") from exc
-
 
 def resolve_target(target: str, state_dir: str | None = None) -> Target:
     """A topology file (with its deployment when one is ready), or a deployment name (StateError if none)."""
-    from k3deploy.launch.state import StateStore, default_state_dir
+    from k3deploy.records.locate import load_topology_file, locate
 
-    path = Path(target)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        topology = _load(path)
-        store = StateStore(state_dir or topology.launch.state_dir or default_state_dir())
-        record = store.load(topology.name)
-        return Target(topology, path, record if record is not None and record.status == "ready" else None)
-    store = StateStore(state_dir or default_state_dir())
-    record = store.require(target)
+    found = locate(target, state_dir)
+    if found.topology is not None and found.file is not None:
+        record = found.store.load(found.name)
+        return Target(found.topology, found.file, record if record is not None and record.status == "ready" else None)
+    record = found.store.require(found.name)
     file = Path(record.file)
     if not file.is_file():
         raise StateError(f"deployment {target} was launched from {file}, which is gone",
                          hint="pass the topology file instead of the name")
-    return Target(_load(file), file, record if record.status == "ready" else None)
+    return Target(load_topology_file(file), file, record if record.status == "ready" else None)
 
 
 def load_manifest(topology: Topology, topology_file: Path, override: Path | None) -> Manifest | None:

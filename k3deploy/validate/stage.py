@@ -14,14 +14,12 @@ if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog, ModelSpec
     from k3deploy.checkpoint.manifest import Manifest
     from k3deploy.executors.base import Executor
-    from k3deploy.launch.state import Deployment
+    from k3deploy.records.deployment import Deployment
     from k3deploy.topology.schema import Topology
     from k3deploy.validate.routed import Routed
 
-# The deployment guides' checklist, in order; part 1 implements `shards` (see k3deploy.validate.stages).
+# The deployment guides' checklist, in order (k3deploy.validate.stages implements each).
 STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "long", "prefix-cache", "effort")
-__all__ = ["STAGE_NAMES", "NodeRef", "NodeRow", "Nodes", "ProbeOutcome", "ProgressEvent", "Stage", "StageResult",
-           "Status", "ValidateContext"]  # NodeRow and Status are k3deploy.verdicts', named here for the stages
 
 
 class StageResult(BaseModel):

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from k3deploy.launch.state import ACTIVE, StateStore
+from k3deploy.records.status import ACTIVE
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.integration.sim_deployments import SimDeployments
 from tests.k3deploy_cli import run_k3deploy as run_cli

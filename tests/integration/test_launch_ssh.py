@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.integration.sim_deployments import SimDeployments
 from tests.k3deploy_cli import run_k3deploy as cli
@@ -125,7 +125,7 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
     nodes = [{"host": h.priv_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
     topo = deployments.topology("it-bastion", nodes=nodes)
     url = f"http://{rig4.hosts[0].priv_ip}:18000"
-    code = "import sys; from k3deploy.launch.readiness import reachable_from_here as r; print(r(sys.argv[1]))"
+    code = "import sys; from k3deploy.serving.readiness import reachable_from_here as r; print(r(sys.argv[1]))"
     probe = subprocess.run(["ip", "netns", "exec", ctl, sys.executable, "-c", code, url], capture_output=True,
                            text=True, timeout=60, check=False)
     assert probe.stdout.strip() == "False", probe.stdout + probe.stderr  # the nodes really are out of reach

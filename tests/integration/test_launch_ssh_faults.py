@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.integration.ssh_faults import (
     PORT,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.ssh_faults import (
     HUNG_SSHD,
     PORT,

@@ -10,7 +10,7 @@ import pytest
 
 from k3deploy.errors import ExecError
 from k3deploy.executors import SshTarget, open_executor
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.integration.test_launch_ssh import Deployments, deployments, hosts_empty
 from tests.k3deploy_cli import run_k3deploy as cli

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration import test_pd_service_ssh as pd_service
 from tests.integration.test_launch_ssh import Deployments, hosts_empty
 from tests.integration.test_pd_service_ssh import _chat, _pd_topology, _status, _stop_leaves_nothing

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.conftest import _require_root
 from tests.integration.test_launch_ssh import Deployments
 from tests.integration.test_pd_service_ssh import _answer, _chat, _pd_topology, _status, _stop_leaves_nothing

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from k3deploy.engines.flag_tables import DATA_DIR, TABLE_FILES
-from k3deploy.launch.deploy import fleet_of
+from k3deploy.launch.bringup import fleet_of
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from k3deploy.preflight.rendezvous import collective_check

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.real_vllm import RealVllm, engine_main, host_procs, kill
 from tests.polling import wait_for
 from tests.rig import HostRig

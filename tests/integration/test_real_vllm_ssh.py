@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.real_vllm import RealVllm, children, engine_main, kill
 from tests.integration.test_router_tables import needs_routers
 from tests.polling import wait_for

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.test_launch_ssh import Deployments, hosts_empty
 from tests.integration.test_router_tables import VENV, needs_routers
 from tests.k3deploy_cli import run_k3deploy as cli

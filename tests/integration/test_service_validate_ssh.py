@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.integration.conftest import named_rig
 from tests.integration.test_launch_ssh import Deployments, hosts_empty
 from tests.integration.test_router_tables import needs_routers

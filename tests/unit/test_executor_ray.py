@@ -3,6 +3,7 @@ log streams run as plain Python, and the watchdog that stops an engine whose age
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,8 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import RayTarget, open_executor, ray_agent
 from k3deploy.executors.base import exit_record
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.launch.procs import start_ticks
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
+from k3deploy.records.owner import start_ticks
 
 pytest.importorskip("ray", reason="the Ray executor's tests need Ray installed (pip install 'k3deploy[ray]')")
 from k3deploy.executors.ray_actors import watchdog
@@ -264,8 +265,10 @@ def test_the_agent_of_a_handle_follows_from_its_tag_as_old_records_named_it() ->
     """Handles no longer carry the agent's name; the name derived from the tag is the one records of 0.2
     kept in `container`, so `status`, `logs` and `stop` still find the agents those launches started."""
     from k3deploy.executors.ray_actors import agent_name
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
-    old = StateStore(Path(__file__).resolve().parents[1] / "assets" / "state").require("old-ray")
-    handles = [n.handle for n in old.nodes if n.handle is not None]
-    assert handles and all(agent_name(h.tag) == h.container for h in handles)
+    path = Path(__file__).resolve().parents[1] / "assets" / "state" / "old-ray.json"
+    kept = [n["handle"] for n in json.loads(path.read_text())["nodes"] if n["handle"] is not None]
+    assert kept and all(agent_name(h["tag"]) == h["container"] for h in kept)
+    old = StateStore(path.parent).require("old-ray")  # and they still load, the name dropped
+    assert [n.handle.tag for n in old.nodes if n.handle is not None] == [h["tag"] for h in kept]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests import figures
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for

@@ -18,8 +18,8 @@ from k3deploy.executors.factory import open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.ipc import IPC_PREFIX, ipc_dir, with_ipc_dir
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.jobs import jobs_for
+from k3deploy.records.store import StateStore
 from tests.polling import wait_for
 from tests.unit.test_launch_local import cli
 from tests.unit.test_launch_support import assert_nothing_left, fake_topology, tagged_pids

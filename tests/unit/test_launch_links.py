@@ -11,8 +11,8 @@ from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.target import ExecTarget
 from k3deploy.launch.gang import GroupFailed
 from k3deploy.launch.links import blame_link
-from k3deploy.launch.state import Failure
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
+from k3deploy.records.deployment import Failure
 from tests.unit.test_render_support import plan_of, sim_doc
 
 pytestmark = pytest.mark.timeout(60)

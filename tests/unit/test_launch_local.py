@@ -17,9 +17,9 @@ import yaml
 from k3deploy.errors import StateError
 from k3deploy.launch import deploy
 from k3deploy.launch.gang import GroupFailed
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
+from k3deploy.records.store import StateStore
 from tests import sweep
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for

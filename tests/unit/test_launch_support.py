@@ -121,7 +121,7 @@ def kill_tagged(prefix: str) -> list[int]:
 def stop_left(dep_name: str, state_dir: Path) -> tuple[bool, list[int]]:
     """Stop the deployment's supervisor (from its record) and SIGKILL its tagged processes: (a supervisor
     was running, the pids found)."""
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
 
     store = StateStore(state_dir)
     rec = store.load(dep_name) if store.path(dep_name).is_file() else None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from k3deploy.launch.state import StateStore
+from k3deploy.records.store import StateStore
 from tests.polling import wait_for
 from tests.unit.test_launch_support import stop_left, tagged_pids
 

@@ -11,8 +11,8 @@ import pytest
 
 from k3deploy.launch import deploy
 from k3deploy.launch.events import NodeEvent
-from k3deploy.launch.state import StateStore
 from k3deploy.launch.supervisor import Supervisor
+from k3deploy.records.store import StateStore
 from tests.polling import wait_for
 from tests.unit.test_launch_local import cli, launch_lib, name  # noqa: F401 - `name` is a fixture
 from tests.unit.test_launch_supervision import _engine_pid

@@ -38,10 +38,10 @@ def test_the_package_keeps_every_contract(tmp_path: Path) -> None:
 
 
 def test_a_lower_layer_importing_a_higher_one_breaks_the_layers(tmp_path: Path) -> None:
-    done = lint(tmp_path, {"k3deploy/catalog/cache.py": "import k3deploy.launch.state"})
+    done = lint(tmp_path, {"k3deploy/catalog/cache.py": "import k3deploy.records.store"})
     assert done.returncode == 1, done.stdout + done.stderr
     assert "layers: a lower layer never imports a higher one BROKEN" in done.stdout
-    assert "k3deploy.catalog.cache -> k3deploy.launch.state" in done.stdout
+    assert "k3deploy.catalog.cache -> k3deploy.records.store" in done.stdout
 
 
 def test_the_stand_in_reaching_the_planner_through_another_module_breaks_its_contract(tmp_path: Path) -> None:

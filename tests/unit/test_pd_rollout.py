@@ -15,10 +15,10 @@ from k3deploy.errors import InputError, LaunchError
 from k3deploy.launch.pd_rollout import refuse, rollout_roles
 from k3deploy.launch.rollout import InstanceOps, RolloutFailed
 from k3deploy.launch.service import ServicePlan, service_plan
-from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
+from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.store import StateStore
 from tests.k3deploy_cli import run_k3deploy
 from tests.unit.fake_pd_router import FakeRouter, Worker, free_base, serving
 

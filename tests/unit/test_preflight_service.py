@@ -135,8 +135,8 @@ def test_launch_of_a_service_checks_the_router_machine_before_starting_any_insta
     """Before: every instance was launched (its record written, its preflight run, its nodes started when it
     passed) and the taken router port was found only once they were ready. Now: exit 4 with the check's own
     line and fix naming the router's host, no instance's record or process, the service recorded failed."""
-    from k3deploy.launch.service_state import ServiceStore
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.service import ServiceStore
+    from k3deploy.records.store import StateStore
 
     with _held_port() as squatter:
         port = squatter.getsockname()[1]
@@ -170,9 +170,9 @@ def test_launch_of_a_service_whose_router_machine_cannot_be_reached_exits_3_star
     from k3deploy.executors.target import ExecTarget
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.service import launch_service
-    from k3deploy.launch.service_state import ServiceStore
-    from k3deploy.launch.state import StateStore
     from k3deploy.nodeplan.targets import ExecOverrides
+    from k3deploy.records.service import ServiceStore
+    from k3deploy.records.store import StateStore
 
     asked: list[str] = []
 

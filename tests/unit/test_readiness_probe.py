@@ -11,7 +11,7 @@ import pytest
 
 from k3deploy.executors.http import HttpFailure, NodeHttp, serving
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.launch.readiness import choose_probe_from, fatal_line, reachable_from_here
+from k3deploy.serving.readiness import choose_probe_from, fatal_line, reachable_from_here
 from tests.ports import closed_port
 
 PATHS = ("/health", "/v1/models")

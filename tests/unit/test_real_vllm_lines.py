@@ -13,7 +13,7 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.engines.kernels import KernelNeeds, kernel_needs
 from k3deploy.engines.log_lines import log_lines
 from k3deploy.engines.shape import make_shape
-from k3deploy.launch.readiness import cause_line
+from k3deploy.serving.readiness import cause_line
 from k3deploy.validate.pipeline import run_pipeline
 from k3deploy.validate.stage import StageResult, ValidateContext
 from k3deploy.validate.stages.kernels import read_kernels

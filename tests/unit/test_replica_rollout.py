@@ -11,10 +11,10 @@ import pytest
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.launch.rollout import InstanceOps, rollout
 from k3deploy.launch.service import service_plan
-from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
-from k3deploy.launch.state import StateStore
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
+from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.store import StateStore
 from tests.unit.fake_pd_router import FakeRouter, Worker, free_base, serving
 
 pytestmark = pytest.mark.timeout(60)

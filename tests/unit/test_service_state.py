@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import StateError
-from k3deploy.launch.service_state import ReplicaEntry, Service, ServiceStore
-from k3deploy.launch.state import StateStore
+from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.store import StateStore
 
 pytestmark = pytest.mark.timeout(60)
 

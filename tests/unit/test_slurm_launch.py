@@ -15,9 +15,9 @@ from k3deploy.errors import ExecError, InputError, MissingDependency
 from k3deploy.executors.slurm_jobs import JobInfo, SlurmClient, bad_node, duration_s, parse_fields
 from k3deploy.launch import slurm_launch
 from k3deploy.launch.slurm_watch import slurm_explained
-from k3deploy.launch.state import Failure, SlurmJob
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.plan import Plan
+from k3deploy.records.deployment import Failure, SlurmJob
 from tests.unit.plan_helpers import plan_of, topology_dict
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,9 +14,10 @@ import pytest
 
 from k3deploy.errors import StateError
 from k3deploy.executors.target import SshTarget
-from k3deploy.launch.procs import Identity
-from k3deploy.launch.state import Attempt, Deployment, NodeState, StateStore, default_state_dir
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
+from k3deploy.records.deployment import Attempt, Deployment, NodeState
+from k3deploy.records.owner import Identity
+from k3deploy.records.store import StateStore, default_state_dir
 
 
 def record(name: str = "demo") -> Deployment:
@@ -68,7 +69,7 @@ def test_lock_excludes_other_processes(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     # The other process holds the lock until told to let go (a line on its stdin), on a machine of any speed.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from k3deploy.launch.state import StateStore\n"
+        "import sys; from k3deploy.records.store import StateStore\n"
         f"s = StateStore({str(tmp_path)!r})\n"
         "with s.lock('demo'):\n    print('held', flush=True); sys.stdin.readline()\n")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])

@@ -159,7 +159,7 @@ def test_a_node_without_the_checkpoint_directory_fails_naming_the_path(tmp_path:
 
 def test_a_deployment_name_resolves_to_its_topology_and_only_a_ready_one_counts(tmp_path: Path) -> None:
     from k3deploy.errors import StateError
-    from k3deploy.launch.state import StateStore
+    from k3deploy.records.store import StateStore
     from tests.unit.test_state import record
 
     topo = topology_file(tmp_path, "named", 1, CKPT)

@@ -11,9 +11,9 @@ from k3deploy.errors import ExecError, InputError
 from k3deploy.preflight.report import CheckResult, Verdict
 from k3deploy.preflight.report import Report as PreflightReport
 from k3deploy.validate.pipeline import run_pipeline
-from k3deploy.validate.stage import NodeRow, StageResult
+from k3deploy.validate.stage import StageResult
 from k3deploy.verdicts.junit import Case, Suite, write_junit
-from k3deploy.verdicts.model import EXIT_FAILED, EXIT_HOST, EXIT_OK, exit_code, worst
+from k3deploy.verdicts.model import EXIT_FAILED, EXIT_HOST, EXIT_OK, NodeRow, exit_code, worst
 
 
 def test_one_row_model_for_both() -> None:

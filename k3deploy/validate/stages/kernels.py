@@ -11,7 +11,8 @@ from k3deploy.engines.log_lines import LogLines, log_lines
 from k3deploy.errors import InputError
 from k3deploy.validate import reach
 from k3deploy.validate.logscan import last_match, node_result, row
-from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext
+from k3deploy.validate.stage import StageResult, ValidateContext
+from k3deploy.verdicts.model import NodeRow
 
 KIND_WORDS = {"marlin": "Marlin W4A16", "native_mxfp4": "native MXFP4", "upcast": "experts upcast to BF16",
               "unquantized": "unquantized experts"}

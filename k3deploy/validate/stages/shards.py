@@ -8,7 +8,8 @@ from typing import Any
 from k3deploy.catalog.specs import ModelSpec
 from k3deploy.probes import shards as probe
 from k3deploy.validate import compare
-from k3deploy.validate.stage import NodeRow, ProgressEvent, StageResult, Status, ValidateContext
+from k3deploy.validate.stage import ProgressEvent, StageResult, ValidateContext
+from k3deploy.verdicts.model import NodeRow, Status
 
 # Catalog architecture field -> its dotted path in config.json (text fields live under text_config).
 CONFIG_PATHS = {"model_type": "model_type", "text_model_type": "text_config.model_type",

@@ -11,8 +11,9 @@ from k3deploy.engines.log_lines import LogLines, log_lines
 from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.validate import reach
 from k3deploy.validate.logscan import Found, every_match, last_match, node_result, row
-from k3deploy.validate.stage import NodeRow, StageResult, ValidateContext
+from k3deploy.validate.stage import StageResult, ValidateContext
 from k3deploy.validate.stages.kernels import family_of
+from k3deploy.verdicts.model import NodeRow
 
 Ranks = tuple[int, int, int, int | None]  # dp, pp, tp, ep of one GPU (ep None: the engine has no EP group)
 FIELDS = ("world_size", "nnodes", "tp", "ep", "dp", "pp", "experts_per_rank")

@@ -1,4 +1,5 @@
-"""Local processes k3deploy owns (the launching CLI, the supervisor): identity that survives PID reuse."""
+"""The owner of a record: a local process k3deploy owns (the launching CLI, the supervisor), by an identity that
+survives PID reuse."""
 from __future__ import annotations
 
 import os

@@ -11,11 +11,11 @@ from typing import Literal
 from pydantic import Field
 
 from k3deploy.errors import StateError
-from k3deploy.launch.state import Record, StateStore
+from k3deploy.records.record import Record
+from k3deploy.records.status import Status
+from k3deploy.records.store import StateStore
 
-ServiceStatus = Literal["starting", "ready", "degraded", "failed", "stopping", "stopped"]
 ReplicaPhase = Literal["starting", "ready", "failed", "stopped"]
-SERVICE_ACTIVE: tuple[ServiceStatus, ...] = ("starting", "ready", "degraded", "stopping")
 
 
 class ReplicaEntry(Record):
@@ -36,7 +36,7 @@ class Service(Record):
 
     name: str
     file: str
-    status: ServiceStatus
+    status: Status
     created_at: float = Field(default_factory=time.time)
     ready_at: float | None = None
     router_kind: str
