@@ -146,7 +146,9 @@ def test_a_node_that_exits_0_has_failed_and_its_log_line_says_why(tmp_path: Path
     cause = err.value.failure.cause
     assert err.value.failure.rank == 1 and cause.startswith("exited with status 0 (a serving engine never ends on "
                                                             "its own: it failed)"), cause
-    assert cause.endswith(f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}")
+    assert f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}" in cause
+    # ... and the failure catalog's cause and fix for it (k3deploy/engines/data/failures.yaml)
+    assert "; cause: a worker process vanished" in cause and cause.endswith("[worker-killed-no-status]")
     assert tagged_pids(f"{name}.") == []
 
 
