@@ -55,3 +55,12 @@ def test_explain_cli_exit_codes_text_and_json() -> None:
     assert clean_run.stdout.splitlines() == ["stdin: no known cause", f"{ASSETS / 'vllm-clean.log'}: no known cause"]
     missing = run_k3deploy("explain", ASSETS / "no-such.log")
     assert missing.returncode == 2 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_logs_names_the_cause_beside_a_nodes_log(capsys: pytest.CaptureFixture[str]) -> None:
+    from k3deploy.cli.logs import _name_cause
+
+    _name_cause(_log("sim-oom.log"), 1, "node-1")
+    _name_cause(_log("sim-clean.log"), 0, "node-0")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("==> rank 1 node-1: the accelerator ran out of memory") and "[oom-gpu]" in err[0]
