@@ -213,9 +213,20 @@ class Gang:
                         self._check_after_end(seen.rank, watch)
         finally:
             watch.close(wait_s=0)  # followers end within a read timeout; ready need not wait for them
-        raise GroupFailed(self.explain(Failure(
+        raise GroupFailed(self.explain(self._stalled(Failure(
             rank=head.rank, host=head.host, cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
-            log_tail=self._tail(head))))
+            log_tail=self._tail(head)))))
+
+    def _stalled(self, failure: Failure) -> Failure:
+        """A deadline passed: the first node whose log stops at a known cause (a hang's last words, as a Ray
+        placement group vLLM waits for) is named with it, else rank 0."""
+        for job in self.jobs:
+            tail = self._tail(job, CAUSE_TAIL_LINES)
+            named = known_cause(tail, job.rank, job.host, job.ip, job.iface)
+            if named:
+                return Failure(rank=job.rank, host=job.host, cause=f"{failure.cause}; stopped here{named}",
+                               log_tail="\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+        return failure
 
     def _poll_round(self, loading: set[int]) -> None:
         """Every node asked (alive and log): the first failure raised, a first log line reported."""
