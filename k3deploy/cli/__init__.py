@@ -14,11 +14,12 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "Exit codes: 0 ok; 1 infeasible plan, failed preflight check or failed validation; 2 invalid input; 3 host error; "
         "4 launch failed, or `status` of a failed deployment; 5 state error; 6 a package the command needs is not "
         "installed (the message names the install); 70 a bug in k3deploy ("
-        "rerun with --debug and report it); 130 interrupted.")
+        "rerun with --debug and report it); 130 interrupted. `explain` exits 1 when it finds a known cause, 0 when "
+        "it finds none.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
 COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "rollout", "render",
-            "validate", "manifest")
+            "validate", "explain", "manifest")
 # Commands that run to their end in about a second, run without the cycle collector: their start-up (imports,
 # pydantic building schemas, typer's option adapters) allocates enough for about 90 collections, 5-6% of
 # a `plan`'s wall time, and frees nearly everything by reference count (peak RSS of a 13-file plan or a

@@ -37,6 +37,7 @@ def logs(
                 print(f"==> {part} rank {entry.rank} {entry.host} ({entry.source}) <==", file=sys.stderr)
                 for line in entry.text.splitlines():
                     print(f"[{part} {entry.rank} {entry.host}] {line}")
+                _name_cause(entry.text, entry.rank, entry.host)
         return
     if svc is not None:
         from k3deploy.errors import InputError
@@ -53,3 +54,13 @@ def logs(
         print(f"==> rank {entry.rank} {entry.host} ({entry.source}) <==", file=sys.stderr)
         for line in entry.text.splitlines():
             print(f"[{entry.rank} {entry.host}] {line}")
+        _name_cause(entry.text, entry.rank, entry.host)
+
+
+def _name_cause(text: str, rank: int, host: str) -> None:
+    """The failure catalog's cause and fix of what a node's log shows, on stderr beside the log's header."""
+    from k3deploy.engines.failures import root_cause
+
+    found = root_cause(text, {"rank": str(rank), "host": host})
+    if found is not None:
+        print(f"==> rank {rank} {host}: {found.summary()} <==", file=sys.stderr)

@@ -9,7 +9,7 @@ from k3deploy.errors import LaunchError
 from k3deploy.executors.base import exit_record
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.records.deployment import Failure
-from k3deploy.serving.readiness import cause_line, fatal_line
+from k3deploy.serving.readiness import cause_line, fatal_line, known_cause
 
 ENDED_CAUSE = "; its log says: "  # before the line that says why an engine ended
 
@@ -56,11 +56,13 @@ def first_failure(probes: Sequence[Probe], unreachable_counts: bool = True) -> F
         why = cause_line(p.log)
         if why:
             cause += ENDED_CAUSE + why
+        cause += known_cause(p.log, p.job.rank, p.job.host, p.job.ip, p.job.iface)
         return Failure(rank=p.job.rank, host=p.job.host, cause=cause, log_tail=p.log)
     for p in probes:
         line = fatal_line(p.log) if p.alive else None
         if line:
-            return Failure(rank=p.job.rank, host=p.job.host, cause=f"fatal error in its log: {line}",
+            named = known_cause(line, p.job.rank, p.job.host, p.job.ip, p.job.iface)
+            return Failure(rank=p.job.rank, host=p.job.host, cause=f"fatal error in its log: {line}{named}",
                            log_tail=p.log)
     lost = [p for p in probes if p.alive is None]
     if lost and unreachable_counts:

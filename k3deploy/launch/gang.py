@@ -19,7 +19,7 @@ from k3deploy.launch.node_stop import stop_node, terminate
 from k3deploy.launch.watch import FIRST_TAIL_LINES, REFOLLOW_DELAY_S, NodeWatch
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.records.deployment import Failure
-from k3deploy.serving.readiness import ProbeFrom, cause_line, fatal_line
+from k3deploy.serving.readiness import KNOWN_CAUSE, ProbeFrom, cause_line, fatal_line, known_cause
 
 # Rank 0's readiness is asked this often (one HTTP request; the nodes themselves report through their streams).
 READY_POLL_S = 0.1
@@ -156,11 +156,14 @@ class Gang:
         looked for further back in its log when its tail does not say (vLLM's shutdown prints dozens of lines)."""
         failure = first_failure(probes, unreachable_counts)
         ended = failure is not None and failure.cause.startswith(("exited with status", "its process is gone"))
-        if failure is None or not ended or ENDED_CAUSE in failure.cause:
+        if failure is None or not ended or (ENDED_CAUSE in failure.cause and KNOWN_CAUSE in failure.cause):
             return failure
         job = next(j for j in self.jobs if j.rank == failure.rank)
-        why = cause_line(self._tail(job, CAUSE_TAIL_LINES))
-        return failure.model_copy(update={"cause": f"{failure.cause}{ENDED_CAUSE}{why}"}) if why else failure
+        tail = self._tail(job, CAUSE_TAIL_LINES)
+        why = cause_line(tail) if ENDED_CAUSE not in failure.cause else None
+        cause = failure.cause.split(KNOWN_CAUSE)[0] + (f"{ENDED_CAUSE}{why}" if why else "")
+        named = known_cause(tail, job.rank, job.host, job.ip, job.iface)
+        return failure.model_copy(update={"cause": cause + named})
 
     def wait_ready(self, timeout_s: float, interrupt: threading.Event | None = None) -> None:
         """Until rank 0 serves every readiness path (asked every READY_POLL_S), following every node's log on
@@ -203,15 +206,27 @@ class Gang:
                         self._event(job, "loading")
                     line = fatal_line(seen.text) if seen.kind == "line" else None
                     if line:
-                        self._fail(Failure(rank=job.rank, host=job.host, cause=f"fatal error in its log: {line}",
+                        named = known_cause(line, job.rank, job.host, job.ip, job.iface)
+                        self._fail(Failure(rank=job.rank, host=job.host, cause=f"fatal error in its log: {line}{named}",
                                            log_tail=self._tail(job)))
                     if seen.ends_process:
                         self._check_after_end(seen.rank, watch)
         finally:
             watch.close(wait_s=0)  # followers end within a read timeout; ready need not wait for them
-        raise GroupFailed(self.explain(Failure(
+        raise GroupFailed(self.explain(self._stalled(Failure(
             rank=head.rank, host=head.host, cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
-            log_tail=self._tail(head))))
+            log_tail=self._tail(head)))))
+
+    def _stalled(self, failure: Failure) -> Failure:
+        """A deadline passed: the first node whose log stops at a known cause (a hang's last words, as a Ray
+        placement group vLLM waits for) is named with it, else rank 0."""
+        for job in self.jobs:
+            tail = self._tail(job, CAUSE_TAIL_LINES)
+            named = known_cause(tail, job.rank, job.host, job.ip, job.iface)
+            if named:
+                return Failure(rank=job.rank, host=job.host, cause=f"{failure.cause}; stopped here{named}",
+                               log_tail="\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+        return failure
 
     def _poll_round(self, loading: set[int]) -> None:
         """Every node asked (alive and log): the first failure raised, a first log line reported."""

@@ -6,26 +6,11 @@ import socket
 import urllib.parse
 from typing import Literal
 
+from k3deploy.engines.failures import STACK_FRAME_RE, first_fatal, root_cause
+
 # Where rank 0's HTTP readiness is checked from: this machine, or as rank 0 itself sees it (through its executor).
 ProbeFrom = Literal["here", "head"]
-
-# Lines after which an engine can hang until a distributed timeout instead of exiting (the anchors:
-# Gloo on a wrong interface, a broken mesh, memory exhaustion): seeing one fails the launch at once.
-# Exact error texts, not words: vLLM's normal start-up says "If you are running out of memory, consider
-# decreasing `gpu_memory_utilization`" at INFO, which a bare "out of memory" would take for a crash.
-FATAL_PATTERNS: tuple[str, ...] = (
-    r"Unable to find address for",  # Gloo: GLOO_SOCKET_IFNAME names no interface of the node
-    r"connectFullMesh failed",  # Gloo: the ranks cannot reach each other
-    r"\bOutOfMemoryError\b",  # torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
-    r"\b(?:CUDA|HIP|NPU|XPU) out of memory\b",  # RuntimeError: CUDA out of memory. Tried to allocate ...
-    r"\bDistNetworkError\b",
-    r"\bDistStoreError\b",
-)
-_FATAL_RE = re.compile("|".join(f"(?:{p})" for p in FATAL_PATTERNS))
-# torch prints a C++ stack with each *retried* store connection warning ("TCP client failed to connect ...
-# retrying"): its frames name DistNetworkError while the rendezvous still goes on, so they are not a verdict.
-_STACK_FRAME_RE = re.compile(r"^\s*frame #\d+: ")
-
+KNOWN_CAUSE = "; cause: "  # before the failure catalog's cause and fix of a node's log
 
 # Why an engine process ended, in the engine's own words: vLLM's multiproc executor names the worker that died
 # (`Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor.`, then exits 0), else the
@@ -41,15 +26,20 @@ def cause_line(log_text: str) -> str | None:
     died = next((line for line in lines if _DIED_RE.search(line)), None)
     if died is not None:
         return died
-    return next((line for line in lines if _EXCEPTION_RE.search(line) and not _STACK_FRAME_RE.match(line)), None)
+    return next((line for line in lines if _EXCEPTION_RE.search(line) and not STACK_FRAME_RE.match(line)), None)
 
 
 def fatal_line(log_text: str) -> str | None:
-    """The first log line matching a known fatal error text, if any (C++ stack frames never count)."""
-    for line in log_text.splitlines():
-        if _FATAL_RE.search(line) and not _STACK_FRAME_RE.match(line):
-            return line.strip()
-    return None
+    """The first log line naming a failure an engine can hang after instead of exiting (the catalog's fatal
+    signatures: Gloo on a wrong interface, a broken mesh, memory exhaustion, a store timeout), if any."""
+    found = first_fatal(log_text)
+    return found.line.strip() if found else None
+
+
+def known_cause(log_text: str, rank: int, host: str, ip: str = "", iface: str = "") -> str:
+    """`; cause: ... Fix: ...` for the catalog's signature that explains a node's log, or nothing."""
+    found = root_cause(log_text, {"host": host, "ip": ip, "iface": iface, "rank": str(rank)})
+    return f"{KNOWN_CAUSE}{found.summary()}" if found else ""
 
 
 def reachable_from_here(url: str, timeout_s: float = 2.0) -> bool:

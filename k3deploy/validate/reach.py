@@ -49,7 +49,7 @@ def deployment_failure(ctx: ValidateContext) -> str | None:
     ended first is named (the supervisor stops the others after it). None while every node that answers runs."""
     from k3deploy.errors import ExecError
     from k3deploy.executors.base import exit_record
-    from k3deploy.serving.readiness import cause_line
+    from k3deploy.serving.readiness import cause_line, known_cause
 
     dep = ctx.deployment
     if dep is None:
@@ -69,5 +69,6 @@ def deployment_failure(ctx: ValidateContext) -> str | None:
         why = f"its engine exited with status {rec[0]}" if rec is not None else "its engine process is gone"
         line = cause_line(tail)
         order = (0, 0.0) if rec is None else (1, rec[1])  # killed outright (no exit line) first, then by time
-        dead.append((order, f"rank {node.rank} ({node.host}): {why}" + (f"; its log says: {line}" if line else "")))
+        said = (f"; its log says: {line}" if line else "") + known_cause(tail, node.rank, node.host)
+        dead.append((order, f"rank {node.rank} ({node.host}): {why}{said}"))
     return min(dead)[1] if dead else None

@@ -146,7 +146,9 @@ def test_a_node_that_exits_0_has_failed_and_its_log_line_says_why(tmp_path: Path
     cause = err.value.failure.cause
     assert err.value.failure.rank == 1 and cause.startswith("exited with status 0 (a serving engine never ends on "
                                                             "its own: it failed)"), cause
-    assert cause.endswith(f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}")
+    assert f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}" in cause
+    # ... and the failure catalog's cause and fix for it (k3deploy/engines/data/failures.yaml)
+    assert "; cause: a worker process vanished" in cause and cause.endswith("[worker-killed-no-status]")
     assert tagged_pids(f"{name}.") == []
 
 
@@ -175,11 +177,18 @@ def test_fatal_log_line_fails_fast_without_waiting_for_a_timeout(tmp_path: Path,
 
 
 def test_readiness_deadline_stops_everything(tmp_path: Path, name: str) -> None:
-    topo = fake_topology(tmp_path, name, env={"FAKE_NEVER_READY": "1"}, launch={"ready_timeout_s": 2})
+    # rank 1 stops at a line vLLM prints while it waits for a Ray placement group (vllm/v1/executor/ray_utils.py)
+    wait = ("INFO 05-04 14:43:24 [ray_utils.py:467] Waiting for creating a placement group of specs for 10 seconds. "
+            "specs=[{'GPU': 1.0}].")
+    topo = fake_topology(tmp_path, name, env={"FAKE_NEVER_READY": "1", "FAKE_HANG_RANK": "1", "FAKE_HANG_LINE": wait},
+                         launch={"ready_timeout_s": 2})
     t0 = time.monotonic()
-    with pytest.raises(GroupFailed, match=r"not ready after 2 s \(launch.ready_timeout_s\)"):
+    with pytest.raises(GroupFailed, match=r"not ready after 2 s \(launch.ready_timeout_s\)") as err:
         launch_lib(topo)
     assert time.monotonic() - t0 < 60 and tagged_pids(f"{name}.") == []  # the 2 s deadline, then the teardown
+    f = err.value.failure  # the hang is named where it is: rank 1, with the catalog's cause and fix
+    assert f.rank == 1 and "; stopped here; cause: Ray has not yet found room" in f.cause, f.cause
+    assert f.cause.endswith("[ray-placement-waiting]") and wait in f.log_tail
 
 
 def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> None:

@@ -35,6 +35,8 @@ if os.environ.get("FAKE_EXIT_RANK") == str(rank):
     time.sleep(float(os.environ.get("FAKE_EXIT_AFTER_S", "0.3")))
     print(os.environ.get("FAKE_EXIT_LINE", "fake engine: worker crashed"), flush=True)
     sys.exit(int(os.environ.get("FAKE_EXIT_STATUS", "3")))
+if os.environ.get("FAKE_HANG_RANK") == str(rank):
+    print(os.environ["FAKE_HANG_LINE"], flush=True)
 if os.environ.get("FAKE_FATAL_RANK") == str(rank):
     print("RuntimeError: [enforce fail at gloo] Unable to find address for: ens-bogus", flush=True)
     time.sleep(3600)

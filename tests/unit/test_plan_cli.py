@@ -139,7 +139,8 @@ def test_schema_is_json_schema() -> None:
     assert doc["additionalProperties"] is False
 
 
-@pytest.mark.parametrize("argv", [["plan", "topologies/h100-4x8-sglang.yaml"], ["--help"], ["plan", "--help"]])
+@pytest.mark.parametrize("argv", [["plan", "topologies/h100-4x8-sglang.yaml"], ["--help"], ["plan", "--help"],
+                                  ["explain", "--help"], ["explain", "tests/assets/failures/vllm-tp-heads.log"]])
 def test_plan_and_help_import_no_heavy_modules(argv: list[str]) -> None:
     assert imported_by(argv, ["torch", "ray", "paramiko", "httpx"]) == []
 

@@ -11,6 +11,9 @@ import pytest
 
 from k3deploy.executors.http import HttpFailure, NodeHttp, serving
 from k3deploy.executors.local import LocalExecutor
+from k3deploy.executors.target import SshTarget
+from k3deploy.launch.failures import Probe, first_failure
+from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
 from k3deploy.serving.readiness import choose_probe_from, fatal_line, reachable_from_here
 from tests.ports import closed_port
 
@@ -112,3 +115,30 @@ def test_fatal_lines_are_recognised(line: str) -> None:
 ])
 def test_advice_about_memory_is_not_a_crash(line: str) -> None:
     assert fatal_line(f"INFO starting\n{line}\n") is None
+
+
+def _job(rank: int) -> NodeJob:
+    return NodeJob(rank=rank, host=f"node-{rank}", ip=f"10.0.0.1{rank}", iface="ens-priv", head=rank == 0,
+                   command="exec sleep 1", log_path="/tmp/x.log", target=SshTarget(host=f"node-{rank}"),
+                   ready=ReadyCheck(kind="http", url="http://10.0.0.10:8000", paths=("/health",)))
+
+
+def test_a_failed_node_is_named_with_the_catalogs_cause_and_fix() -> None:
+    died = ("(EngineCore pid=18287) ERROR 12-04 16:31:35 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+            "unexpectedly (exit code: None), shutting down executor.")
+    ended = f"INFO loading\n{died}\n[k3deploy] exited with status 0 at 12.5\n"
+    failure = first_failure([Probe(_job(0), True, "INFO loading"), Probe(_job(1), False, ended)])
+    assert failure is not None and failure.rank == 1
+    assert f"its log says: {died}; cause: a worker process vanished" in failure.cause
+    assert "in `dmesg` on node-1" in failure.cause and failure.cause.endswith("[worker-killed-no-status]")
+    # a live node with a fatal line: the line, then its cause and fix with the node's values
+    gloo = "RuntimeError: [enforce fail at gloo/transport/tcp/device.cc:84] ifa != nullptr. Unable to find address for: ens-bogus"
+    live = first_failure([Probe(_job(0), True, "INFO loading"), Probe(_job(1), True, f"INFO a\n{gloo}\n")])
+    assert live is not None and live.cause.startswith(f"fatal error in its log: {gloo}; cause: GLOO_SOCKET_IFNAME")
+    assert "set nodes[1].iface to the interface that carries 10.0.0.11 on node-1" in live.cause
+
+
+def test_an_unmatched_failure_keeps_the_engines_own_line() -> None:
+    ended = "INFO loading\nRuntimeError: something new\n[k3deploy] exited with status 1 at 3.0\n"
+    failure = first_failure([Probe(_job(0), False, ended)])
+    assert failure is not None and failure.cause == "exited with status 1; its log says: RuntimeError: something new"
