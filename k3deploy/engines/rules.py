@@ -235,6 +235,10 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape, 
     if t.engine.version and t.engine.version != version:
         yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks "
                     f"flags for {inp.table.engine}", "engine.version")
+    if inp.family == "vllm" and t.serving.max_running_requests is None:
+        yield _err("VLLM_MAX_NUM_SEQS", "vLLM sizes its KDA state pages from --max-num-seqs: "
+                   "serving.max_running_requests cannot be left to the engine", "serving.max_running_requests",
+                   "set a number (vLLM-Ascend's K3 tutorial runs 16 per DP rank)")
     yield from container_rules(t)
     yield from launcher_rules(t, inp)
     arg_issues = list(arg_rules(t, inp))

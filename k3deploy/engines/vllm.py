@@ -59,7 +59,9 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += multinode_opts(inp, place)
     if inp.mem_fraction is not None:
         o.append(_o("--gpu-memory-utilization", decimal(inp.mem_fraction)))
-    o += [_o("--max-model-len", s.context_length), _o("--max-num-seqs", s.max_running_requests)]
+    o.append(_o("--max-model-len", s.context_length))
+    if s.max_running_requests is not None:  # engine_rules refuses a vLLM topology without it
+        o.append(_o("--max-num-seqs", s.max_running_requests))
     if (s.kv_cache_dtype or inp.model.cache.kv_cache_dtype) == "fp8":
         o.append(_o("--kv-cache-dtype", "fp8"))
     o.append(_o("--mamba-ssm-cache-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype]))

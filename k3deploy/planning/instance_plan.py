@@ -12,6 +12,7 @@ from k3deploy.engines.kinds import engine_family, engine_flavour
 from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.planning import rules
 from k3deploy.planning.capacity import memory_issues
+from k3deploy.planning.concurrency_fixes import concurrency_fixes
 from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.plan_model import Plan
@@ -56,7 +57,8 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
-        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
+        pool_ratio=s.mamba_full_memory_ratio if isinstance(s.mamba_full_memory_ratio, float) else None,
+        pool_calculator=s.mamba_full_memory_ratio == "calculator", drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
     )
 
 
@@ -151,11 +153,17 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                 t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
                 issues.append(_not_checked(["memory"], "while the parallel shape is illegal", "parallel"))
+            elif any(i.code == "VLLM_MAX_NUM_SEQS" for i in issues):
+                issues.append(_not_checked(["memory"], "until serving.max_running_requests is set",
+                                           "serving.max_running_requests"))
             elif "memory" not in blocked:
-                memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
+                inputs = memory_inputs(t, catalog, model, hw, family)
+                memory = memory_budget(model, hw.usable_bytes, shape, inputs)
                 mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
                                                       t.serving.max_running_requests)
-                issues += mem_issues
+                issues += [i._replace(hint=concurrency_fixes(model, hw.usable_bytes, shape, inputs, memory,
+                                                             t.serving.max_running_requests or 0))
+                           if i.code == "CONCURRENCY_CAPPED" else i for i in mem_issues]
     replicated = whole.replicas > 1 or whole.router is not None
     the_pool = router = None
     if replicated and capacity is not None and shape is not None:

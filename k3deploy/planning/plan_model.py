@@ -63,7 +63,8 @@ class Plan(NamedTuple):
         if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
             raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
         return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
-                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
+                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio if self.topology.serving.mamba_full_memory_ratio is not None else None,
+                      python=python)
 
     def digest(self) -> str:
         """A stable hash of the topology (what a deployment record pins)."""

@@ -101,7 +101,10 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
                                ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
                                prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
                                max_running_requests=serving.max_running_requests, drafts=drafts,
-                               replay_ring_len=replay_ring_len)
+                               replay_ring_len=replay_ring_len,
+                               # a proposal sized for its workload: SGLang's pools split by the K3 calculator's
+                               # ratio (`mamba_full_memory_ratio: calculator` in a topology), not the default 0.9
+                               pool_calculator=True)
             m = memory_budget(model, hw.usable_bytes, shape, inp)
             issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
             errors = [i for i in issues if i.severity == "error"]
