@@ -23,7 +23,7 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     t, s, shape = inp.topology, inp.topology.serving, inp.shape
     # A stable name for clients (the engine would answer with the checkpoint path); engine.args overrides it.
     o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port),
-         _o("--served-model-name", t.model.id), _o("--tp-size", shape.tp)]
+         _o("--served-model-name", inp.model.served_model_name or t.model.id), _o("--tp-size", shape.tp)]
     if shape.ep > 1:
         o.append(_o("--ep-size", shape.ep))
     if shape.pp > 1:

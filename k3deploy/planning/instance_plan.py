@@ -88,6 +88,24 @@ def _drafts(t: Topology) -> int:
         return 0
 
 
+def _draft_issues(t: Topology) -> list[Issue]:
+    """Speculative flags whose draft the plan cannot size (EAGLE-3, say): its memory is not in the budget."""
+    args = t.engine.args
+    flag = next((f for f in ("--speculative-algorithm", "--speculative-config") if args.get(f) not in (None, False)),
+                None)
+    if flag is None:
+        return []
+    try:
+        draft_tokens(args)
+    except PerfUnknown as exc:
+        return [Issue(code="SPEC_DRAFT_UNBUDGETED", severity="warning", path=f"engine.args.{flag}",
+                      message=f"the memory budget counts no draft: {exc}; the draft's weights, KV and state slots "
+                      "come out of the pools this plan sized", hint="use DSPARK with "
+                      "--speculative-dspark-block-size (K3's draft, budgeted), or lower serving.mem_fraction by the "
+                      "draft's weights per GPU")]
+    return []
+
+
 def _replay_ring_len(t: Topology, ring: ReplayRing | None) -> int:
     """ReplaySSM ring records per state slot the engine flags ask for; 0 when off (a bad length is the engine
     flag checks' to report)."""
@@ -149,6 +167,7 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                                        "until hardware.gpu names a known accelerator", "hardware.gpu"))
         else:
             issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
+            issues += [] if "engine" in blocked else list(rules.seed_rules(t, model)) + _draft_issues(t)
             issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
                 t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):

@@ -21,7 +21,9 @@ from k3deploy.topology.schema import Topology
 INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
                          "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST",
                          "ROUTER_POLICY", "PD_ROUTER_KIND", "PD_OWNED_FLAG", "PD_SIDE_CHANNEL_ENV",
-                         "PD_DECODE_LAYOUT_FLAG"})
+                         "PD_DECODE_LAYOUT_FLAG",
+                         # settings the model or the engine cannot take at all (the seeds' failure modes)
+                         "CONTEXT_OVER_MODEL", "ROPE_OVERRIDE_NOPE", "MM_CUDA_IPC_MULTINODE", "VLLM_MAX_NUM_SEQS"})
 
 
 class Plan(NamedTuple):
