@@ -118,7 +118,7 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
         # A start rank on the head turns on vLLM's hybrid load balancing, which refuses headless nodes.
         assert opt(s, "--data-parallel-start-rank") == (str(s.rank) if s.rank else None)
         assert opt(s, "--data-parallel-address") == "10.0.0.10"
-        assert opt(s, "--data-parallel-rpc-port") == "20000"
+        assert opt(s, "--data-parallel-rpc-port") == "13345"  # the tutorial's RPC_PORT
         assert ("--headless" in s.argv) == (s.rank > 0)
         assert "--nnodes" not in s.argv and "--master-addr" not in s.argv
         assert opt(s, "--quantization") == "ascend" and "--enable-expert-parallel" in s.argv
@@ -127,7 +127,7 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
             assert s.env[name] == "ens-priv"
         assert s.env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
         assert s.env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(16))
-        assert s.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "5400"
+        assert s.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"  # the tutorial's
 
 
 @FAST
