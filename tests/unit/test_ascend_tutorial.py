@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from k3deploy.catalog.loader import load_catalog
 from k3deploy.engines.render import render_nodes
 from k3deploy.engines.spec import LaunchSpec
 from tests.unit.test_render_support import doc_of, plan_file, plan_of
@@ -73,3 +74,17 @@ def test_the_dspark_variant_renders_as_the_tutorial_writes_it() -> None:
         assert json.loads(opt(spec, "--speculative-config") or "{}") == config
         for flag, value in FLAGS.items():
             assert opt(spec, flag) == value, (spec.rank, flag)
+
+
+def test_dspark_on_w4a8_is_budgeted_like_dspark_on_mxfp4() -> None:
+    """The draft's weights (per attention-TP rank) and its KV per token come out of the caches, as on MXFP4."""
+    config = {"method": "dspark", "model": "/models/Kimi-K3-DSpark", "num_speculative_tokens": 7}
+    base = plan_of(doc_of("ascend-a3-4x16-vllm")).memory
+    spec = plan_of(doc_of("ascend-a3-4x16-vllm", **{"engine.args": {"--speculative-config": json.dumps(config)}}))
+    m, cat = spec.memory, load_catalog()
+    assert base is not None and m is not None
+    draft = cat.model("kimi-k3-w4a8").draft
+    assert draft is not None and draft == cat.model("kimi-k3").draft
+    assert m.draft_weights_bytes == -(-draft.weights_bytes // 16) and base.draft_weights_bytes == 0
+    assert m.draft_kv_bytes_per_token == cat.engines["vllm-ascend"].draft_kv_bytes_per_token
+    assert m.kv_tokens < base.kv_tokens
