@@ -161,3 +161,13 @@ def test_console_script_installed() -> None:
     # Beside this interpreter: the venv is used as `.venv/bin/...`, never necessarily activated.
     exe = shutil.which("k3deploy", path=str(Path(sys.executable).parent))
     assert exe, "pip install -e . installs the k3deploy console script"
+
+
+def test_search_on_ascend_lists_only_vllm_ascend_with_the_w4a8_model() -> None:
+    """The pairing `plan FILE` applies: vLLM-Ascend and the W4A8 checkpoint by default; SGLang on NPUs exits 2."""
+    r = k3("plan", "--search", "--hardware", "ascend-a3", "--gpus", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["engine"], doc["model"]) == ("vllm-ascend", "kimi-k3-w4a8") and any(s["feasible"] for s in doc["shapes"])
+    bad = k3("plan", "--search", "--hardware", "ascend-a3", "--gpus", "64", "--engine", "sglang")
+    assert bad.returncode == 2 and "ENGINE_HARDWARE" in bad.stderr
