@@ -35,6 +35,8 @@ def node_env(inp: Inputs, place: Place, vendor: VendorSpec | None) -> dict[str, 
     else:
         env["VLLM_HOST_IP"] = place.ip  # vLLM ignores HOST_IP and MASTER_ADDR
         env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(t.launch.ready_timeout_s)
+    if t.engine.kind == "vllm" and inp.hardware.vendor == "nvidia":
+        env["VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"] = "1"  # the vLLM K3 recipe's fused LatentMoE tail (guide, 35)
     if inp.flavour == "vllm-ascend":
         lo, hi = HCCL_CONNECT_TIMEOUT_RANGE_S
         env["HCCL_BUFFSIZE"] = str(HCCL_BUFFSIZE_MB)

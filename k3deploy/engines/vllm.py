@@ -80,6 +80,8 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += vllm_kernel_opts(inp.hardware)
     if inp.flavour == "vllm-ascend" and inp.model.quantization == "ascend":
         o.append(_o("--quantization", "ascend"))  # the W4A8 checkpoint; vanilla vLLM has no such method
+    if t.engine.kind == "vllm" and inp.hardware.vendor == "nvidia":
+        o.append(_o("--load-format", "fastsafetensors"))  # the vLLM K3 recipe's fast load path (the K3 guide, 35)
     if inp.flavour == "vllm-ascend":
         # The tutorial names the tokenizer files apart from the weights; here they sit beside them.
         o += [_o("--tokenizer", t.model.path), *ASCEND_TUTORIAL_OPTS]

@@ -88,3 +88,13 @@ def test_dspark_on_w4a8_is_budgeted_like_dspark_on_mxfp4() -> None:
     assert m.draft_weights_bytes == -(-draft.weights_bytes // 16) and base.draft_weights_bytes == 0
     assert m.draft_kv_bytes_per_token == cat.engines["vllm-ascend"].draft_kv_bytes_per_token
     assert m.kv_tokens < base.kv_tokens
+
+
+def test_vllm_on_nvidia_gets_the_k3_recipes_load_path_and_tail_fusion() -> None:
+    """The K3 guide, section 35: --load-format fastsafetensors and VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION=1."""
+    doc = doc_of("h100-4x8-sglang", **{"engine.kind": "vllm", "serving.max_running_requests": 32})
+    head = render_nodes(plan_of(doc).render_inputs())[0]
+    assert opt(head, "--load-format") == "fastsafetensors"
+    assert head.env["VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"] == "1"
+    ascend = render_nodes(plan_file(ASCEND).render_inputs())[0]
+    assert "--load-format" not in ascend.argv and "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION" not in ascend.env
