@@ -37,7 +37,9 @@ class Serving(Strict):
     prefix_cache_strategy: Literal["extra_buffer", "extra_buffer_lazy", "no_buffer"] = Field(
         "extra_buffer", description="SGLang --mamba-radix-cache-strategy (KDA slots per request)"
     )
-    reasoning_effort: Literal["low", "high", "max"] = Field("max", description="default reasoning effort")
+    reasoning_effort: Literal["low", "high", "max"] = Field(
+        "max", description="the reasoning effort your traffic asks for: validate's effort stage measures at it "
+        "(requests carry it; nothing is rendered, K3 itself defaults to max)")
     reserve_gib: float | None = Field(
         None, ge=0, description="runtime reserve per GPU (activations, graphs, buffers); default 8 GiB"
     )
