@@ -73,7 +73,7 @@ class Architecture(Sourced):
 
     def config_fields(self) -> dict[str, Any]:
         """The fields that describe config.json (not how we read it), as plain values."""
-        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys"})
+        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys", "full_attn_position"})
 
     @property
     def moe_layers(self) -> int:
