@@ -52,6 +52,9 @@ class Architecture(Sourced):
         "mla", description="how full-attention layers cache a token: MLA's one latent (kv_lora_rank + "
         "qk_rope_head_dim), or GQA's K and V per KV head (num_key_value_heads x head_dim)")
     head_dim: int | None = Field(None, description="GQA: the size of one attention head (needed for gqa)")
+    full_attn_position: Literal["rope", "nope"] = Field(
+        "rope", description="positional encoding of the full-attention layers: nope, none (a RoPE/YaRN override "
+        "does not apply, plan refuses one)")
     config_keys: dict[str, str | None] = Field(
         default_factory=dict, description="field -> its dotted key in config.json where it differs from "
         "K3's layout (text_config.<field>); null: config.json has no such key (the shards stage skips it)")
@@ -70,7 +73,7 @@ class Architecture(Sourced):
 
     def config_fields(self) -> dict[str, Any]:
         """The fields that describe config.json (not how we read it), as plain values."""
-        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys"})
+        return self.model_dump(exclude={"sources", "attention", "head_dim", "config_keys", "full_attn_position"})
 
     @property
     def moe_layers(self) -> int:
@@ -144,6 +147,11 @@ class ModelSpec(Sourced):
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
     draft: DraftSpec | None = Field(None, description="the draft model whose cost speculative decoding adds")
+    served_model_name: str | None = Field(
+        None, description="the name clients call the model by (--served-model-name; none given: the model id)")
+    load_dist_timeout_s: int | None = Field(
+        None, description="the distributed-init timeout a multi-node load of this checkpoint needs (plan warns "
+        "below it; none given: no rule)")
     sglang_static_overhead_gib: float | None = Field(
         None, description="GiB per GPU SGLang holds inside its static share beside this model's weights when it "
         "sizes its KV and state pools (none given: 0)")

@@ -27,8 +27,10 @@ def plan(
     hardware: Annotated[str | None, typer.Option(help="accelerator id (with --search)")] = None,
     gpus: Annotated[int | None, typer.Option(help="number of accelerators (with --search)")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="accelerators per node (with --search)")] = None,
-    engine: Annotated[str, typer.Option(help="sglang | vllm | vllm-ascend (with --search)")] = "sglang",
-    model: Annotated[str, typer.Option(help="model id (with --search)")] = "kimi-k3",
+    engine: Annotated[str | None, typer.Option(help="sglang | vllm | vllm-ascend (with --search; default: "
+                                               "vllm-ascend on Ascend NPUs, else sglang)")] = None,
+    model: Annotated[str | None, typer.Option(help="model id (with --search; default: the first catalog model the "
+                                              "engine can serve on --hardware)")] = None,
     workload: Annotated[str | None, typer.Option(
         help="predict TTFT, TPOT and throughput for in=TOKENS,out=TOKENS,concurrency=N[,effort=E][,prompts=N]; "
         "with --search, rank the shapes by it")] = None,
@@ -160,12 +162,13 @@ def _check_lines(results: "list[FileResult]") -> None:
 
 
 def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: int | None,
-            engine: str, model: str, as_json: bool) -> None:
+            engine_opt: str | None, model_opt: str | None, as_json: bool) -> None:
     from k3deploy.engines.kinds import FLAVOURS, engine_family
-    from k3deploy.planning.search import search_shapes
+    from k3deploy.planning.search import default_pairing, search_shapes
 
     if hardware is None or gpus is None:
         raise InputError("--search needs --hardware and --gpus", hint="e.g. --search --hardware h100-80gb --gpus 32")
+    engine, model = default_pairing(cat, hardware, engine_opt, model_opt)
     if engine not in FLAVOURS:
         raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
     rows = search_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus,
@@ -173,21 +176,23 @@ def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: in
     if as_json:
         from k3deploy.planning.document import search_json
 
-        print(json.dumps(search_json(hardware, gpus, engine, rows), indent=2))
+        print(json.dumps(search_json(hardware, gpus, engine, rows, model), indent=2))
     else:
         from k3deploy.planning.report import search_table
 
-        _console().print(search_table(hardware, gpus, engine, rows))
+        _console().print(search_table(hardware, gpus, engine, rows, model))
 
 
-def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node: "int | None", engine: str,
-            model: str, as_json: bool, load: "Workload", objective: str, tpot_max: "float | None",
-            speculation: bool) -> None:
+def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node: "int | None",
+            engine_opt: "str | None", model_opt: "str | None", as_json: bool, load: "Workload", objective: str,
+            tpot_max: "float | None", speculation: bool) -> None:
     from k3deploy.engines.kinds import FLAVOURS, engine_family
     from k3deploy.planning.ranking import rank_shapes, why_top
+    from k3deploy.planning.search import default_pairing
 
     if hardware is None or gpus is None:
         raise InputError("--search needs --hardware and --gpus", hint="e.g. --search --hardware b300 --gpus 8")
+    engine, model = default_pairing(cat, hardware, engine_opt, model_opt)
     if engine not in FLAVOURS:
         raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
     rows = rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
@@ -195,7 +200,8 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
                        tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
     why = why_top(rows, objective)  # type: ignore[arg-type]
     if as_json:
-        print(json.dumps({"hardware": hardware, "gpus": gpus, "engine": engine, "workload": load.model_dump(),
+        print(json.dumps({"hardware": hardware, "gpus": gpus, "engine": engine, "model": model,
+                          "workload": load.model_dump(),
                           "objective": objective, "tpot_max_ms": tpot_max, "speculation": speculation, "why": why,
                           "shapes": [r.model_dump() for r in rows]}, indent=2))
     else:

@@ -9,6 +9,12 @@ from k3deploy.engines.pd_flags import pd_env
 ALLOC_CONF = "expandable_segments:True"
 # vLLM-Ascend's multi-node examples raise HCCL's 200 MB default buffer for EP all-to-all.
 HCCL_BUFFSIZE_MB = 1024
+# The rest of the vLLM-Ascend Kimi-K3 tutorial's environment on every A3 node (section 5.1); engine.env overrides.
+ASCEND_TUTORIAL_ENV = {
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3000", "HCCL_BUFFSIZE_EP": "2048", "HCCL_INTRA_PCIE_ENABLE": "1",
+    "HCCL_INTRA_ROCE_ENABLE": "0", "HCCL_OP_EXPANSION_MODE": "AIV", "OMP_PROC_BIND": "false",
+    "OPENBLAS_NUM_THREADS": "1",
+}
 # HCCL accepts a connect timeout between these bounds (seconds).
 HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
 
@@ -29,10 +35,13 @@ def node_env(inp: Inputs, place: Place, vendor: VendorSpec | None) -> dict[str, 
     else:
         env["VLLM_HOST_IP"] = place.ip  # vLLM ignores HOST_IP and MASTER_ADDR
         env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(t.launch.ready_timeout_s)
+    if t.engine.kind == "vllm" and inp.hardware.vendor == "nvidia":
+        env["VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"] = "1"  # the vLLM K3 recipe's fused LatentMoE tail (guide, 35)
     if inp.flavour == "vllm-ascend":
         lo, hi = HCCL_CONNECT_TIMEOUT_RANGE_S
         env["HCCL_BUFFSIZE"] = str(HCCL_BUFFSIZE_MB)
         env["HCCL_CONNECT_TIMEOUT"] = str(min(max(t.launch.dist_timeout_s, lo), hi))
+        env.update(ASCEND_TUTORIAL_ENV)
         if vendor is not None and vendor.visible_devices_env:
             env[vendor.visible_devices_env] = ",".join(str(i) for i in range(t.hardware.gpus_per_node))
     if t.engine.kind == "sim":

@@ -11,6 +11,11 @@ from k3deploy.engines.flag_tables import FlagTable
 # SGLang: K3 with --dcp-size > 1 runs only on these decode backends (Blackwell, AMD).
 SGLANG_DCP_DECODE_BACKENDS = ("cutedsl_mla", "aiter")
 SGLANG_MOE_DEFAULT = "auto"
+# SGLang MoE runners that dequantize MXFP4 experts to BF16 in memory on SM90 (no FP4 tensor cores): the cookbook's
+# "OOM at load because the MoE kernel fell back" (seed 000); `auto` picks that path silently.
+SGLANG_HOPPER_UPCAST_MOE = frozenset({"auto", "triton"})
+# vLLM --moe-backend choices that run MXFP4 experts as W4A16 on SM90 (the cookbook's Marlin path).
+VLLM_HOPPER_W4A16_MOE = frozenset({"marlin"})
 
 
 def sglang_kernel_opts(hw: HardwareSpec, dcp: int) -> tuple[Opt, ...]:

@@ -19,6 +19,10 @@ POD_IP_VAR = "K3_POD_IP"
 # Image used when the topology names none (engine's official image for the pinned version).
 DEFAULT_IMAGES = {"sglang": "lmsysorg/sglang:v{v}", "vllm": "vllm/vllm-openai:v{v}",
                   "vllm-ascend": "quay.io/ascend/vllm-ascend:v{v}", "sim": "k3deploy:" + __version__}
+# The accelerator's own K3 build where the engine's generic image would not run on it: SGLang's ROCm K3 image
+# (the K3 guide, section 37: lmsysorg/sglang-rocm for MI35x) and vLLM-Ascend's A3 image (its Kimi-K3 tutorial, 4.1).
+VENDOR_IMAGES = {("sglang", "amd"): "lmsysorg/sglang-rocm:rocm720-mi35x-k3-20260727",
+                 ("vllm-ascend", "huawei"): "quay.io/ascend/vllm-ascend:nightly-main-a3"}
 DEVICE_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "huawei": "huawei.com/Ascend910"}
 SHM_SIZE = "32Gi"
 
@@ -44,7 +48,8 @@ def lws_image(inp: Inputs) -> tuple[str, str | None]:
     e = inp.topology.engine
     if e.image:
         return e.image, None if "@sha256:" in e.image else "image not pinned by digest"
-    image = DEFAULT_IMAGES[e.kind].format(v=inp.table.engine.split()[-1])
+    image = VENDOR_IMAGES.get((e.kind, inp.hardware.vendor)) or DEFAULT_IMAGES[e.kind].format(
+        v=inp.table.engine.split()[-1])
     return image, f"engine.image not set: defaulted to {image} (set and pin it by digest)"
 
 

@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import json
 import shlex
 from collections.abc import Iterator
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue, fmt_gib
-from k3deploy.engines.argv_opts import Opt, arg_problems, merge, user_opt
+from k3deploy.engines.argv_opts import Opt, arg_problems, effective, merge, user_opt
 from k3deploy.engines.command_line import base_opts
 from k3deploy.engines.context import Inputs, places
 from k3deploy.engines.flag_tables import FlagTable, flag_table
-from k3deploy.engines.kernels import SGLANG_DCP_DECODE_BACKENDS, sglang_effective_kernels
+from k3deploy.engines.kernels import (
+    SGLANG_DCP_DECODE_BACKENDS,
+    SGLANG_HOPPER_UPCAST_MOE,
+    VLLM_HOPPER_W4A16_MOE,
+    sglang_effective_kernels,
+)
 from k3deploy.engines.kinds import Family
 from k3deploy.engines.launchers import SIM_FORM, model_how, resolve_launcher
 from k3deploy.engines.redact import secret_arg, secret_env
@@ -141,14 +147,24 @@ def rendezvous_rules(t: Topology, inp: Inputs) -> Iterator[Issue]:
 def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...], bf16_weights_bytes: int) -> Iterator[Issue]:
     """SGLang kernels that cannot serve K3 on this accelerator or shape (`bf16_weights_bytes`: the weights per
     GPU with the routed experts held in BF16, the planner's figure)."""
+    if inp.flavour == "vllm" and inp.hardware.is_hopper and inp.model.weights.expert_format == "mxfp4":
+        o = effective(opts, inp.table, "moe_backend")
+        moe = o.values[0] if o is not None and o.values else "auto"
+        if moe not in VLLM_HOPPER_W4A16_MOE:
+            flag = _user_flag(t, inp.table, "moe_backend")
+            yield _err("VLLM_HOPPER_MOE", f"--moe-backend {moe} on {inp.hardware.name} (SM90): the MXFP4 experts "
+                       "run without FP4 tensor cores only through the Marlin W4A16 kernel; a backend that falls back "
+                       f"to dequantizing them holds {fmt_gib(bf16_weights_bytes)} of weights per GPU against "
+                       f"{fmt_gib(inp.hardware.usable_bytes)} usable, out of memory at load",
+                       _arg_path(flag) if flag else "engine.args", "use marlin, k3deploy's default")
     if inp.flavour != "sglang":
         return
     k = sglang_effective_kernels(opts, inp.table)
     hw, shape = inp.hardware, inp.shape
-    if hw.is_hopper and k.moe == "auto":
+    if hw.is_hopper and k.moe in SGLANG_HOPPER_UPCAST_MOE:
         flag = _user_flag(t, inp.table, "moe_runner_backend")
-        yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend auto on {hw.name} (SM90) silently "
-                   f"upcasts the MXFP4 experts to BF16: {fmt_gib(bf16_weights_bytes)} of weights per GPU against "
+        yield _err("SGLANG_HOPPER_MOE_AUTO", f"--moe-runner-backend {k.moe} on {hw.name} (SM90) "
+                   f"{'silently upcasts' if k.moe == 'auto' else 'dequantizes'} the MXFP4 experts to BF16: {fmt_gib(bf16_weights_bytes)} of weights per GPU against "
                    f"{fmt_gib(hw.usable_bytes)} usable, out of memory at load",
                    _arg_path(flag) if flag else "engine.args",
                    "use marlin (the W4A16 kernel), k3deploy's default")
@@ -164,6 +180,68 @@ def kernel_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...], bf16_weights_b
     if shape.dcp > 1 and "enable_symm_mem" in _dests(opts, inp.table):
         yield _warn("SGLANG_DCP_SYMM_MEM", "SGLang disables --enable-symm-mem when --dcp-size > 1",
                     _arg_path(_user_flag(t, inp.table, "enable_symm_mem") or "--enable-symm-mem"))
+
+
+# Config overrides that carry positional-encoding settings (SGLang --json-model-override-args, vLLM --hf-overrides).
+OVERRIDE_DESTS = ("json_model_override_args", "hf_overrides")
+POSITION_KEYS = ("rope", "yarn", "position")
+
+
+def _position_keys(value: object) -> list[str]:
+    """Keys of a config override (JSON text or a mapping, nested) that set positional encoding."""
+    if isinstance(value, str):
+        text = value
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return [w for w in POSITION_KEYS if w in text.lower()]
+    if not isinstance(value, dict):
+        return []
+    found = [k for k in value if any(w in str(k).lower() for w in POSITION_KEYS)]
+    return found + [k for v in value.values() for k in _position_keys(v)]
+
+
+def seed_arg_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Issue]:
+    """engine.args the seeds name as failure modes: a RoPE/YaRN override on a NoPE model, a context past the
+    model's, CUDA-IPC feature transport across nodes, the K3 chat parsers dropped."""
+    arch = inp.model.architecture
+    for dest in OVERRIDE_DESTS:
+        flag = _user_flag(t, inp.table, dest)
+        keys = _position_keys(t.engine.args[flag]) if flag else []
+        if flag and keys and arch.full_attn_position == "nope":
+            yield _err("ROPE_OVERRIDE_NOPE", f"{flag} sets {', '.join(keys)}, but {inp.model.id}'s MLA layers use "
+                       "NoPE: there is no RoPE base to retune, so a rope-scaling override is at best a no-op and at "
+                       "worst a config the engine rejects or misapplies; the 1M context needs no positional change",
+                       _arg_path(flag), "drop the positional keys from the override")
+    for dest in ("context_length", "max_model_len"):
+        o = effective(opts, inp.table, dest)
+        flag = _user_flag(t, inp.table, dest)
+        if flag and o is not None and o.values and str(o.values[0]).isdigit() \
+                and int(o.values[0]) > arch.max_position_embeddings:
+            yield _err("CONTEXT_OVER_MODEL", f"{flag} {int(o.values[0]):,} is past {inp.model.id}'s maximum of "
+                       f"{arch.max_position_embeddings:,} tokens", _arg_path(flag),
+                       "drop the override and set serving.context_length")
+    transport = effective(opts, inp.table, "mm_feature_transport")
+    if transport is not None and transport.values == ("cuda_ipc",) and len(t.nodes) > 1:
+        flag = _user_flag(t, inp.table, "mm_feature_transport") or "--mm-feature-transport"
+        yield _err("MM_CUDA_IPC_MULTINODE", f"--mm-feature-transport cuda_ipc across {len(t.nodes)} nodes: CUDA IPC "
+                   "hands image features between processes of one node only (the K3 guide, section 37.2)",
+                   _arg_path(flag), "use --mm-feature-transport cpu on a multi-node deployment")
+    parsers = inp.model.parsers
+    for dest, want, section in (("tool_call_parser", parsers.tool_call_parser, "50.6 tool calls appear as text"),
+                                ("reasoning_parser", parsers.reasoning_parser,
+                                 "50.7 reasoning appears inside the final content")):
+        o = effective(opts, inp.table, dest)
+        got = o.values[0] if o is not None and o.values else None
+        if want and got != want:
+            flag = _user_flag(t, inp.table, dest) or f"--{dest.replace('_', '-')}"
+            yield _warn("PARSER_NOT_K3", f"{flag} is {got or 'unset'}, not {want}: {want}'s chat format is mis-split "
+                        f"(the K3 guide, section {section})", _arg_path(flag),
+                        f"drop the override: k3deploy renders --{dest.replace('_', '-')} {want}")
+    if inp.family == "vllm" and parsers.tool_call_parser and "enable_auto_tool_choice" not in _dests(opts, inp.table):
+        yield _warn("PARSER_NOT_K3", "--enable-auto-tool-choice is off: vLLM uses the tool parser only with auto tool "
+                    "choice, so tool calls arrive as text (the K3 guide, section 50.6)",
+                    _arg_path("--enable-auto-tool-choice"), "drop the override")
 
 
 def quant_rules(t: Topology, inp: Inputs, opts: tuple[Opt, ...]) -> Iterator[Issue]:
@@ -235,6 +313,10 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape, 
     if t.engine.version and t.engine.version != version:
         yield _warn("ENGINE_VERSION", f"engine.version {t.engine.version}: k3deploy renders and checks "
                     f"flags for {inp.table.engine}", "engine.version")
+    if inp.family == "vllm" and t.serving.max_running_requests is None:
+        yield _err("VLLM_MAX_NUM_SEQS", "vLLM sizes its KDA state pages from --max-num-seqs: "
+                   "serving.max_running_requests cannot be left to the engine", "serving.max_running_requests",
+                   "set a number (vLLM-Ascend's K3 tutorial runs 16 per DP rank)")
     yield from container_rules(t)
     yield from launcher_rules(t, inp)
     arg_issues = list(arg_rules(t, inp))
@@ -245,4 +327,5 @@ def engine_rules(t: Topology, model: ModelSpec, hw: HardwareSpec, shape: Shape, 
     yield from form_rules(t, inp, merged)
     yield from rendezvous_rules(t, inp)
     yield from kernel_rules(t, inp, merged[0], bf16_weights_bytes)
+    yield from seed_arg_rules(t, inp, merged[0])
     yield from quant_rules(t, inp, merged[0])

@@ -23,7 +23,7 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     t, s, shape = inp.topology, inp.topology.serving, inp.shape
     # A stable name for clients (the engine would answer with the checkpoint path); engine.args overrides it.
     o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port),
-         _o("--served-model-name", t.model.id), _o("--tp-size", shape.tp)]
+         _o("--served-model-name", inp.model.served_model_name or t.model.id), _o("--tp-size", shape.tp)]
     if shape.ep > 1:
         o.append(_o("--ep-size", shape.ep))
     if shape.pp > 1:
@@ -39,8 +39,10 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o.append(_o("--dist-timeout", t.launch.dist_timeout_s))
     if inp.mem_fraction is not None:
         o.append(_o("--mem-fraction-static", decimal(inp.mem_fraction)))
-    o += [_o("--context-length", s.context_length), _o("--max-running-requests", s.max_running_requests),
-          _o("--kv-cache-dtype", KV_DTYPES[s.kv_cache_dtype or inp.model.cache.kv_cache_dtype]),
+    o.append(_o("--context-length", s.context_length))
+    if s.max_running_requests is not None:  # unset: SGLang admits what its KDA state pool holds
+        o.append(_o("--max-running-requests", s.max_running_requests))
+    o += [_o("--kv-cache-dtype", KV_DTYPES[s.kv_cache_dtype or inp.model.cache.kv_cache_dtype]),
           _o("--mamba-ssm-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype])]
     if s.prefix_cache:
         o.append(_o("--mamba-radix-cache-strategy", s.prefix_cache_strategy))

@@ -9,6 +9,10 @@ from k3deploy.engines.pd_flags import vllm_pd_opts
 from k3deploy.engines.sglang import parser_opts
 
 SSM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# vLLM-Ascend as its Kimi-K3 tutorial runs it on Atlas A3 (section 5.1, table 9.1): lazy safetensors loading, an
+# 8192-token step budget and ACL graphs for decode only; each overridable in engine.args.
+ASCEND_TUTORIAL_OPTS = (Opt("--safetensors-load-strategy", ("lazy",)), Opt("--max-num-batched-tokens", ("8192",)),
+                        Opt("--compilation-config", ('{"cudagraph_mode":"FULL_DECODE_ONLY"}',)))
 # The two multi-node forms; vLLM rejects a command that mixes them ("must be divisible").
 NNODES_DESTS = frozenset({"nnodes", "node_rank", "master_addr", "master_port"})
 DP_RANK_DESTS = frozenset({"data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
@@ -49,7 +53,7 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     t, s, shape = inp.topology, inp.topology.serving, inp.shape
     # A stable name for clients (the engine would answer with the checkpoint path); engine.args overrides it.
     o = [_o("--host", "0.0.0.0"), _o("--port", t.engine.port),
-         _o("--served-model-name", t.model.id), _o("--tensor-parallel-size", shape.tp)]
+         _o("--served-model-name", inp.model.served_model_name or t.model.id), _o("--tensor-parallel-size", shape.tp)]
     if shape.pp > 1:
         o.append(_o("--pipeline-parallel-size", shape.pp))
     if shape.dcp > 1:
@@ -59,7 +63,9 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += multinode_opts(inp, place)
     if inp.mem_fraction is not None:
         o.append(_o("--gpu-memory-utilization", decimal(inp.mem_fraction)))
-    o += [_o("--max-model-len", s.context_length), _o("--max-num-seqs", s.max_running_requests)]
+    o.append(_o("--max-model-len", s.context_length))
+    if s.max_running_requests is not None:  # engine_rules refuses a vLLM topology without it
+        o.append(_o("--max-num-seqs", s.max_running_requests))
     if (s.kv_cache_dtype or inp.model.cache.kv_cache_dtype) == "fp8":
         o.append(_o("--kv-cache-dtype", "fp8"))
     o.append(_o("--mamba-ssm-cache-dtype", SSM_DTYPES[s.state_dtype or inp.model.cache.ssm_state_dtype]))
@@ -74,5 +80,10 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     o += vllm_kernel_opts(inp.hardware)
     if inp.flavour == "vllm-ascend" and inp.model.quantization == "ascend":
         o.append(_o("--quantization", "ascend"))  # the W4A8 checkpoint; vanilla vLLM has no such method
+    if t.engine.kind == "vllm" and inp.hardware.vendor == "nvidia":
+        o.append(_o("--load-format", "fastsafetensors"))  # the vLLM K3 recipe's fast load path (the K3 guide, 35)
+    if inp.flavour == "vllm-ascend":
+        # The tutorial names the tokenizer files apart from the weights; here they sit beside them.
+        o += [_o("--tokenizer", t.model.path), *ASCEND_TUTORIAL_OPTS]
     o += vllm_pd_opts(inp)
     return tuple(o)

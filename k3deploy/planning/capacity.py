@@ -22,8 +22,9 @@ class Capacity(NamedTuple):
 
 
 def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
-                  max_running_requests: int) -> tuple[list[Issue], Capacity]:
-    """Feasibility verdicts on a budget, each saying by how much."""
+                  max_running_requests: int | None) -> tuple[list[Issue], Capacity]:
+    """Feasibility verdicts on a budget, each saying by how much; `max_running_requests` None: the engine admits
+    what its state pool holds."""
     out: list[Issue] = []
     need = m.weights_bytes + m.reserve_bytes
     ctx = context_length
@@ -56,11 +57,13 @@ def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
                          f" outside the static pools, below the {fmt_gib(m.reserve_bytes)} runtime reserve: "
                          "CUDA-graph capture may run out of memory",
                          hint=f"lower mem_fraction to {1 - m.reserve_bytes / m.usable_bytes:.3f} or less"))
-    running = min(max_running_requests, m.state_requests)
-    if m.state_requests and m.state_requests < max_running_requests:
+    asked = m.state_requests if max_running_requests is None else max_running_requests
+    running = min(asked, m.state_requests)
+    if m.state_requests and m.state_requests < asked:
         out.append(Issue(code="CONCURRENCY_CAPPED", severity="warning", path="serving.max_running_requests",
                          message=f"the KDA state pool holds {m.state_requests} requests, fewer than "
-                         f"max_running_requests {max_running_requests}"))
+                         f"max_running_requests {asked}"))
+    max_running_requests = asked
     per_request = m.kv_tokens // max(max_running_requests, 1)
     cap = Capacity(kv_tokens=m.kv_tokens, max_running_requests=running, max_context_tokens=min(per_request, ctx))
     if m.kv_tokens >= ctx and per_request < ctx:

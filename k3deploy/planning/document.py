@@ -48,6 +48,8 @@ def invalid_json(file: str, issues: list[Issue]) -> dict[str, Any]:
             "per_token": None, "per_request": None, "capacity": None, "pool": None, "router": None, "roles": None}
 
 
-def search_json(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) -> dict[str, Any]:
+def search_json(hardware: str, gpus: int, engine: str, rows: list[ShapeRow], model: str | None = None
+                ) -> dict[str, Any]:
     """The `plan --search --json` document."""
-    return {"hardware": hardware, "gpus": gpus, "engine": engine, "shapes": [r.model_dump() for r in rows]}
+    return {"hardware": hardware, "gpus": gpus, "engine": engine, "model": model,
+            "shapes": [r.model_dump() for r in rows]}

@@ -12,6 +12,7 @@ from k3deploy.engines.kinds import engine_family, engine_flavour
 from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.planning import rules
 from k3deploy.planning.capacity import memory_issues
+from k3deploy.planning.concurrency_fixes import concurrency_fixes
 from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.plan_model import Plan
@@ -56,7 +57,8 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         ssm_dtype=s.state_dtype or model.cache.ssm_state_dtype,
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
-        pool_ratio=s.mamba_full_memory_ratio, drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
+        pool_ratio=s.mamba_full_memory_ratio if isinstance(s.mamba_full_memory_ratio, float) else None,
+        pool_calculator=s.mamba_full_memory_ratio == "calculator", drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
     )
 
 
@@ -84,6 +86,24 @@ def _drafts(t: Topology) -> int:
         return draft_tokens(t.engine.args)
     except PerfUnknown:
         return 0
+
+
+def _draft_issues(t: Topology) -> list[Issue]:
+    """Speculative flags whose draft the plan cannot size (EAGLE-3, say): its memory is not in the budget."""
+    args = t.engine.args
+    flag = next((f for f in ("--speculative-algorithm", "--speculative-config") if args.get(f) not in (None, False)),
+                None)
+    if flag is None:
+        return []
+    try:
+        draft_tokens(args)
+    except PerfUnknown as exc:
+        return [Issue(code="SPEC_DRAFT_UNBUDGETED", severity="warning", path=f"engine.args.{flag}",
+                      message=f"the memory budget counts no draft: {exc}; the draft's weights, KV and state slots "
+                      "come out of the pools this plan sized", hint="use DSPARK with "
+                      "--speculative-dspark-block-size (K3's draft, budgeted), or lower serving.mem_fraction by the "
+                      "draft's weights per GPU")]
+    return []
 
 
 def _replay_ring_len(t: Topology, ring: ReplayRing | None) -> int:
@@ -147,15 +167,22 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                                        "until hardware.gpu names a known accelerator", "hardware.gpu"))
         else:
             issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
+            issues += [] if "engine" in blocked else list(rules.seed_rules(t, model)) + _draft_issues(t)
             issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
                 t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
                 issues.append(_not_checked(["memory"], "while the parallel shape is illegal", "parallel"))
+            elif any(i.code == "VLLM_MAX_NUM_SEQS" for i in issues):
+                issues.append(_not_checked(["memory"], "until serving.max_running_requests is set",
+                                           "serving.max_running_requests"))
             elif "memory" not in blocked:
-                memory = memory_budget(model, hw.usable_bytes, shape, memory_inputs(t, catalog, model, hw, family))
+                inputs = memory_inputs(t, catalog, model, hw, family)
+                memory = memory_budget(model, hw.usable_bytes, shape, inputs)
                 mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
                                                       t.serving.max_running_requests)
-                issues += mem_issues
+                issues += [i._replace(hint=concurrency_fixes(model, hw.usable_bytes, shape, inputs, memory,
+                                                             t.serving.max_running_requests or 0))
+                           if i.code == "CONCURRENCY_CAPPED" else i for i in mem_issues]
     replicated = whole.replicas > 1 or whole.router is not None
     the_pool = router = None
     if replicated and capacity is not None and shape is not None:

@@ -140,9 +140,10 @@ class MemoryInputs(NamedTuple):
     ssm_dtype: str
     prefix_cache: bool
     prefix_cache_strategy: str
-    max_running_requests: int
+    max_running_requests: int | None  # None: SGLang admits what its state pool holds
     avg_request_tokens: int | None = None
-    pool_ratio: float | None = None
+    pool_ratio: float | None = None  # None: the engine's own default, or the calculator's with pool_calculator
+    pool_calculator: bool = False  # the SGLang K3 calculator's ratio (the topology asked for 'calculator')
     experts_bf16: bool = False
     drafts: int = 0  # speculative draft tokens per step: the draft's weights, KV and state slots count
     replay_ring_len: int = 0  # SGLang --enable-linear-replayssm-spec: ring records per slot (0: off)
@@ -184,9 +185,11 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         # time, not after the weights alone (kv_cache_configurator.py _profile_available_bytes).
         static_overhead = round((model.sglang_static_overhead_gib or 0.0) * GIB)
         cache = max(0.0, usable_bytes * inp.mem_fraction - weights - static_overhead)
-        ratio = inp.pool_ratio or sglang_pool_ratio(
-            found, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1, draft_slots=extra,
-            draft_kv_bytes=draft_kv)
+        # Unless the topology asks otherwise, SGLang splits the pools by its own default ratio; a model without
+        # KDA layers has no state pool to split off.
+        default = inp.engine.mamba_full_memory_ratio_default if state and not inp.pool_calculator else None
+        ratio = inp.pool_ratio or default or sglang_pool_ratio(found, state, kv_tok, inp.avg_request_tokens or inp.engine.avg_request_tokens or 1,
+                                 draft_slots=extra, draft_kv_bytes=draft_kv)
         kv_pool = int(cache / (1 + ratio))
         state_pool = int(cache) - kv_pool
         state_per_request = slots * (state + ring)
@@ -198,6 +201,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         block = vllm_block_tokens(per_layer_state, per_layer_tok, inp.engine.block_multiple_tokens or 128)
         # Each KDA state page is padded up to the attention page size of one block.
         state_per_request = slots * stage.kda_layers * math.ceil(block * per_layer_tok)
+        assert inp.max_running_requests is not None, "vLLM sizes its state pool from --max-num-seqs"
         state_pool = min(int(cache), inp.max_running_requests * state_per_request)
         kv_pool = int(cache) - state_pool
     headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool - static_overhead
@@ -210,7 +214,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         kv_tokens=int(kv_pool // (kv_tok + draft_kv)) if kv_tok else 0,
         # A model without KDA layers keeps no recurrent state: only the KV pool bounds its requests.
         state_requests=int(state_pool // state_per_request) if state_per_request else
-        (inp.max_running_requests if not arch.kda_layers else 0),
+        ((inp.max_running_requests or 0) if not arch.kda_layers else 0),
         draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
         replay_ring_bytes_per_slot=ring, engine_static_bytes=static_overhead,
     )

@@ -21,7 +21,9 @@ from k3deploy.topology.schema import Topology
 INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "RANKS_DUPLICATE", "RANKS_GAP",
                          "IP_UNSPECIFIED", "IP_LOOPBACK", "DUPLICATE_IP", "DUPLICATE_HOST",
                          "ROUTER_POLICY", "PD_ROUTER_KIND", "PD_OWNED_FLAG", "PD_SIDE_CHANNEL_ENV",
-                         "PD_DECODE_LAYOUT_FLAG"})
+                         "PD_DECODE_LAYOUT_FLAG",
+                         # settings the model or the engine cannot take at all (the seeds' failure modes)
+                         "CONTEXT_OVER_MODEL", "ROPE_OVERRIDE_NOPE", "MM_CUDA_IPC_MULTINODE", "VLLM_MAX_NUM_SEQS"})
 
 
 class Plan(NamedTuple):
@@ -63,7 +65,8 @@ class Plan(NamedTuple):
         if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
             raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
         return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
-                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio, python=python)
+                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio if self.topology.serving.mamba_full_memory_ratio is not None else None,
+                      python=python)
 
     def digest(self) -> str:
         """A stable hash of the topology (what a deployment record pins)."""

@@ -70,10 +70,11 @@ def plan_renderable(plan: Plan) -> Group:
     return Group(*parts)
 
 
-def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow]) -> Group:
+def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow], model: str | None = None) -> Group:
     """`plan --search` as a table, one line per shape; each distinct reason a shape is infeasible is a
     numbered note below it, said once and whole."""
-    t = Table(title=f"Legal shapes for {gpus} x {hardware} with {engine} (GiB per GPU)", title_justify="left",
+    serving = f"{model} on {engine}" if model else engine
+    t = Table(title=f"Legal shapes for {gpus} x {hardware} with {serving} (GiB per GPU)", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "weights", "cache", "headroom", "verdict"):
         t.add_column(col, justify="right" if col != "verdict" else "left", no_wrap=True)

@@ -109,8 +109,15 @@ def node_rules(t: Topology) -> Iterator[Issue]:
 
 
 def pairing_rules(t: Topology, model: ModelSpec, hw: HardwareSpec) -> Iterator[Issue]:
-    """Model, accelerator and engine that cannot work together."""
-    kind = t.engine.kind
+    """Model, accelerator and engine that cannot work together; an unpinned revision."""
+    yield from pairing_issues(t.engine.kind, model, hw)
+    if t.model.revision is None:
+        yield _warn("REVISION_UNPINNED", "no model revision pinned; several revisions circulate",
+                    "model.revision", "pin the hub commit sha")
+
+
+def pairing_issues(kind: str, model: ModelSpec, hw: HardwareSpec) -> Iterator[Issue]:
+    """Model, accelerator and engine kind that cannot work together (`plan FILE` and `plan --search` alike)."""
     if hw.vendor == "huawei" and kind not in ("vllm-ascend", "sim"):
         yield _err("ENGINE_HARDWARE", f"{hw.name} needs the vLLM-Ascend engine, not {kind}", "engine.kind")
     if kind == "vllm-ascend" and hw.vendor != "huawei":
@@ -121,9 +128,6 @@ def pairing_rules(t: Topology, model: ModelSpec, hw: HardwareSpec) -> Iterator[I
     if model.quantization == "ascend" and kind not in ("vllm-ascend", "sim"):
         yield _err("QUANT_ASCEND", f"{model.id} needs --quantization ascend, which only vLLM-Ascend has "
                    "(vanilla vLLM fails: 'Unknown quantization method: ascend')", "model.id")
-    if t.model.revision is None:
-        yield _warn("REVISION_UNPINNED", "no model revision pinned; several revisions circulate",
-                    "model.revision", "pin the hub commit sha")
 
 
 def budget_rules(t: Topology) -> Iterator[Issue]:
@@ -147,3 +151,24 @@ def budget_rules(t: Topology) -> Iterator[Issue]:
                     f"validate.effort_prompt_tokens, at least 2 x cache_block_tokens) + validate.effort_max_tokens "
                     f"{v.effort_max_tokens:,} exceed serving.context_length {ctx:,}", "validate.effort_max_tokens",
                     hint)
+
+
+def seed_rules(t: Topology, model: ModelSpec) -> Iterator[Issue]:
+    """Serving settings the seeds name as failure modes: a context past the model's, a distributed-init timeout
+    shorter than the checkpoint's load, prefix caching off."""
+    arch, ctx = model.architecture, t.serving.context_length
+    if ctx > arch.max_position_embeddings:
+        yield _err("CONTEXT_OVER_MODEL", f"context_length {ctx:,} is past {model.id}'s maximum of "
+                   f"{arch.max_position_embeddings:,} tokens (max_position_embeddings): the engine refuses to start "
+                   "or serves positions the model never saw", "serving.context_length",
+                   f"at most {arch.max_position_embeddings:,}; start at 32K-128K (the K3 guide, section 41.3)")
+    need = model.load_dist_timeout_s
+    if need is not None and len(t.nodes) > 1 and t.launch.dist_timeout_s < need:
+        yield _warn("DIST_TIMEOUT_SHORT", f"dist_timeout_s {t.launch.dist_timeout_s} is shorter than the "
+                    f"{need} s a multi-node load of {model.id} ({model.weights.total_bytes / 2**40:.2f} TiB) needs: "
+                    "the distributed init times out before the model is ready", "launch.dist_timeout_s",
+                    f"set launch.dist_timeout_s: {need} (the cookbook's --dist-timeout)")
+    if not t.serving.prefix_cache:
+        yield _warn("PREFIX_CACHE_OFF", "prefix caching is off: every turn of every conversation pays its full "
+                    "prefill (invisible in correctness, brutal in cost and time to first token)",
+                    "serving.prefix_cache", "set serving.prefix_cache: true")

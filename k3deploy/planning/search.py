@@ -54,6 +54,21 @@ def _candidates(family: EngineFamily, gpus: int, layers: int) -> list[tuple[int,
     return out
 
 
+def default_pairing(catalog: Catalog, hardware_id: str, engine_id: str | None,
+                    model_id: str | None) -> tuple[str, str]:
+    """(engine, model) for a search that leaves either out: the accelerator's engine (vLLM-Ascend on Ascend NPUs,
+    else SGLang) and the first catalog model that engine can serve on it."""
+    hw = catalog.hardware.get(hardware_id)
+    if hw is None:
+        raise InputError(f"unknown accelerator '{hardware_id}'", hint=f"known: {', '.join(catalog.hardware)}")
+    engine = engine_id or ("vllm-ascend" if hw.vendor == "huawei" else "sglang")
+    if model_id is not None:
+        return engine, model_id
+    fits = [m.id for m in catalog.models.values()
+            if not any(i.severity == "error" for i in rules.pairing_issues(engine, m, hw))]
+    return engine, (fits[0] if fits else next(iter(catalog.models)))
+
+
 class Candidate(NamedTuple):
     """A legal shape with its budget, capacity and the first memory error (None: it fits)."""
 
@@ -75,6 +90,10 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
     if hardware_id not in catalog.hardware:
         raise InputError(f"unknown accelerator '{hardware_id}'", hint=f"known: {', '.join(catalog.hardware)}")
     model, hw = catalog.models[model_id], catalog.hardware[hardware_id]
+    refused = [i for i in rules.pairing_issues(engine_id or family, model, hw) if i.severity == "error"]
+    if refused:  # the same pairing `plan FILE` refuses
+        i = refused[0]
+        raise InputError(f"{i.message} [{i.code}]", hint=i.hint or "see `k3deploy plan --search --help`")
     per_node = gpus_per_node or hw.typical_gpus_per_node
     if not 1 <= gpus <= MAX_SEARCH_GPUS:
         raise InputError(f"--gpus {gpus}: expected 1 to {MAX_SEARCH_GPUS:,}")
@@ -101,7 +120,10 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
                                ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
                                prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
                                max_running_requests=serving.max_running_requests, drafts=drafts,
-                               replay_ring_len=replay_ring_len)
+                               replay_ring_len=replay_ring_len,
+                               # a proposal sized for its workload: SGLang's pools split by the K3 calculator's
+                               # ratio (`mamba_full_memory_ratio: calculator` in a topology), not the default 0.9
+                               pool_calculator=True)
             m = memory_budget(model, hw.usable_bytes, shape, inp)
             issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
             errors = [i for i in issues if i.severity == "error"]

@@ -1,7 +1,7 @@
 """The tuning sections: parallelism, serving, launch and validation settings."""
 # No `from __future__ import annotations` here: pydantic would compile every annotation string when the
 # classes are created, on the start-up path of every command.
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -25,7 +25,9 @@ class Serving(Strict):
     """What the engine serves and how its memory is split."""
 
     context_length: int = Field(131072, ge=1, description="maximum tokens per request")
-    max_running_requests: int = Field(32, ge=1, description="maximum concurrent requests")
+    max_running_requests: int | None = Field(
+        32, ge=1, description="maximum concurrent requests; null: SGLang admits what its KDA state pool holds "
+        "(--max-running-requests not rendered; vLLM needs a number)")
     mem_fraction: float | None = Field(
         None, gt=0, lt=1, description="SGLang --mem-fraction-static / vLLM --gpu-memory-utilization"
     )
@@ -35,15 +37,19 @@ class Serving(Strict):
     prefix_cache_strategy: Literal["extra_buffer", "extra_buffer_lazy", "no_buffer"] = Field(
         "extra_buffer", description="SGLang --mamba-radix-cache-strategy (KDA slots per request)"
     )
-    reasoning_effort: Literal["low", "high", "max"] = Field("max", description="default reasoning effort")
+    reasoning_effort: Literal["low", "high", "max"] = Field(
+        "max", description="the reasoning effort your traffic asks for: validate's effort stage measures at it "
+        "(requests carry it; nothing is rendered, K3 itself defaults to max)")
     reserve_gib: float | None = Field(
         None, ge=0, description="runtime reserve per GPU (activations, graphs, buffers); default 8 GiB"
     )
     avg_request_tokens: int | None = Field(
         None, ge=1, description="average request length for SGLang's pool-split formula (default 11264)"
     )
-    mamba_full_memory_ratio: float | None = Field(
-        None, gt=0, description="SGLang state/KV pool ratio; default: computed by the planner"
+    mamba_full_memory_ratio: Annotated[float, Field(gt=0)] | Literal["calculator"] | None = Field(
+        None, description="SGLang --mamba-full-memory-ratio (state pool / KV pool): unset, SGLang's own default "
+        "(0.9, not rendered); a number, rendered; 'calculator', the SGLang K3 calculator's ratio from "
+        "avg_request_tokens, rendered (`plan` suggests one when the state pool caps max_running_requests)"
     )
 
 

@@ -29,7 +29,9 @@ def predicted(case: dict[str, Any]) -> dict[str, float]:
     w = case["workload"]
     par = case["parallel"]
     doc = topology_dict(gpu=case["hardware"], per_node=case["gpus_per_node"], nodes=case["nodes"],
-                        tp=par["tp"], ep=par["ep"], dcp=par["dcp"], max_running_requests=w["concurrency"])
+                        tp=par["tp"], ep=par["ep"], dcp=par["dcp"], max_running_requests=w["concurrency"],
+                        # the published servers ran the SGLang cookbook's generated command, its calculator's ratio
+                        mamba_full_memory_ratio="calculator")
     doc["engine"]["args"] = case.get("engine_args", {})
     doc["engine"]["env"] = case.get("engine_env", {})
     plan = plan_of(doc)

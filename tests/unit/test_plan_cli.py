@@ -35,9 +35,9 @@ def test_plan_json_reproduces_reference_numbers() -> None:
     r = k3("plan", "--json", ROOT / "topologies" / "h100-4x8-sglang.yaml")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    # SGLang's static memory beside the weights leaves the state pool 18 requests at the calculator's ratio
-    assert doc["feasible"] is True and [i["code"] for i in doc["issues"]] == ["CONCURRENCY_CAPPED",
-                                                                              "CONTEXT_AT_CONCURRENCY"]
+    # Seed 000's command (SGLang's own pool ratio, no cap): the state pool admits 47, the cookbook reports ~49
+    assert doc["feasible"] is True and [i["code"] for i in doc["issues"]] == ["CONTEXT_AT_CONCURRENCY"]
+    assert doc["capacity"]["max_running_requests"] == 47 and doc["memory_per_gpu"]["pool_ratio"] == 0.9
     assert doc["shape"] | {} == doc["shape"] and {k: doc["shape"][k] for k in
                                                    ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "world_size",
                                                     "nnodes", "experts_per_rank")} == {
@@ -162,3 +162,13 @@ def test_console_script_installed() -> None:
     # Beside this interpreter: the venv is used as `.venv/bin/...`, never necessarily activated.
     exe = shutil.which("k3deploy", path=str(Path(sys.executable).parent))
     assert exe, "pip install -e . installs the k3deploy console script"
+
+
+def test_search_on_ascend_lists_only_vllm_ascend_with_the_w4a8_model() -> None:
+    """The pairing `plan FILE` applies: vLLM-Ascend and the W4A8 checkpoint by default; SGLang on NPUs exits 2."""
+    r = k3("plan", "--search", "--hardware", "ascend-a3", "--gpus", "64", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["engine"], doc["model"]) == ("vllm-ascend", "kimi-k3-w4a8") and any(s["feasible"] for s in doc["shapes"])
+    bad = k3("plan", "--search", "--hardware", "ascend-a3", "--gpus", "64", "--engine", "sglang")
+    assert bad.returncode == 2 and "ENGINE_HARDWARE" in bad.stderr

@@ -1,11 +1,14 @@
 """The planner reproduces every number the reference arithmetic asserts."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.engines.shape import make_shape
 from k3deploy.planning import rules
+from k3deploy.planning.files import plan_path
 from k3deploy.planning.memory import (
     kda_state_bytes_per_slot,
     mla_kv_bytes_per_token,
@@ -95,12 +98,41 @@ def test_vllm_block_size_tp8_fp8() -> None:
 
 
 def test_sglang_pool_ratio_formula() -> None:
+    """The SGLang K3 calculator's ratio, used when the topology asks for it ('calculator')."""
     r = sglang_pool_ratio(5, 14_042_880, 27_648, 11264)
     assert r == pytest.approx(5 * 14_042_880 / (11264 * 27_648))
-    plan = plan_of(topology_dict())
+    plan = plan_of(topology_dict(mamba_full_memory_ratio="calculator"))
     assert plan.memory is not None and plan.memory.pool_ratio == pytest.approx(r)
     m = plan.memory
     assert m.state_pool_bytes / m.kv_pool_bytes == pytest.approx(r, rel=1e-6)
+
+
+def test_unset_ratio_is_sglangs_own_default() -> None:
+    """No --mamba-full-memory-ratio in the command: SGLang splits by its default 0.9 (the catalog's)."""
+    m = plan_of(topology_dict()).memory
+    assert m is not None and m.pool_ratio == load_catalog().engines["sglang"].mamba_full_memory_ratio_default == 0.9
+    assert m.state_pool_bytes / m.kv_pool_bytes == pytest.approx(0.9, rel=1e-6)
+
+
+# Seed 000 ("The memory budget, and the 16.4 GiB you should expect to lose"): the reported per-GPU split of the
+# published walkthrough on 32 x H100-80GB, TP32 / EP32, --mem-fraction-static 0.85, and "Reported concurrency tops
+# out around 49 requests in that walkthrough's configuration".
+COOKBOOK_SPLIT_GIB = {"weights": 45.43, "mla_kv_cache": 3.62, "kda_recurrent_state": 3.40}
+COOKBOOK_CONCURRENCY = 49
+
+
+def test_the_reference_topology_plans_the_cookbooks_split() -> None:
+    """topologies/h100-4x8-sglang.yaml, the cookbook's own command: each pool within 10% of seed 000's line, and
+    the state pool admits about the 49 requests it reports (47: SGLang's own default ratio, no cap rendered)."""
+    plan = plan_path(Path("topologies/h100-4x8-sglang.yaml"), load_catalog()).plan
+    assert plan is not None and plan.feasible and plan.memory is not None and plan.capacity is not None
+    m = plan.memory
+    got = {"weights": m.weights_bytes / GIB, "mla_kv_cache": m.kv_pool_bytes / GIB,
+           "kda_recurrent_state": m.state_pool_bytes / GIB}
+    for line, gib in COOKBOOK_SPLIT_GIB.items():
+        assert got[line] == pytest.approx(gib, rel=0.10), (line, got[line], gib)
+    assert plan.capacity.max_running_requests == pytest.approx(COOKBOOK_CONCURRENCY, rel=0.10)
+    assert "CONCURRENCY_CAPPED" not in {i.code for i in plan.issues}
 
 
 @pytest.mark.parametrize("kind, gpu, per_node, nodes, tp, ep, dp, model", [

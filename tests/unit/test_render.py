@@ -16,6 +16,7 @@ from k3deploy.engines.spec import LaunchSpec
 from k3deploy.errors import InfeasibleError
 from k3deploy.planning.plan import make_plan
 from k3deploy.topology.loader import parse_topology
+from tests.unit.plan_helpers import topology_dict
 from tests.unit.test_render_support import CASES, doc_of, plan_file, plan_for, plan_of, sim_doc
 
 FAST = pytest.mark.timeout(30)
@@ -40,7 +41,7 @@ def test_h100_sglang_head_command() -> None:
     p = pairs(head.argv)
     for want in ("--tp-size 32", "--ep-size 32", "--nnodes 4", "--node-rank 0",
                  "--dist-init-addr 10.0.0.10:20000", "--dist-timeout 3600", "--mem-fraction-static 0.85",
-                 "--context-length 131072", "--max-running-requests 32", "--moe-runner-backend marlin",
+                 "--context-length 131072", "--moe-runner-backend marlin",
                  "--decode-attention-backend flashmla", "--reasoning-parser kimi_k3",
                  "--tool-call-parser kimi_k3", "--host 0.0.0.0", "--port 8000"):
         assert want in p, want
@@ -52,12 +53,36 @@ def test_h100_sglang_head_command() -> None:
     assert head.container is None
 
 
+# Seed 000, "How to launch it": the cookbook's flags on every node (rank 0 here), with its values.
+COOKBOOK_FLAGS = {"--tp-size": "32", "--ep-size": "32", "--nnodes": "4", "--node-rank": "0",
+                  "--dist-init-addr": "10.0.0.10:20000", "--moe-runner-backend": "marlin",
+                  "--decode-attention-backend": "flashmla", "--mem-fraction-static": "0.85", "--dist-timeout": "3600",
+                  "--reasoning-parser": "kimi_k3", "--tool-call-parser": "kimi_k3", "--host": "0.0.0.0",
+                  "--port": "8000"}
+COOKBOOK_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "SGLANG_HOST_IP": "10.0.0.10",
+                "NCCL_SOCKET_IFNAME": "ens-priv", "GLOO_SOCKET_IFNAME": "ens-priv"}
+
+
 @FAST
-def test_pool_ratio_is_the_planners() -> None:
-    plan = plan_file(Path("topologies/h100-4x8-sglang.yaml"))
-    assert plan.memory is not None and plan.memory.pool_ratio is not None
-    value = opt(render_nodes(plan.render_inputs())[0], "--mamba-full-memory-ratio")
-    assert value is not None and float(value) == pytest.approx(plan.memory.pool_ratio, rel=1e-5)
+def test_the_reference_topology_renders_the_cookbooks_command() -> None:
+    """Every flag and variable of seed 000's command with its value, and nothing that changes how SGLang splits or
+    caps its pools: no --mamba-full-memory-ratio (SGLang's own 0.9), no --max-running-requests."""
+    head = render_nodes(plan_file(Path("topologies/h100-4x8-sglang.yaml")).render_inputs())[0]
+    for flag, value in COOKBOOK_FLAGS.items():
+        assert opt(head, flag) == value, flag
+    assert {k: head.env[k] for k in COOKBOOK_ENV} == COOKBOOK_ENV
+    assert head.secret_env == {"HF_TOKEN": "env:HF_TOKEN"}
+    assert "--mamba-full-memory-ratio" not in head.argv and "--max-running-requests" not in head.argv
+
+
+@FAST
+def test_a_ratio_the_topology_asks_for_is_rendered() -> None:
+    for asked in ("calculator", 0.5):
+        plan = plan_of(topology_dict(mamba_full_memory_ratio=asked))
+        assert plan.memory is not None and plan.memory.pool_ratio is not None
+        value = opt(render_nodes(plan.render_inputs())[0], "--mamba-full-memory-ratio")
+        assert value is not None and float(value) == pytest.approx(plan.memory.pool_ratio, rel=1e-5)
+        assert asked == "calculator" or plan.memory.pool_ratio == asked
 
 
 @FAST
@@ -93,7 +118,7 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
         # A start rank on the head turns on vLLM's hybrid load balancing, which refuses headless nodes.
         assert opt(s, "--data-parallel-start-rank") == (str(s.rank) if s.rank else None)
         assert opt(s, "--data-parallel-address") == "10.0.0.10"
-        assert opt(s, "--data-parallel-rpc-port") == "20000"
+        assert opt(s, "--data-parallel-rpc-port") == "13345"  # the tutorial's RPC_PORT
         assert ("--headless" in s.argv) == (s.rank > 0)
         assert "--nnodes" not in s.argv and "--master-addr" not in s.argv
         assert opt(s, "--quantization") == "ascend" and "--enable-expert-parallel" in s.argv
@@ -102,12 +127,12 @@ def test_vllm_ascend_per_node_dp_ranks() -> None:
             assert s.env[name] == "ens-priv"
         assert s.env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
         assert s.env["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(16))
-        assert s.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "5400"
+        assert s.env["VLLM_ENGINE_READY_TIMEOUT_S"] == "7200"  # the tutorial's
 
 
 @FAST
 def test_vllm_one_group_over_nnodes_on_hopper() -> None:
-    specs = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm"})).render_inputs())
+    specs = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm", "serving.max_running_requests": 32})).render_inputs())
     for s in specs:
         p = pairs(s.argv)
         assert "--nnodes 4" in p and f"--node-rank {s.rank}" in p and "--master-addr 10.0.0.10" in p
@@ -121,7 +146,7 @@ def test_vllm_one_group_over_nnodes_on_hopper() -> None:
 
 @FAST
 def test_vllm_prefix_caching_follows_serving() -> None:
-    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm",
+    spec = render_nodes(plan_of(doc_of("h100-4x8-sglang", **{"engine.kind": "vllm", "serving.max_running_requests": 32,
                                                                "serving.prefix_cache": False})).render_inputs())[0]
     assert "--enable-prefix-caching" not in spec.argv
 

@@ -72,7 +72,7 @@ def variants() -> dict[str, dict[str, Any]]:
     """Deployments beyond the documented files: the other engine forms, docker, launchers."""
     digest = "@sha256:" + "ab" * 32
     return {
-        "vllm-h100-nnodes": doc_of("h100-4x8-sglang", **{"engine.kind": "vllm"}),
+        "vllm-h100-nnodes": doc_of("h100-4x8-sglang", **{"engine.kind": "vllm", "serving.max_running_requests": 32}),
         "vllm-b200-nnodes-dcp": doc_of("b200-2x8-sglang", **{"engine.kind": "vllm", "parallel.dcp": 8,
                                                              "serving.kv_cache_dtype": "fp8"}),
         "vllm-h200-dp": doc_of("h200-2x8-sglang", **{"engine.kind": "vllm", "engine.args": {},

@@ -38,7 +38,9 @@ MEASURED_NOSPEC, MEASURED_DSPARK = 101, 68  # Kimi-K3.mdx: MXFP4 Balanced (TP8 +
 
 
 def _b300_dcp8(args: dict[str, Any]) -> MemoryBudget:
-    doc = topology_dict(gpu="b300", per_node=8, nodes=1, tp=8, ep=1, dcp=8, max_running_requests=256)
+    # The published servers ran the SGLang cookbook's generated command, whose ratio its K3 calculator computes.
+    doc = topology_dict(gpu="b300", per_node=8, nodes=1, tp=8, ep=1, dcp=8, max_running_requests=256,
+                        mamba_full_memory_ratio="calculator")
     doc["engine"]["args"] = args
     return plan_of(doc).memory
 
