@@ -50,4 +50,4 @@ def family_performance(perf: EnginePerformance, hw: HardwareSpec, engine: str, p
         return merged, Band(fam.kind, fam.band, f"{engine} on {hw.perf_family}: {why}")
     checks = f", checked on {len(fam.checked_on)} more" if fam.checked_on else ""
     return merged, Band("calibrated", fam.band, f"{engine} on {hw.perf_family}: fitted on "
-                        f"{', '.join(fam.calibrated_on)}{checks} (published within x{1 + fam.band:.2g} either way)")
+                        f"{', '.join(fam.calibrated_on)}{checks} (published within x{1 + fam.band:.2f} either way)")
