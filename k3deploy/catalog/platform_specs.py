@@ -34,6 +34,14 @@ class HardwareSpec(Sourced):
                                         "GB/s")
     scaleout_latency_us: float | None = Field(None, description="latency of one small collective across nodes "
                                               "over the scale-out network, microseconds")
+    scaleup_hop_latency_us: float | None = Field(None, description="a scale-up domain that spans nodes (multi-node "
+                                                 "NVLink): each ring step of a collective that leaves the node adds "
+                                                 "this, microseconds (2 (g - 1) steps for an all-reduce over g GPUs)")
+    socket_hop_latency_us: float | None = Field(None, description="the collective library over TCP sockets (its "
+                                                "RDMA transport disabled): each node-to-node ring step of a small "
+                                                "collective, microseconds (2 (nodes - 1) steps per all-reduce)")
+    perf_family: str | None = Field(None, description="the accelerator family the engines' performance factors are "
+                                    "calibrated per (performance.<engine>.families); none: always extrapolated")
 
     @property
     def usable_bytes(self) -> int:
@@ -59,6 +67,8 @@ class VendorSpec(Spec):
     visible_devices_env: str | None
     alloc_conf_env: str | None
     host_ip_env: str | None = None
+    rdma_disable_env: str | None = Field(None, description="env variable that turns the collective library's RDMA "
+                                         "transport off (NCCL_IB_DISABLE=1: collectives run over TCP sockets)")
 
 
 class ReplayRing(Sourced):
@@ -87,6 +97,24 @@ class EngineDefaults(Sourced):
     replay_ring: ReplayRing | None = None
 
 
+class FamilyPerformance(Sourced):
+    """One engine's own factors on one accelerator family, and how far its predictions are known to hold."""
+
+    kind: Literal["calibrated", "extrapolated", "derived"] = Field(description="calibrated: fitted on published "
+                                                                   "measurements; extrapolated: the engine's factors "
+                                                                   "(a few measured ones replaced); derived: the "
+                                                                   "engine paces itself by these figures (the stand-in)")
+    hbm_efficiency: float | None = Field(None, gt=0, le=1, description="replaces the engine's hbm_efficiency")
+    compute_efficiency: float | None = Field(None, gt=0, le=1, description="replaces the engine's "
+                                             "compute_efficiency")
+    layer_overhead_us: float | None = Field(None, ge=0, description="replaces the engine's layer_overhead_us")
+    calibrated_on: tuple[str, ...] = Field((), description="the published measurements the factors were fitted "
+                                           "on (cases of tests/assets/perf/published_k3.yaml); empty: none")
+    band: float = Field(gt=0, description="relative half-width of the prediction's band: TPOT and throughput within "
+                        "x (1 + band) either way of the prediction (the largest error over the published checks)")
+    checked_on: tuple[str, ...] = Field((), description="the published measurements held back as checks")
+
+
 class EnginePerformance(Sourced):
     """How one engine kind turns the accelerator's figures into decode steps and prefills (the performance
     model's efficiency factors; each calibrated once or documented, never fitted per case)."""
@@ -108,11 +136,18 @@ class EnginePerformance(Sourced):
     ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
                                     "experts the step's tokens touch most (real routing), or paces the mean rank "
                                     "(the stand-in)")
+    families: dict[str, FamilyPerformance] = Field(default_factory=dict, description="accelerator family "
+                                                   "(hardware perf_family) -> this engine's factors there")
+    extrapolated_band: float | None = Field(None, gt=0, description="relative half-width of the band of a "
+                                            "prediction on a family this engine has no entry for; none: the planner's "
+                                            "extrapolated_band")
 
 
 class PlannerDefaults(Sourced):
     """Planner-wide defaults."""
 
     runtime_reserve_gib: float
+    extrapolated_band: float = Field(gt=0, description="relative half-width of a prediction's band where the engine "
+                                     "has no factors calibrated on the accelerator's family: x (1 + band) either way")
     router_health_margin: float = Field(gt=1, description="the router's health-check timeout is this many times "
                                         "the predicted prefill of the longest prompt the plan allows")

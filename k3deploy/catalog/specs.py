@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from k3deploy.catalog.platform_specs import (
     EngineDefaults,
     EnginePerformance,
+    FamilyPerformance,
     HardwareSpec,
     PlannerDefaults,
     ReplayRing,
@@ -17,7 +18,7 @@ from k3deploy.catalog.platform_specs import (
 from k3deploy.catalog.spec_base import DTYPE_BYTES, GIB, Sourced, Spec
 
 __all__ = ["DTYPE_BYTES", "GIB", "Architecture", "CacheDtypes", "Catalog", "ChatParsers", "DraftSpec",
-           "EngineDefaults", "EnginePerformance", "HardwareSpec", "ModelSpec", "PlannerDefaults", "ReplayRing",
+           "EngineDefaults", "EnginePerformance", "FamilyPerformance", "HardwareSpec", "ModelSpec", "PlannerDefaults", "ReplayRing",
            "Sourced", "Spec", "VendorSpec", "Weights"]
 
 

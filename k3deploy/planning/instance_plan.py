@@ -14,6 +14,7 @@ from k3deploy.planning import rules
 from k3deploy.planning.capacity import memory_issues
 from k3deploy.planning.concurrency_fixes import concurrency_fixes
 from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
+from k3deploy.planning.perf_band import family_performance
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.pool import policy_issues, pool, router_plan
@@ -70,10 +71,14 @@ def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: Hardwar
         raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
     inp = memory_inputs(t, catalog, model, hw, family)
     drafts = draft_tokens(t.engine.args)
+    perf, band = family_performance(perf, hw, t.engine.kind, catalog.planner)
+    vendor = catalog.vendors.get(hw.vendor)
+    off = vendor.rdma_disable_env if vendor is not None else None
     return PerfInputs(model=model, hw=hw, shape=shape, perf=perf, family=family, kv_dtype=inp.kv_dtype,
                       ssm_dtype=inp.ssm_dtype, speed=engine_speed(perf.speed_env, t.engine.env), drafts=drafts,
                       accepted=pinned_acceptance(perf.acceptance_env, t.engine.env, drafts) or acceptance(model, drafts),
-                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0)
+                      draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0, band=band,
+                      sockets=off is not None and t.engine.env.get(off, "0") not in ("", "0"))
 
 
 def _drafts(t: Topology) -> int:

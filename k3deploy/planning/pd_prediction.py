@@ -4,13 +4,16 @@ A request's first token comes from a prefill instance: TTFT = that instance's pr
 requests answer one token each, so nothing decodes there) + the transfer of the request's MLA KV and its KDA
 state to the decode over the scale-out fabric. Every later token comes from a decode instance: TPOT = its
 decode step at its batch, with no prefill stalling it (prefill runs elsewhere). Each role's instances share
-the concurrency evenly. Pure."""
+the concurrency evenly. The service's output rate: the closed loop's (concurrency x answer / request time), no
+more than the decode instances emit at their running batch (one token per request per TPOT) nor than the
+prefill instances admit (their prompts per second x answer length). Pure."""
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import PerfUnknown, Term
 from k3deploy.planning.prediction import Prediction, predict_topology
 from k3deploy.planning.workload import Workload
@@ -27,6 +30,18 @@ class RolePrediction(NamedTuple):
     prefill: Prediction
     decode: Prediction
     ttft_unknown: str = ""
+    output_throughput: float = 0.0  # the service's output tokens/s (module docstring)
+    gpus: int = 0  # every GPU of every instance of both roles
+
+    @property
+    def output_throughput_per_gpu(self) -> float:
+        """Output tokens/s per GPU of the whole service."""
+        return self.output_throughput / max(self.gpus, 1)
+
+    @property
+    def band(self) -> Band | None:
+        """The decode role's band (TPOT and the output rate come from it)."""
+        return self.decode.band
 
 
 def transfer_s(t: Topology, catalog: Catalog, input_tokens: int) -> Term:
@@ -63,8 +78,19 @@ def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
     tpot_terms = tuple(Term(f"decode role: {x.name}", x.seconds, x.how) for x in dec.tpot_terms
                        if x.name != "prefill stalls")
     tpot = sum(x.seconds for x in tpot_terms)
+    groups = {r: role_group(t, r) for r in ("prefill", "decode")}
+    gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
+    decode_cap = groups["decode"].instances * dec.running / tpot
+    prefill_cap = groups["prefill"].instances * pre.output_throughput / 2 * w.output_tokens  # 2: its answers
+
+    def rate(ttft: float) -> float:
+        loop = w.concurrency * w.output_tokens / (ttft + (w.output_tokens - 1) * tpot)
+        return min(loop, decode_cap, prefill_cap)
+
     try:
         ttft_terms += (transfer_s(pre_t, catalog, w.input_tokens),)
     except PerfUnknown as exc:  # the decode's figure stands without it
-        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=str(exc))
-    return RolePrediction(sum(x.seconds for x in ttft_terms), tpot, ttft_terms, tpot_terms, pre, dec)
+        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=str(exc),
+                              output_throughput=rate(pre.ttft_s), gpus=gpus)
+    ttft = sum(x.seconds for x in ttft_terms)
+    return RolePrediction(ttft, tpot, ttft_terms, tpot_terms, pre, dec, output_throughput=rate(ttft), gpus=gpus)

@@ -25,6 +25,7 @@ from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.planning.expert_balance import slowest_rank_share, slowest_rank_tokens
 from k3deploy.planning.memory import heaviest_stage, kda_state_bytes_per_slot, mla_kv_bytes_per_token
+from k3deploy.planning.perf_band import Band
 
 BF16 = 2
 
@@ -78,6 +79,8 @@ class PerfInputs(NamedTuple):
     drafts: int = 0  # speculative draft tokens per step: a step verifies drafts + 1 tokens per request
     accepted: float = 1.0  # tokens a (verify) step keeps per request
     draft_kv_bytes_per_token: float = 0.0  # the draft's KV per context token per GPU (engine catalog)
+    band: Band | None = None  # how far the factors are known to hold on this accelerator (planning/perf_band)
+    sockets: bool = False  # the collective library's RDMA transport is off: scale-out collectives run over TCP
 
     @property
     def attn_groups(self) -> int:
@@ -101,7 +104,10 @@ def _stage(inp: PerfInputs) -> tuple[float, int, int, int]:
 
 
 def link(inp: PerfInputs, group: int) -> tuple[float, float, str]:
-    """(bytes/s, latency s, name) of the fabric a collective over `group` GPUs runs on."""
+    """(bytes/s, latency s, name) of the fabric a collective over `group` GPUs runs on. A group that leaves its
+    node pays per ring step: on a multi-node scale-up domain (NVL72) scaleup_hop_latency_us for each of the
+    2 (g - 1) steps of an all-reduce; over TCP sockets (RDMA off) socket_hop_latency_us for each of the 2 (n - 1)
+    node-to-node steps."""
     hw, s = inp.hw, inp.shape
     inside = group <= max(s.gpus_per_node, hw.scaleup_domain_gpus or 1)
     bw, lat = ((hw.scaleup_gbps, hw.scaleup_latency_us) if inside else (hw.scaleout_gbps, hw.scaleout_latency_us))
@@ -109,6 +115,16 @@ def link(inp: PerfInputs, group: int) -> tuple[float, float, str]:
         fields = "scaleup_gbps and scaleup_latency_us" if inside else "scaleout_gbps and scaleout_latency_us"
         raise PerfUnknown(f"hardware {hw.id} has no {fields} in the catalog: a collective over {group} GPUs "
                           f"cannot be timed (add them with --catalog DIR, each with a source)")
+    crosses = group > s.gpus_per_node
+    if inside and crosses and hw.scaleup_hop_latency_us:
+        lat += 2 * (group - 1) * hw.scaleup_hop_latency_us
+    if not inside and inp.sockets:
+        if hw.socket_hop_latency_us is None:
+            raise PerfUnknown(f"hardware {hw.id} has no socket_hop_latency_us in the catalog: a collective over "
+                              f"TCP sockets (RDMA disabled) cannot be timed")
+        nodes = math.ceil(group / max(s.gpus_per_node, 1))
+        lat = 2 * (nodes - 1) * hw.socket_hop_latency_us
+        return bw * 1e9, lat * 1e-6, "scale-out over TCP sockets"
     return bw * 1e9, lat * 1e-6, "scale-up" if inside else "scale-out"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import Term
 from k3deploy.planning.plain_table import SimpleTable
 from k3deploy.planning.prediction import Prediction
@@ -25,7 +26,25 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
                    "output_throughput": p.bound("tpot")},
         "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
         "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
+        "band": band_json(p.band, p.tpot_s, p.output_throughput),
     }
+
+
+def band_json(band: Band | None, tpot_s: float, output_throughput: float) -> dict[str, Any] | None:
+    """The band's kind, width and why, and the TPOT (ms) and output tok/s ranges it spans."""
+    if band is None:
+        return None
+    return {**band.model_dump(), "mean_tpot_ms": [band.low(tpot_s) * 1000, band.high(tpot_s) * 1000],
+            "output_throughput": [band.low(output_throughput), band.high(output_throughput)]}
+
+
+def band_line(band: Band | None) -> str:
+    """`band: calibrated ±43% (why)`: the line under the headline table."""
+    return f"band: {band.label()}: {band.why}" if band is not None else "band: none (no performance factors)"
+
+
+def _span(band: Band | None, x: float, unit: str) -> str:
+    return f"{band.low(x):,.1f}-{band.high(x):,.1f}{unit}" if band is not None else ""
 
 
 def prediction_renderable(p: Prediction) -> Any:
@@ -38,13 +57,13 @@ def prediction_renderable(p: Prediction) -> Any:
     head = SimpleTable(
         f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency {w.concurrency} "
         f"(effort {w.effort}; {p.gpus} GPUs)",
-        (("figure", "left"), ("value", "right"), ("bound by", "left")),
-        (("TTFT (mean)", f"{_ms(p.ttft_s)} ms", p.bound("ttft")),
-         ("TPOT (mean)", f"{_ms(p.tpot_s)} ms", p.bound("tpot")),
-         ("ITL (mean)", f"{_ms(p.tpot_s)} ms", "as TPOT"),
-         ("output tok/s", f"{p.output_throughput:,.0f}", p.bound("tpot")),
-         ("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", f"over {p.gpus} GPUs")))
-    parts: list[Any] = [head]
+        (("figure", "left"), ("value", "right"), ("band", "right"), ("bound by", "left")),
+        (("TTFT (mean)", f"{_ms(p.ttft_s)} ms", "", p.bound("ttft")),
+         ("TPOT (mean)", f"{_ms(p.tpot_s)} ms", _span(p.band, p.tpot_s * 1000, " ms"), p.bound("tpot")),
+         ("ITL (mean)", f"{_ms(p.tpot_s)} ms", "", "as TPOT"),
+         ("output tok/s", f"{p.output_throughput:,.0f}", _span(p.band, p.output_throughput, ""), p.bound("tpot")),
+         ("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", "", f"over {p.gpus} GPUs")))
+    parts: list[Any] = [head, Text(band_line(p.band), style="dim")]
     if p.capped_by:
         parts.append(Text(f"{p.running} requests run at once (capped by {p.capped_by}); the rest wait",
                           style="yellow"))

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.instance_plan import memory_inputs, perf_inputs_for
+from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import (
     PerfInputs,
     PerfUnknown,
@@ -54,6 +55,7 @@ class Prediction(NamedTuple):
     ttft_terms: tuple[Term, ...]
     tpot_terms: tuple[Term, ...]
     capped_by: str | None
+    band: Band | None = None  # how far the factors behind it are known to hold (planning/perf_band)
 
     @property
     def output_throughput_per_gpu(self) -> float:
@@ -144,7 +146,7 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
                       e2el_s=ttft + (w.output_tokens - 1) * tpot, wave_s=wave, decode_step_s=step_s, shape_pp=s.pp,
                       output_throughput=running * w.output_tokens / wave, decode=step, prefill=pre,
                       ttft_terms=ttft_terms, tpot_terms=tpot_terms,
-                      capped_by=None if capped_by == "concurrency" else capped_by)
+                      capped_by=None if capped_by == "concurrency" else capped_by, band=inp.band)
 
 
 def predict_plan(plan: Plan, catalog: Catalog, w: Workload) -> Prediction:

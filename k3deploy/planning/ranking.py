@@ -8,6 +8,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
+from k3deploy.planning.perf_band import family_performance
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
 from k3deploy.planning.prediction import Prediction, predict
 from k3deploy.planning.search import Candidate, candidates
@@ -68,6 +69,8 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     eng = catalog.engines.get(engine_id)
     draft_kv = (eng.draft_kv_bytes_per_token or 0) if eng is not None else 0
     ring = eng.replay_ring if eng is not None and family == "sglang" else None
+    if hw is not None:
+        fam_perf, band = family_performance(perf, hw, engine_id, catalog.planner)
     out: list[RankedShape] = []
     fits: set[Shape] = set()
     for n in drafts:
@@ -81,9 +84,9 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
                 continue
             if n == 0:
                 fits.add(c.shape)
-            inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=perf, family=family,
+            inp = PerfInputs(model=model, hw=hw, shape=c.shape, perf=fam_perf, family=family,
                              kv_dtype=model.cache.kv_cache_dtype, ssm_dtype=model.cache.ssm_state_dtype,
-                             drafts=n, accepted=acceptance(model, n), draft_kv_bytes_per_token=draft_kv)
+                             drafts=n, accepted=acceptance(model, n), draft_kv_bytes_per_token=draft_kv, band=band)
             try:
                 p = predict(inp, workload, max_running=c.capacity.max_running_requests,
                             kv_tokens=c.capacity.kv_tokens)

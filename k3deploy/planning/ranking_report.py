@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from k3deploy.planning.perf_report import band_line
 from k3deploy.planning.ranking import RankedShape, shape_name
 from k3deploy.planning.workload import Workload
 
@@ -30,6 +31,9 @@ def ranked_table(hardware: str, gpus: int, engine: str, w: Workload, objective: 
     notes = [Text(why, style="bold"),
              Text("batch: requests its caches hold at once (sized with max_running_requests = concurrency); "
                   "`plan FILE --workload` explains one shape term by term", style="dim")]
+    band = next((r.prediction.band for r in rows if r.prediction is not None), None)
+    if band is not None:  # one accelerator and engine: every shape's band is the same
+        notes.append(Text(band_line(band) + f" (TPOT x {1 / (1 + band.rel):.2f}-{1 + band.rel:.2f})", style="dim"))
     if any(r.drafts for r in rows):
         notes.append(Text("DSPARKn: n DSpark draft tokens per step (SGLang --speculative-algorithm DSPARK "
                           "--speculative-dspark-block-size n --enable-linear-replayssm-spec, the cookbook's recipe: the state pool "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from k3deploy.validate.predicted import JUDGED_TTFT_MS, predicted
+from k3deploy.validate.predicted import JUDGED_TTFT_MS, band_note, judged_share, predicted
 from k3deploy.validate.stage import ValidateContext
 from k3deploy.validate.stages.effort import EffortStage
 
@@ -40,23 +40,25 @@ class RoleEffortStage(EffortStage):
             "prefill": {"mean_ttft_ms": round(ttft_ms, 3) if p.ttft_s is not None else None,
                         "terms": _terms(p.ttft_terms), **({"not_timed": p.ttft_unknown} if p.ttft_unknown else {})},
             "decode": {"mean_tpot_ms": round(tpot_ms, 3), "terms": _terms(p.tpot_terms)},
-            "workload": w.model_dump()}, "share_of_predicted": speed}
+            "workload": w.model_dump(), "band": p.band.model_dump() if p.band is not None else None},
+            "share_of_predicted": speed}
         ttft = (f"prefill role TTFT {ttft_ms:,.1f} ms (prefill + transfer)" if p.ttft_s is not None
                 else f"prefill role TTFT not predicted ({p.ttft_unknown})")
         evidence = (f"predicted per role for cold ({w.input_tokens:,} in / {w.output_tokens:,} out, concurrency "
                     f"{w.concurrency}): {ttft}, decode role TPOT {tpot_ms:.2f} ms; measured TTFT "
                     f"{cold['mean_ttft_ms']:,.1f} ms, TPOT {cold['mean_tpot_ms']:.2f} ms")
-        share = ctx.topology.validate_.min_share_of_prediction
+        asked = ctx.topology.validate_.min_share_of_prediction
+        share = judged_share(asked, p.band)
+        why = f"validate.min_share_of_prediction {asked:g}{band_note(p.band)}: below {share:.0%} fails"
         problems = []
         if share and speed["decode"] < share:
-            problems.append(f"cold: the decode role's TPOT is far above its prediction (validate."
-                            f"min_share_of_prediction {share:g}): mean TPOT {cold['mean_tpot_ms']:,.2f} ms against "
+            problems.append(f"cold: the decode role's TPOT is far above its prediction ({why}): mean TPOT {cold['mean_tpot_ms']:,.2f} ms against "
                             f"{tpot_ms:,.2f} ms predicted for the decode instance ({speed['decode']:.0%} of its "
                             f"predicted speed)")
         # A TTFT shorter than this is mostly HTTP and scheduling cost, not the prefill the model predicts.
         if share and speed["prefill"] is not None and speed["prefill"] < share and ttft_ms >= JUDGED_TTFT_MS:
             problems.append(f"cold: the prefill role's TTFT (prefill + transfer) is far above its prediction "
-                            f"(validate.min_share_of_prediction {share:g}): mean TTFT {cold['mean_ttft_ms']:,.0f} "
+                            f"({why}): mean TTFT {cold['mean_ttft_ms']:,.0f} "
                             f"ms against {ttft_ms:,.0f} ms predicted ({speed['prefill']:.0%} of its predicted speed)")
         return problems, results, evidence
 

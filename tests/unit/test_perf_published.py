@@ -1,8 +1,12 @@
 """The performance model against every published Kimi K3 measurement we cite (tests/assets/perf/published_k3.yaml):
-within +-30% on TPOT and on output tok/s per GPU, and the table's recorded predictions and errors are the
-model's own (K3DEPLOY_REGEN_PERF_CASES=1 rewrites them; review the diff)."""
+TPOT within +-30% on at least 80% of them and output tok/s per GPU on at least 70% (issue 37's bar), every case
+inside its prediction's band, the layouts published for one machine and workload ordered as measured, and the
+table's recorded predictions and errors the model's own (K3DEPLOY_REGEN_PERF_CASES=1 rewrites them; review the
+diff). Each accelerator family's factors are fitted on the cases marked `calibration`, never on the others."""
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -11,55 +15,121 @@ import pytest
 import yaml
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.planning.pd_prediction import predict_roles
+from k3deploy.planning.perf_band import Band
 from k3deploy.planning.prediction import predict_plan
 from k3deploy.planning.ranking import RankedShape, rank_shapes
 from k3deploy.planning.speculation import draft_tokens
 from k3deploy.planning.workload import Workload
+from k3deploy.topology.loader import parse_topology
 from tests.unit.plan_helpers import plan_of, topology_dict
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 TABLE = Path(__file__).resolve().parents[1] / "assets" / "perf" / "published_k3.yaml"
 REGEN = "K3DEPLOY_REGEN_PERF_CASES"
 BAND = 0.30
 CASES: list[dict[str, Any]] = yaml.safe_load(TABLE.read_text())["cases"]
+KEYS = ("ttft_ms", "tpot_ms", "output_tok_s_per_gpu")
 
 
-def predicted(case: dict[str, Any]) -> dict[str, float]:
-    """The model's figures for a case, through `plan` of a topology with the case's shape."""
+def _pd_doc(case: dict[str, Any]) -> dict[str, Any]:
+    """One prefill and one decode instance, each on half the case's nodes, behind a router."""
+    w, half = case["workload"], case["nodes"] // 2
+    doc = topology_dict(gpu=case["hardware"], per_node=case["gpus_per_node"], nodes=case["nodes"],
+                        max_running_requests=w["concurrency"])
+    names = [n["host"] for n in doc["nodes"]]
+    doc.pop("parallel")
+    doc["roles"] = {"prefill": {"instances": 1, "nodes": names[:half], "parallel": case["roles"]["prefill"]},
+                    "decode": {"instances": 1, "nodes": names[half:], "parallel": case["roles"]["decode"]},
+                    "transfer": {"backend": "nixl", "side_channel_port": 15600}}
+    doc["router"] = {"kind": "smg", "runs_on": names[half], "port": 30000}
+    return doc
+
+
+@functools.cache
+def _predicted(name: str) -> tuple[dict[str, float], Band | None]:
+    case = next(c for c in CASES if c["case"] == name)
     w = case["workload"]
+    load = Workload(w["in"], w["out"], w["concurrency"])
+    if "roles" in case:
+        t = parse_topology(yaml.safe_dump(_pd_doc(case), sort_keys=False), "t.yaml").topology
+        r = predict_roles(t, load_catalog(), load)
+        return ({"ttft_ms": round((r.ttft_s or 0) * 1000, 2), "tpot_ms": round(r.tpot_s * 1000, 2),
+                 "output_tok_s_per_gpu": round(r.output_throughput_per_gpu, 2)}, r.band)
     par = case["parallel"]
     doc = topology_dict(gpu=case["hardware"], per_node=case["gpus_per_node"], nodes=case["nodes"],
-                        tp=par["tp"], ep=par["ep"], dcp=par["dcp"], max_running_requests=w["concurrency"],
-                        # the published servers ran the SGLang cookbook's generated command, its calculator's ratio
-                        mamba_full_memory_ratio="calculator")
+                        kind=case.get("engine_kind", "sglang"), tp=par["tp"], ep=par["ep"], dcp=par["dcp"],
+                        max_running_requests=w["concurrency"], **case.get("serving", {}),
+                        # the published SGLang servers ran the cookbook's generated command, its calculator's ratio
+                        **({"mamba_full_memory_ratio": "calculator"}
+                           if case.get("engine_kind", "sglang") == "sglang" else {}))
     doc["engine"]["args"] = case.get("engine_args", {})
     doc["engine"]["env"] = case.get("engine_env", {})
     plan = plan_of(doc)
     assert plan.feasible, [i.message for i in plan.issues if i.severity == "error"]
-    p = predict_plan(plan, load_catalog(), Workload(w["in"], w["out"], w["concurrency"]))
-    return {"ttft_ms": round(p.ttft_s * 1000, 2), "tpot_ms": round(p.tpot_s * 1000, 2),
-            "output_tok_s_per_gpu": round(p.output_throughput_per_gpu, 2)}
+    p = predict_plan(plan, load_catalog(), load)
+    # A published ITL median leaves out the steps a prefill stalls: it is held against the decode step alone.
+    tpot = p.decode_step_s if case.get("tpot_is") == "itl_p50" else p.tpot_s
+    return ({"ttft_ms": round(p.ttft_s * 1000, 2), "tpot_ms": round(tpot * 1000, 2),
+             "output_tok_s_per_gpu": round(p.output_throughput_per_gpu, 2)}, p.band)
 
 
-def errors(published: dict[str, float], pred: dict[str, float]) -> dict[str, float]:
-    return {"ttft": round(pred["ttft_ms"] / published["ttft_ms"] - 1, 3),
-            "tpot": round(pred["tpot_ms"] / published["tpot_ms"] - 1, 3),
-            "output_tok_s_per_gpu": round(pred["output_tok_s_per_gpu"] / published["output_tok_s_per_gpu"] - 1, 3)}
+def predicted(case: dict[str, Any]) -> dict[str, float]:
+    """The model's figures for a case: `plan` of a topology with the case's shape (both roles for PD)."""
+    return dict(_predicted(case["case"])[0])
 
 
-def table_line(case: dict[str, Any], pred: dict[str, float], err: dict[str, float]) -> str:
+def errors(published: dict[str, float | None], pred: dict[str, float]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key, name in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("output_tok_s_per_gpu", "output_tok_s_per_gpu")):
+        pub = published[key]
+        out[name] = None if pub is None else round(pred[key] / pub - 1, 3)
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "   n/a" if x is None else f"{x:+.0%}"
+
+
+def table_line(case: dict[str, Any], pred: dict[str, float], err: dict[str, float | None], band: Band | None) -> str:
+    """case, source, published, predicted, error, band: one row of the test table."""
     pub = case["published"]
-    return (f"{case['case']:<28} TPOT {pub['tpot_ms']:>6} -> {pred['tpot_ms']:>6} ({err['tpot']:+.1%})  "
-            f"out/GPU {pub['output_tok_s_per_gpu']:>6} -> {pred['output_tok_s_per_gpu']:>6} "
-            f"({err['output_tok_s_per_gpu']:+.1%})  TTFT {err['ttft']:+.1%}  {case['source']}")
+    return (f"{case['case']:<30} TPOT {pub['tpot_ms'] or '-':>6} -> {pred['tpot_ms']:>7} ({_pct(err['tpot'])})  "
+            f"out/GPU {pub['output_tok_s_per_gpu']:>6} -> {pred['output_tok_s_per_gpu']:>7} "
+            f"({_pct(err['output_tok_s_per_gpu'])})  band {band.label() if band else '-'}  {case['source']}")
 
 
 def test_every_case_cites_a_source_and_its_published_figures() -> None:
-    assert len(CASES) >= 4
+    assert len(CASES) >= 25
     for case in CASES:
-        assert case["source"].startswith("https://"), case["case"]
-        assert case["as_published"] and set(case["published"]) == {"ttft_ms", "tpot_ms", "output_tok_s_per_gpu"}
-    assert sum(1 for c in CASES if c.get("calibration")) == 1  # factors calibrated once, never per case
+        src = case["source"]
+        assert src.startswith("https://") or ("/" in src and "@" in src), case["case"]  # a URL, or repo path @ commit
+        assert case["as_published"] and set(case["published"]) == set(KEYS), case["case"]
+        assert case["published"]["output_tok_s_per_gpu"], case["case"]
+    assert len({c["hardware"] for c in CASES}) >= 4
+    assert {c.get("engine_kind", "sglang") for c in CASES} >= {"sglang", "vllm"}
+    assert any("roles" in c for c in CASES)  # disaggregated figures included
+
+
+def test_the_catalog_is_calibrated_on_the_cases_marked_calibration_only() -> None:
+    """Every family's `calibrated_on` names cases marked `calibration`, each such case is named once, and every
+    other case is held back: never a factor fitted on a check."""
+    named: list[str] = []
+    for perf in load_catalog().performance.values():
+        for fam in perf.families.values():
+            named += fam.calibrated_on
+            assert not set(fam.calibrated_on) & set(fam.checked_on)
+    marked = [c["case"] for c in CASES if c.get("calibration") and "calibrates" not in c]
+    assert sorted(named) == sorted(marked)
+    for c in CASES:  # a hardware figure fitted on a published case says so in its source
+        if "calibrates" in c:
+            hw, field = c["calibrates"].split(".")
+            assert load_catalog().hardware[hw].sources[field].startswith("calibrated:"), c["case"]
+    assert len(CASES) - sum(1 for c in CASES if c.get("calibration")) >= 25
+    cat = load_catalog()
+    for c in CASES:  # every other case is one of its family's named checks (the band is taken over them)
+        fam = cat.performance[c.get("engine_kind", "sglang")].families[cat.hardware[c["hardware"]].perf_family or ""]
+        assert c["case"] in (*fam.calibrated_on, *fam.checked_on) or "calibrates" in c, c["case"]
 
 
 def test_every_figure_left_out_says_where_and_why() -> None:
@@ -70,14 +140,26 @@ def test_every_figure_left_out_says_where_and_why() -> None:
         assert entry["figures"].strip() and entry["why"].strip(), entry
 
 
+def test_tpot_and_throughput_within_30_percent_on_most_published_figures() -> None:
+    """Issue 37's bar over the held-back cases: TPOT within +-30% on >= 80%, output tok/s per GPU on >= 70%."""
+    rows = [(c, predicted(c)) for c in CASES if not c.get("calibration")]
+    lines = [table_line(c, p, errors(c["published"], p), _predicted(c["case"])[1]) for c, p in rows]
+    print("\n".join(lines))
+    tpot = [e for c, p in rows if (e := errors(c["published"], p)["tpot"]) is not None]
+    out = [e for c, p in rows if (e := errors(c["published"], p)["output_tok_s_per_gpu"]) is not None]
+    assert sum(abs(e) <= BAND for e in tpot) / len(tpot) >= 0.80, lines
+    assert sum(abs(e) <= BAND for e in out) / len(out) >= 0.70, lines
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["case"] for c in CASES])
-def test_prediction_within_30_percent_of_the_published_figure(case: dict[str, Any]) -> None:
-    pred = predicted(case)
-    err = errors(case["published"], pred)
-    line = table_line(case, pred, err)
-    print(line)
-    assert abs(err["tpot"]) <= BAND, line
-    assert abs(err["output_tok_s_per_gpu"]) <= BAND, line
+def test_every_published_figure_lies_inside_its_predictions_band(case: dict[str, Any]) -> None:
+    pred, band = _predicted(case["case"])
+    assert band is not None
+    for key in ("tpot_ms", "output_tok_s_per_gpu"):
+        pub = case["published"][key]
+        if pub is not None:
+            assert band.low(pred[key]) <= pub * 1.0005 and pub <= band.high(pred[key]) * 1.0005, (
+                table_line(case, pred, errors(case["published"], pred), band))
 
 
 def test_recorded_predictions_are_the_models() -> None:
@@ -98,33 +180,50 @@ def test_recorded_predictions_are_the_models() -> None:
         assert errors(c["published"], pred) == pytest.approx(c["error"], abs=0.011), c["case"]
 
 
-def _flow(d: dict[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in d.items()) + "}"
+def _flow(d: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{k}: {'null' if v is None else format(v, 'g')}" for k, v in d.items()) + "}"
+
+
+# Published pairs the model does not order: EP16 on top of DCP16 in GB200's decode role (measured +6-10% out
+# tok/s/GPU at one batch, from the expert kernels; the model reads and computes the same experts either way and
+# charges EP its slowest rank, so it puts them within 2% of each other; at concurrency 512 both are held to what
+# the PP2 x TP8 prefill admits, so they come out equal).
+MISORDERED = {("gb200-pd-dcp16-ep16-c512", "gb200-pd-dcp16-c512", "output_tok_s_per_gpu"),
+              ("gb200-pd-dcp16-ep16-c64", "gb200-pd-dcp16-c64", "output_tok_s_per_gpu"),
+              ("gb200-pd-dcp16-ep16-c128", "gb200-pd-dcp16-c128", "output_tok_s_per_gpu"),
+              ("gb200-pd-dcp16-ep16-c256", "gb200-pd-dcp16-c256", "output_tok_s_per_gpu"),
+              ("gb200-pd-dcp16-ep16-c256", "gb200-pd-dcp16-c256", "tpot_ms"),
+              ("gb200-pd-dcp16-ep16-c512", "gb200-pd-dcp16-c512", "tpot_ms")}
 
 
 def test_configurations_published_for_one_workload_rank_as_measured() -> None:
-    """Where two cases share hardware and workload (here: B300 with and without DSPARK), the predictions order
-    them as the measurements do, on TPOT and on output tok/s per GPU (differences under 5% are ties)."""
+    """Where cases share hardware and workload (B300 with and without DSPARK; GB200's decode layouts), the
+    predictions order them as the measurements do, on TPOT and on output tok/s per GPU (differences under 5% are
+    ties), except the named EP16-vs-DCP16 pairs."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for c in CASES:
         w = c["workload"]
-        groups.setdefault((c["hardware"], w["in"], w["out"], w["concurrency"]), []).append(c)
-    pairs = 0
+        groups.setdefault((c["hardware"], w["in"], w["out"], w["concurrency"], "roles" in c), []).append(c)
+    pairs, wrong = 0, set()
     for cases in groups.values():
         for a in cases:
             for b in cases:
                 for key in ("tpot_ms", "output_tok_s_per_gpu"):
                     pa, pb = a["published"][key], b["published"][key]
-                    if pa > 1.05 * pb:
+                    if pa is not None and pb is not None and pa > 1.05 * pb:
                         pairs += 1
-                        assert predicted(a)[key] > predicted(b)[key], (a["case"], b["case"], key)
-    assert pairs >= 6
+                        if not predicted(a)[key] > predicted(b)[key]:
+                            wrong.add((a["case"], b["case"], key) if key != "tpot_ms" else (b["case"], a["case"], key))
+    assert wrong == MISORDERED
+    assert pairs >= 20
 
 
 def _published_groups() -> list[list[dict[str, Any]]]:
-    """Cases that share hardware, GPU count and workload (two or more configurations measured alike)."""
+    """Aggregated cases that share hardware, GPU count and workload (two or more configurations measured alike)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for c in CASES:
+        if "roles" in c:
+            continue
         w = c["workload"]
         key = (c["hardware"], c["nodes"] * c["gpus_per_node"], w["in"], w["out"], w["concurrency"])
         groups.setdefault(key, []).append(c)
@@ -136,7 +235,8 @@ def _position(rows: list[RankedShape], case: dict[str, Any]) -> int:
     par, drafts = case["parallel"], draft_tokens(case.get("engine_args", {}))
     for i, r in enumerate(rows):
         s = r.candidate.shape
-        if (s.tp, s.ep, s.dcp, s.dp, s.pp, r.drafts) == (par["tp"], par["ep"], par["dcp"], 1, 1, drafts):
+        if (s.tp, s.ep, s.dcp, s.dp, s.pp, r.drafts) == (par["tp"], par["ep"], par["dcp"], 1, par.get("pp", 1),
+                                                         drafts):
             assert r.prediction is not None, (case["case"], r.reason)
             return i
     raise AssertionError(f"{case['case']}: its configuration is not among the searched shapes")
@@ -172,20 +272,54 @@ def test_search_ranks_the_configurations_published_for_one_workload_as_measured(
     assert pairs >= 6
 
 
+def test_search_puts_gb200s_published_decode_layouts_in_their_measured_order() -> None:
+    """GB200 4 x 4, concurrency 8: PP2 x TP8 measured fastest (TPOT 17.3 ms against 24.6-25.2 for TP16, DCP16 and
+    DCP16 + EP16, sglang#32592); `plan --search --workload` on 16 GPUs ranks it above each of them, on latency and
+    on throughput."""
+    layouts = [c for c in CASES if "roles" in c and c["workload"]["concurrency"] == 8]
+    assert len(layouts) == 4
+    for objective in ("latency", "throughput"):
+        rows = rank_shapes(load_catalog(), model_id="kimi-k3", hardware_id="gb200", gpus=16, family="sglang",
+                           engine_id="sglang", workload=Workload(8192, 1024, 8), objective=objective)
+        ordered = sorted(layouts, key=lambda c: c["published"]["tpot_ms"])
+        first = _position(rows, {**ordered[0], "parallel": ordered[0]["roles"]["decode"]})
+        for c in ordered[1:]:
+            assert first < _position(rows, {**c, "parallel": c["roles"]["decode"]}), (c["case"], objective)
+
+
 def test_one_sources_runs_at_other_concurrencies_order_as_measured() -> None:
-    """Within one source and hardware, with the same drafting, the predictions order the runs of other
-    concurrencies (and so other cookbook shapes: TP8 at 1 and 16, TP8 + DCP8 at 64) as measured, on TTFT,
-    TPOT and output tok/s per GPU."""
+    """Within one source, hardware and shape, with the same drafting, the predictions order the runs of other
+    concurrencies as measured, on TTFT, TPOT and output tok/s per GPU (measured differences under 5% are ties)."""
     pairs = 0
     for a in CASES:
         for b in CASES:
-            same = (a["source"], a["hardware"], a.get("engine_args")) == (b["source"], b["hardware"],
-                                                                          b.get("engine_args"))
+            same = (a["source"], a["hardware"], a.get("engine_args"), str(a.get("roles") or a["parallel"])) == (
+                b["source"], b["hardware"], b.get("engine_args"), str(b.get("roles") or b["parallel"]))
             if not same or a["workload"]["concurrency"] >= b["workload"]["concurrency"]:
                 continue
             pa, pb = predicted(a), predicted(b)
-            for key in ("ttft_ms", "tpot_ms", "output_tok_s_per_gpu"):
+            for key in KEYS:
+                ma, mb = a["published"][key], b["published"][key]
+                if ma is None or mb is None or abs(ma - mb) < 0.05 * max(ma, mb):
+                    continue
                 pairs += 1
-                measured = a["published"][key] < b["published"][key]
-                assert (pa[key] < pb[key]) == measured, (a["case"], b["case"], key, pa[key], pb[key])
-    assert pairs >= 18
+                assert (pa[key] < pb[key]) == (ma < mb), (a["case"], b["case"], key, pa[key], pb[key])
+    assert pairs >= 30
+
+
+def test_the_h100_walkthrough_single_stream_is_within_2x_and_explained() -> None:
+    """The seed's reference (4 x 8 H100, SGLang TP32/EP32, InfiniBand disabled: NCCL over TCP sockets): ~5.8 tok/s
+    for one stream and 14.0 at concurrency 4. Decode there is latency-bound by 186 all-reduces a token over sockets
+    (the catalog's socket_hop_latency_us is fitted on the single stream, so concurrency 4 is the check), and the
+    prediction's band, extrapolated on Hopper, holds both figures; the same cluster on InfiniBand predicts 10x
+    faster, which is why a plain H100 topology predicts far above the walkthrough."""
+    def run(env: dict[str, str], concurrency: int) -> Any:
+        doc = topology_dict(gpu="h100-80gb", per_node=8, nodes=4, tp=32, ep=32, max_running_requests=4)
+        doc["engine"]["env"] = env
+        return predict_plan(plan_of(copy.deepcopy(doc)), load_catalog(), Workload(1000, 1000, concurrency))
+
+    one, four = run({"NCCL_IB_DISABLE": "1"}, 1), run({"NCCL_IB_DISABLE": "1"}, 4)
+    assert 5.8 / 2 <= one.output_throughput <= 5.8 * 2
+    assert one.decode.bound == "collectives" and one.band is not None and one.band.kind == "extrapolated"
+    assert one.band.low(four.output_throughput) <= 14.0 <= one.band.high(four.output_throughput)
+    assert run({}, 1).output_throughput > 10 * one.output_throughput

@@ -73,7 +73,8 @@ def test_a_slow_decode_fails_the_effort_stage_against_its_prediction(tmp_path: P
     with launched(topo):
         effort = stage(validate_json(topo, "effort"), "effort")
     assert effort["status"] == "fail", effort
-    assert re.search(r"cold: far below the prediction for this shape \(validate.min_share_of_prediction 0.2\): "
+    assert re.search(r"cold: far below the prediction for this shape \(validate.min_share_of_prediction 0.2, band "
+                     r"derived ±10%: below 20% fails\): "
                      r"the decode step runs at \d+% of its predicted speed: mean TPOT [\d.]+ ms against [\d.]+ ms "
                      r"predicted \(the decode step, bound by HBM reads\); output [\d,]+ tok/s against [\d,]+ "
                      r"predicted", effort["detail"]), effort["detail"]
