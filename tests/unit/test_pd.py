@@ -59,7 +59,7 @@ def _vllm_local() -> dict[str, Any]:
 
 # SGLang's decode pool on H200: what the engine holds beside the weights leaves 125,294 KV tokens, short of 8
 # requests at 32,768 (test_sglang_state_pool.py pins that memory against the published admission caps).
-@pytest.mark.parametrize(("path", "warnings"), [(LOCAL, []), (SGLANG, ["CONTEXT_AT_CONCURRENCY"]), (VLLM, [])])
+@pytest.mark.parametrize(("path", "warnings"), [(LOCAL, []), (SGLANG, ["CONTEXT_AT_CONCURRENCY"] * 2), (VLLM, [])])
 def test_pd_topologies_plan_clean(path: Path, warnings: list[str]) -> None:
     plan = make_plan(load_topology(path), load_catalog())
     assert plan.feasible and plan.pd is not None

@@ -36,7 +36,7 @@ def _pd_doc(case: dict[str, Any]) -> dict[str, Any]:
     """One prefill and one decode instance, each on half the case's nodes, behind a router."""
     w, half = case["workload"], case["nodes"] // 2
     doc = topology_dict(gpu=case["hardware"], per_node=case["gpus_per_node"], nodes=case["nodes"],
-                        max_running_requests=w["concurrency"])
+                        max_running_requests=w["concurrency"], mamba_full_memory_ratio="calculator")
     names = [n["host"] for n in doc["nodes"]]
     doc.pop("parallel")
     doc["roles"] = {"prefill": {"instances": 1, "nodes": names[:half], "parallel": case["roles"]["prefill"]},
