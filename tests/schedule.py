@@ -1,6 +1,7 @@
 """The order of a run and how its tests are shared between xdist workers (scripts/test.sh runs the main tier as
 `-n 2 --dist loadgroup --no-loadscope-reorder`): every module is one group (its module-scoped fixtures, a rig or
-a deployment, are made once, on one worker), and groups go out longest first, as measured
+a deployment, are made once, on one worker; the modules that start Ray clusters are one group together), and
+groups go out longest first, as measured
 (tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the two workers end
 together instead of one waiting on the last long module. A module the file does not know counts as a typical
 one of its tier."""
@@ -36,11 +37,31 @@ def weight(module: str, known: dict[str, float]) -> float:
     return UNKNOWN_S.get(tier, UNKNOWN_S["unit"])
 
 
+# Modules that start a Ray cluster on the rig run on one worker, one after another: two clusters starting at
+# once on 2 cores can miss Ray's own 30 s start-up timeout ("The current node timed out during startup").
+RAY_MARKERS = ("RayRig", "ray4")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def group_of(module: str) -> str:
+    try:
+        text = (ROOT / module).read_text(encoding="utf-8")
+    except OSError:
+        return module
+    return "ray-clusters" if any(m in text for m in RAY_MARKERS) else module
+
+
 def order(items: list[pytest.Item]) -> None:
-    """Longest modules first (stable within a module); each module its own xdist group."""
+    """Longest groups first (a group: a module, or every module that starts a Ray cluster; stable within a
+    module); each group one xdist group."""
     known = measured()
+    groups = {m: group_of(m) for m in {module_of(item) for item in items}}
+    group_s: dict[str, float] = {}
+    for module, group in groups.items():
+        group_s[group] = group_s.get(group, 0.0) + weight(module, known)
     position = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-weight(module_of(item), known), module_of(item), position[id(item)]))
+    items.sort(key=lambda item: (-group_s[groups[module_of(item)]], groups[module_of(item)], module_of(item),
+                                 position[id(item)]))
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(module_of(item)))
+            item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
