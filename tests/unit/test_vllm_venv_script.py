@@ -14,7 +14,7 @@ SCRIPT = ROOT / "scripts" / "vllm_cpu_venv.sh"
 pytestmark = pytest.mark.timeout(60)
 
 
-def _venv(tmp_path: Path, marker: str | None) -> Path:
+def _venv(tmp_path: Path, marker: str | None, bytecode: bool = True) -> Path:
     venv = tmp_path / "vllm-venv"
     (venv / "bin").mkdir(parents=True)
     vllm = venv / "bin" / "vllm"
@@ -22,6 +22,8 @@ def _venv(tmp_path: Path, marker: str | None) -> Path:
     vllm.chmod(0o755)
     if marker is not None:
         (venv / ".k3deploy-ready").write_text(marker)
+    if bytecode:
+        (venv / ".k3deploy-bytecode").write_text("0.32.0\n")
     return venv
 
 
@@ -40,6 +42,23 @@ def test_a_ready_venv_of_this_release_is_reused_as_it_is(tmp_path: Path, args: t
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [str(venv)]
     assert sorted(p.name for p in venv.rglob("*")) == before
+
+
+def test_a_ready_venv_without_byte_code_is_compiled_once(tmp_path: Path) -> None:
+    """A venv made before the script compiled everything gets its .pyc once (every start pays for a missing
+    one where PYTHONDONTWRITEBYTECODE is set), then is reused as it is."""
+    venv = _venv(tmp_path, "0.32.0+cpu\n", bytecode=False)
+    calls = tmp_path / "calls"
+    python = venv / "bin" / "python"  # records its arguments; answers the purelib query with a path
+    python.write_text(f"#!/bin/sh\necho \"$*\" >>{calls}\necho {venv}/lib\n")
+    python.chmod(0o755)
+    assert _run(venv, "--check").returncode == 0 and not calls.exists()  # --check changes nothing
+    done = _run(venv)
+    assert done.returncode == 0 and done.stdout.splitlines() == [str(venv)], done.stderr
+    assert f"-m compileall -q -j 0 {venv}/lib" in calls.read_text()
+    assert (venv / ".k3deploy-bytecode").read_text() == "0.32.0\n"
+    calls.unlink()
+    assert _run(venv).returncode == 0 and not calls.exists()  # once
 
 
 @pytest.mark.parametrize("marker", ["0.31.1+cpu\n", None])
