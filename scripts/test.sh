@@ -101,7 +101,7 @@ if [ -n "$vllm_install_pid" ]; then  # else (K3DEPLOY_SKIP_REAL_ENGINE) the main
   while IFS= read -r path; do leave_out+=("--ignore=$path"); done < <(bash scripts/real_tier.sh --files)
 fi
 main=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --no-loadscope-reorder --durations=60 \
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --no-loadscope-reorder --durations=60 \
   ${K3DEPLOY_JUNIT:+--junitxml="$K3DEPLOY_JUNIT"} ${leave_out[@]+"${leave_out[@]}"} || main=$?
 [ "$tier" = 0 ] || echo "scripts/test.sh: the real-engine tier failed (its runs are above)" >&2
 [ "$main" = 0 ] && [ "$tier" = 0 ]

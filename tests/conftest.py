@@ -100,6 +100,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each group of tests/schedule.py (a module, or the modules that start Ray clusters) on one worker."""
+    from tests import schedule
+
+    return schedule.scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """The controller adds up what each xdist worker counted (pytest_sessionfinish above)."""
     from tests import figures

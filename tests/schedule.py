@@ -1,5 +1,5 @@
 """The order of a run and how its tests are shared between xdist workers (scripts/test.sh runs the main tier as
-`-n 2 --dist loadgroup --no-loadscope-reorder`): every module is one group (its module-scoped fixtures, a rig or
+`-n 2 --no-loadscope-reorder`, with `scheduler` below): every module is one group (its module-scoped fixtures, a rig or
 a deployment, are made once, on one worker; the modules that start Ray clusters are one group together), and
 groups go out longest first, as measured
 (tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the two workers end
@@ -7,8 +7,10 @@ together instead of one waiting on the last long module. A module the file does 
 one of its tier."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +45,7 @@ RAY_MARKERS = ("RayRig", "ray4")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def group_of(module: str) -> str:
     try:
         text = (ROOT / module).read_text(encoding="utf-8")
@@ -53,7 +56,7 @@ def group_of(module: str) -> str:
 
 def order(items: list[pytest.Item]) -> None:
     """Longest groups first (a group: a module, or every module that starts a Ray cluster; stable within a
-    module); each group one xdist group."""
+    module); the scheduler below keeps each group on one worker."""
     known = measured()
     groups = {m: group_of(m) for m in {module_of(item) for item in items}}
     group_s: dict[str, float] = {}
@@ -62,6 +65,16 @@ def order(items: list[pytest.Item]) -> None:
     position = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (-group_s[groups[module_of(item)]], groups[module_of(item)], module_of(item),
                                  position[id(item)]))
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
+
+
+def scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with our groups as its scopes (tests/conftest.py returns it from
+    pytest_xdist_make_scheduler): xdist's own `--dist loadgroup` reads `xdist_group` marks through a node-id
+    suffix that pytest 9 no longer lets it set, and sent a module's tests to both workers."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid.split("::", 1)[0])
+
+    return GroupScheduling(config, log)
