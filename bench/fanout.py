@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Where the started commands log: the rig's hosts share this machine's file system; main() makes it and
+# removes it at the end, so the bench leaves nothing behind.
+LOG_DIR = Path(tempfile.gettempdir())
 sys.path.insert(0, str(ROOT))
 
 from k3deploy.executors import Executor, NodeFleet, ProcessHandle, RayTarget, SshTarget
@@ -70,7 +75,7 @@ def one_round(rig: HostRig, n: int, ray_address: str | None = None,
         def connect_start(rank: int, ex: Executor) -> ProcessHandle:
             ex.connect()
             # One tag per host and round: a Ray agent is named after it.
-            return ex.start("sleep 60", "/tmp/k3bench/fanout.log", "/tmp", f"bench-fanout.{ex.host}.{n}-{run}")
+            return ex.start("sleep 60", str(LOG_DIR / "fanout.log"), "/tmp", f"bench-fanout.{ex.host}.{n}-{run}")
 
         own0, hosts0 = _own_cpu_s(), _hosts_cpu_s(rig, n)
         t0 = time.perf_counter()
@@ -145,6 +150,15 @@ def ray_rounds(rig: HostRig, sizes: list[int],
 
 
 def main() -> int:
+    global LOG_DIR
+    LOG_DIR = Path(tempfile.mkdtemp(prefix="k3bench-"))
+    try:
+        return _run()
+    finally:
+        shutil.rmtree(LOG_DIR, ignore_errors=True)
+
+
+def _run() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,8,32", help="comma-separated host counts")
     ap.add_argument("--ray-sizes", default="4,8", help="host counts compared through Ray ('' to skip Ray)")

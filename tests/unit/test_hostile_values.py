@@ -43,8 +43,11 @@ FIELDS = {
 }
 
 
-def doc_with(field: str, value: Any) -> dict[str, Any]:
+def doc_with(field: str, value: Any, logs: Path | None = None) -> dict[str, Any]:
+    """The stand-in topology with `value` at `field`; its nodes log under `logs` (a test's own dir) when given."""
     doc = sim_doc(**{"engine.launcher": [sys.executable, "-c", RECORDER]})
+    if logs is not None:
+        doc.setdefault("launch", {})["log_dir"] = str(logs)
     *parents, last = field.split(".")
     cur: Any = doc
     for p in parents:
@@ -70,9 +73,11 @@ def test_each_hostile_value_is_refused_or_arrives_verbatim_as_one_element(field:
     local = LocalExecutor()
     for kind, raw in hostile(mark).items():
         value = FIELDS[field](raw)
+        if field == "launch.log_dir":  # under the test's own dir: the run below writes the node's log there
+            value = value.replace("/tmp/", f"{tmp_path}/", 1)
         if not accepted(field, value, kind):
             continue  # rejected at load, with a position
-        plan = plan_of(doc_with(field, value))
+        plan = plan_of(doc_with(field, value, tmp_path / "logs"))
         outputs = {fmt: stdout_text(export(plan.render_inputs(), fmt)) for fmt in FORMATS}  # type: ignore[arg-type]
         json.loads(outputs["json"])
         spec = render_nodes(plan.render_inputs())[0]
