@@ -1,6 +1,6 @@
 """The order of a run and how its tests are shared between xdist workers (scripts/test.sh runs the main tier as
 `-n 2 --no-loadscope-reorder`, with `scheduler` below): every module is one group (its module-scoped fixtures, a rig or
-a deployment, are made once, on one worker; the modules that start Ray clusters are one group together), and
+a deployment, are made once, on one worker; the modules that use a Ray cluster are one group together, and those that use a Slurm cluster another), and
 groups go out longest first, as measured
 (tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the two workers end
 together instead of one waiting on the last long module. A module the file does not know counts as a typical
@@ -39,9 +39,11 @@ def weight(module: str, known: dict[str, float]) -> float:
     return UNKNOWN_S.get(tier, UNKNOWN_S["unit"])
 
 
-# Modules that start a Ray cluster on the rig run on one worker, one after another: two clusters starting at
-# once on 2 cores can miss Ray's own 30 s start-up timeout ("The current node timed out during startup").
-RAY_MARKERS = ("RayRig", "ray4")
+# Modules that use the run's Ray cluster (marked ray_cluster: tests/integration/conftest.py) or start one of
+# their own run on one worker, one after another: the session-scoped cluster is then built once a run (a
+# session fixture is per xdist worker), and two clusters starting at once on 2 cores can miss Ray's own 30 s
+# start-up timeout ("The current node timed out during startup"). The same for the Slurm cluster.
+GROUPS = {"ray-clusters": ("mark.ray_cluster", "RayRig("), "slurm-clusters": ("mark.slurm_cluster", "SlurmRig(")}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,7 +53,10 @@ def group_of(module: str) -> str:
         text = (ROOT / module).read_text(encoding="utf-8")
     except OSError:
         return module
-    return "ray-clusters" if any(m in text for m in RAY_MARKERS) else module
+    for group, markers in GROUPS.items():
+        if any(m in text for m in markers):
+            return group
+    return module
 
 
 def order(items: list[pytest.Item]) -> None:

@@ -1,8 +1,10 @@
 """What the SSH and Ray launch tests share: stand-in-engine topologies for a rig (the checkpoint is
-tests/conftest.py's), and a teardown that stops whatever a failed test left and reports it."""
+tests/conftest.py's), a teardown that stops whatever a failed test left and reports it (the `deployments`
+fixture of tests/integration/conftest.py asserts it found nothing), and the checks of what runs on the hosts."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +18,7 @@ from tests import figures
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.rig import HostRig
+from tests.rig.ray_cluster import RAY_ENV, RayRig
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
@@ -102,3 +105,99 @@ class SimDeployments:
             problems.append(f"processes left on hosts: {left}")
             self.remove(left)
         return problems
+
+
+RAY_CLI_ENV = {**os.environ, **RAY_ENV}
+
+
+def hosts_empty(rig: HostRig, timeout_s: float = 10.0) -> bool:
+    """No process but the sshd master in any host (closed SSH sessions get a moment to exit)."""
+    return wait_for(lambda: not any(rig.pids(h) for h in rig.hosts), timeout_s)
+
+
+def engine_running(rig: HostRig, host: str) -> bool:
+    """The stand-in engine process exists on the host."""
+    return bool(engine_pids(rig, host))
+
+
+def engine_pids(rig: HostRig, host: str) -> list[int]:
+    """Host-local PIDs of the stand-in engine processes on a host."""
+    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
+    return [int(line.split()[0]) for line in out.splitlines()
+            if line.split(None, 1)[1].startswith(sys.executable) and "k3deploy.sim serve" in line]
+
+
+def agents(rig: HostRig, host: str) -> list[str]:
+    """Ray agent actors (their worker processes) alive on a host."""
+    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
+    return [line.strip() for line in out.splitlines() if "ray::NodeAgent" in line]
+
+
+def tagged(rig: HostRig, host: str) -> list[int]:
+    """Processes on a host that carry any k3deploy tag (engines, wrappers, watchdogs)."""
+    found = []
+    for pid in rig.pids(host, root_ns=True):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"K3DEPLOY_RUN=" in env:
+            found.append(pid)
+    return found
+
+
+def nothing_left(rig: HostRig, timeout_s: float = 30.0) -> bool:
+    """No engine, no k3deploy-tagged process and no agent actor on any host (Ray's own processes stay)."""
+    return wait_for(lambda: not any(tagged(rig, h.name) or agents(rig, h.name) for h in rig.hosts), timeout_s)
+
+
+def kill_agents(rig: HostRig) -> None:
+    """SIGKILL every agent actor on the Ray hosts (max_restarts 0: it stays dead, and the watchdog of its
+    process group then stops the group)."""
+    for h in rig.hosts:
+        pids = [line.split()[0] for line in agents(rig, h.name)]
+        if pids:
+            rig.exec(h, ["kill", "-9", *pids])
+
+
+def remove_from_ray_hosts(rig: HostRig) -> None:
+    """SIGKILL every agent actor and every k3deploy-tagged process on the Ray hosts; Ray's own stay."""
+    kill_agents(rig)
+    for h in rig.hosts:
+        for pid in tagged(rig, h.name):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
+class Deployments(SimDeployments):
+    """SSH topologies for the rig; nothing of them may be left on any host afterwards."""
+
+    def __init__(self, rig: HostRig, checkpoint: Path, tmp: Path) -> None:
+        super().__init__(rig, checkpoint, tmp, {"executor": "ssh", "ssh": {
+            "user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
+            "connect_timeout_s": 2}})
+
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """Every process on a host but its sshd master (closed SSH sessions get a moment to exit)."""
+        hosts_empty(self.rig, 5.0)
+        return {h.name: [str(p) for p in self.rig.pids(h)] for h in self.rig.hosts}
+
+    def remove(self, left: dict[str, list[str]]) -> None:
+        for h in self.rig.hosts:
+            self.rig.kill_host_processes(h)
+
+
+class RayDeployments(SimDeployments):
+    """Topologies for the Ray cluster; whatever a failed test leaves is stopped and reported."""
+
+    def __init__(self, rig: HostRig, cluster: RayRig, checkpoint: Path, tmp: Path) -> None:
+        super().__init__(rig, checkpoint, tmp, {"executor": "ray", "ray_address": cluster.address},
+                         env=RAY_CLI_ENV)
+        self.cluster = cluster
+
+    def left_on_hosts(self) -> dict[str, list[str]]:
+        """k3deploy-tagged processes and agent actors on each host (Ray's own processes stay)."""
+        nothing_left(self.rig)
+        return {h.name: [*map(str, tagged(self.rig, h.name)), *agents(self.rig, h.name)] for h in self.rig.hosts}

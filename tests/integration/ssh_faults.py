@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from tests import figures
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
@@ -97,15 +95,6 @@ def _accepts(ip: str) -> bool:
             return True
     except OSError:
         return False
-
-
-@pytest.fixture
-def sshd2(rig4: HostRig, tmp_path: Path) -> Iterator[SecondSshd]:
-    """A second, killable sshd on h03 (rank 2 of the deployments here); gone after the test."""
-    d = SecondSshd(rig4, rig4.hosts[2], tmp_path)
-    d.start()
-    yield d
-    d.kill()
 
 
 @contextmanager

@@ -13,11 +13,11 @@ import pytest
 from k3deploy.executors.target import RayTarget, SshTarget
 from tests.contract_node import ContractNode, http_server
 from tests.executor_contract import *  # the shared behaviour tests
-from tests.integration.sim_deployments import ROOT
+from tests.integration.sim_deployments import ROOT, kill_agents
 from tests.rig import HostRig
-from tests.rig.ray_cluster import RAY_ENV, RayRig
+from tests.rig.ray_cluster import RayRig
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 
 def _enter(rig: HostRig, host: str) -> list[str]:
@@ -32,25 +32,28 @@ def rig2() -> Iterator[HostRig]:
         yield rig
 
 
-@pytest.fixture(scope="module")
-def ray2(rig2: HostRig) -> Iterator[RayRig]:
-    os.environ.update(RAY_ENV)  # this process is a Ray driver
-    with RayRig(rig2) as cluster:
-        yield cluster
-
-
 @pytest.fixture(params=["ssh", "ray"])
-def node(request: pytest.FixtureRequest, rig2: HostRig, tmp_path: Path) -> ContractNode:
+def node(request: pytest.FixtureRequest, rig2: HostRig, tmp_path: Path) -> Iterator[ContractNode]:
+    """A node over SSH (the module's two-host rig) or through Ray (the run's Ray cluster, ray4): its second host.
+    Over Ray, the agents the test's executors kept are killed after it: an executor keeps an agent until it
+    has seen its process group gone (as a deployment's lives until `stop`), and some contract tests end before
+    that (a process that ended by itself, a foreign tag). Their groups' watchdogs must then stop what is left:
+    the shared cluster's check (tests/integration/conftest.py: left_nothing) fails on any tagged process."""
+    rig = rig2
     host = rig2.hosts[1]
     if request.param == "ssh":
         target = SshTarget(host=host.name, ssh_config=str(rig2.ssh_config_path),
                             known_hosts=str(rig2.known_hosts_path))
     else:
-        cluster: RayRig = request.getfixturevalue("ray2")
+        cluster: RayRig = request.getfixturevalue("ray4")  # this process is its Ray driver
+        rig = cluster.rig
+        host = rig.hosts[1]
         target = RayTarget(host=host.name, node_ip=host.priv_ip, ray_address=cluster.address)
     tmp_path.chmod(0o755)
-    return ContractNode(kind=request.param, target=target, scratch=tmp_path, node_ip=host.priv_ip,
-                        serve_http=lambda ip, port: http_server(ip, port, host.name, _enter(rig2, host.name)))
+    yield ContractNode(kind=request.param, target=target, scratch=tmp_path, node_ip=host.priv_ip,
+                       serve_http=lambda ip, port: http_server(ip, port, host.name, _enter(rig, host.name)))
+    if request.param == "ray":
+        kill_agents(rig)
 
 
 @pytest.mark.timeout(120)

@@ -2,7 +2,6 @@
 allocation on the Slurm rig, every command a job step (`srun --overlap`)."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -18,20 +17,23 @@ from tests.rig.slurm_cluster import SlurmRig
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slurm_cluster,
     pytest.mark.skipif(shutil.which("slurmctld") is None, reason="slurm-wlm is not installed "
                        "(scripts/test.sh installs slurmctld slurmd slurm-client munge)"),
 ]
 
 
 @pytest.fixture(scope="module")
-def allocation() -> Iterator[tuple[HostRig, SlurmRig, int]]:
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm rig needs root (network namespaces)")
-    with HostRig(2) as rig, SlurmRig(rig) as slurm:
-        got = slurm.client(["salloc", "--no-shell", "--nodes=2", "--job-name=contract"], timeout_s=120)
-        found = re.search(r"job allocation (\d+)", got.stderr)
-        assert found, got.stderr + slurm.log("slurmctld")
-        yield rig, slurm, int(found.group(1))
+def allocation(slurm: SlurmRig) -> Iterator[tuple[HostRig, SlurmRig, int]]:
+    """Two nodes of the run's Slurm cluster held for the module (a job without a shell), released after it."""
+    rig = slurm.rig
+    got = slurm.client(["salloc", "--no-shell", "--nodes=2", f"--nodelist={rig.hosts[0].name},{rig.hosts[1].name}",
+                        "--job-name=contract"], timeout_s=120)
+    found = re.search(r"job allocation (\d+)", got.stderr)
+    assert found, got.stderr + slurm.log("slurmctld")
+    job = int(found.group(1))
+    yield rig, slurm, job
+    slurm.client(["scancel", str(job)])
 
 
 @pytest.fixture

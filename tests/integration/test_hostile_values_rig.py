@@ -6,7 +6,6 @@ path, and no shell ever ran any of it (the marker file never appears)."""
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import sys
 from collections.abc import Callable, Iterator
@@ -20,14 +19,14 @@ from k3deploy.executors import RayTarget, SshTarget, open_executor
 from k3deploy.executors.base import Executor
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
-from tests.integration.test_launch_ray import nothing_left, tagged
+from tests.integration.sim_deployments import nothing_left, tagged
 from tests.polling import wait_for
 from tests.rig import HostRig
-from tests.rig.ray_cluster import RAY_ENV, RayRig
+from tests.rig.ray_cluster import RayRig
 from tests.unit.test_hostile_values import FIELDS, accepted, doc_with, hostile
 from tests.unit.test_render_support import plan_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 # The node's engine: records its arguments (after the record path) and environment, then exits.
 RECORDER = "import json, os, sys; json.dump({'argv': sys.argv[2:], 'env': dict(os.environ)}, open(sys.argv[1], 'w'))"
 
@@ -44,27 +43,22 @@ def on_node(doc: dict[str, Any], rec: Path) -> dict[str, Any]:
 
 @pytest.fixture(params=["ssh", "ray"])
 def node(request: pytest.FixtureRequest, make_rig: Callable[..., HostRig]) -> Iterator[tuple[str, HostRig, Executor]]:
-    """(executor kind, its one-host rig, an executor to that host), closed after the test."""
-    rig = make_rig(1)
-    host = rig.hosts[0]
+    """(executor kind, its rig, an executor to the rig's first host), closed after the test: over SSH a one-host
+    rig of its own, over Ray the run's Ray cluster (ray4)."""
     if request.param == "ssh":
+        rig = make_rig(1)
+        host = rig.hosts[0]
         target = SshTarget(host=host.mgmt_ip, user="root", key=str(rig.key_path),
                             known_hosts=str(rig.known_hosts_path), ssh_config=None)
         executor = open_executor(target)
         yield "ssh", rig, executor
         executor.close()
         return
-    saved = dict(os.environ)
-    os.environ.update(RAY_ENV)  # this process is a Ray driver
-    try:
-        with RayRig(rig) as cluster:
-            executor = open_executor(RayTarget(host=host.name, node_ip=host.priv_ip,
-                                                ray_address=cluster.address))
-            yield "ray", rig, executor
-            executor.close()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    cluster: RayRig = request.getfixturevalue("ray4")  # this process is its Ray driver
+    host = cluster.rig.hosts[0]
+    executor = open_executor(RayTarget(host=host.name, node_ip=host.priv_ip, ray_address=cluster.address))
+    yield "ray", cluster.rig, executor
+    executor.close()
 
 
 @pytest.mark.timeout(300)

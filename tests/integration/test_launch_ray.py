@@ -5,100 +5,37 @@ node whose IP no Ray node has is refused before anything starts; an unreachable 
 from __future__ import annotations
 
 import json
-import os
 import select
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from k3deploy.records.store import StateStore
 from tests import figures
-from tests.integration.sim_deployments import SimDeployments
+from tests.integration.sim_deployments import (
+    RAY_CLI_ENV,
+    RayDeployments,
+    agents,
+    engine_pids,
+    engine_running,
+    nothing_left,
+    tagged,
+)
 from tests.k3deploy_cli import run_k3deploy as run_cli
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
-pytestmark = pytest.mark.integration
-
-RAY_CLI_ENV = {**os.environ, **RAY_ENV}
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 
 def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout_s=timeout_s, env=RAY_CLI_ENV)
 
 
-@pytest.fixture(scope="module")
-def ray4(rig4: HostRig) -> Iterator[RayRig]:
-    """A Ray cluster on the module's four hosts (~20 s to start on 2 cores: paid once)."""
-    with RayRig(rig4) as cluster:
-        yield cluster
-
-
-def engine_running(rig: HostRig, host: str) -> bool:
-    """The stand-in engine process exists on the host."""
-    return bool(engine_pids(rig, host))
-
-
-def engine_pids(rig: HostRig, host: str) -> list[int]:
-    """Host-local PIDs of the stand-in engine processes on a host."""
-    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
-    return [int(line.split()[0]) for line in out.splitlines()
-            if line.split(None, 1)[1].startswith(sys.executable) and "k3deploy.sim serve" in line]
-
-
-def agents(rig: HostRig, host: str) -> list[str]:
-    """Ray agent actors (their worker processes) alive on a host."""
-    out = rig.exec(host, ["ps", "-eo", "pid=,args="]).stdout
-    return [line.strip() for line in out.splitlines() if "ray::NodeAgent" in line]
-
-
-def tagged(rig: HostRig, host: str) -> list[int]:
-    """Processes on a host that carry any k3deploy tag (engines, wrappers, watchdogs)."""
-    found = []
-    for pid in rig.pids(host, root_ns=True):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if b"K3DEPLOY_RUN=" in env:
-            found.append(pid)
-    return found
-
-
-def nothing_left(rig: HostRig, timeout_s: float = 30.0) -> bool:
-    """No engine, no k3deploy-tagged process and no agent actor on any host (Ray's own processes stay)."""
-    return wait_for(lambda: not any(tagged(rig, h.name) or agents(rig, h.name) for h in rig.hosts), timeout_s)
-
-
-class RayDeployments(SimDeployments):
-    """Topologies for the Ray cluster; whatever a failed test leaves is stopped and reported."""
-
-    def __init__(self, rig: HostRig, cluster: RayRig, checkpoint: Path, tmp: Path) -> None:
-        super().__init__(rig, checkpoint, tmp, {"executor": "ray", "ray_address": cluster.address},
-                         env=RAY_CLI_ENV)
-        self.cluster = cluster
-
-    def left_on_hosts(self) -> dict[str, list[str]]:
-        """k3deploy-tagged processes and agent actors on each host (Ray's own processes stay)."""
-        nothing_left(self.rig)
-        return {h.name: [*map(str, tagged(self.rig, h.name)), *agents(self.rig, h.name)] for h in self.rig.hosts}
-
-
-@pytest.fixture
-def deployments(rig4: HostRig, ray4: RayRig, checkpoint: Path, tmp_path: Path) -> Iterator[RayDeployments]:
-    d = RayDeployments(rig4, ray4, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
-
-
-# The bound covers the module's Ray cluster start (this test sets it up) and launch's preflight.
+# The bound covers the run's Ray cluster start (the first test to use it sets it up) and launch's preflight.
 @pytest.mark.timeout(240)
 def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments, rig4: HostRig, ray4: RayRig,
                                                      capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,15 +23,10 @@ from tests.rig.slurm_cluster import SlurmRig
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slurm_cluster,
     pytest.mark.skipif(shutil.which("slurmctld") is None, reason="slurm-wlm is not installed "
                        "(scripts/test.sh installs slurmctld slurmd slurm-client munge)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def slurm(rig4: HostRig) -> Iterator[SlurmRig]:
-    with SlurmRig(rig4) as cluster:
-        yield cluster
 
 
 @pytest.fixture

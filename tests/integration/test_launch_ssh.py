@@ -9,14 +9,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from k3deploy.records.store import StateStore
 from tests import figures
-from tests.integration.sim_deployments import SimDeployments
+from tests.integration.sim_deployments import Deployments, engine_running, hosts_empty
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
@@ -24,43 +23,6 @@ from tests.rig import HostRig
 from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
-
-class Deployments(SimDeployments):
-    """SSH topologies for the rig; nothing of them may be left on any host afterwards."""
-
-    def __init__(self, rig: HostRig, checkpoint: Path, tmp: Path) -> None:
-        super().__init__(rig, checkpoint, tmp, {"executor": "ssh", "ssh": {
-            "user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
-            "connect_timeout_s": 2}})
-
-    def left_on_hosts(self) -> dict[str, list[str]]:
-        """Every process on a host but its sshd master (closed SSH sessions get a moment to exit)."""
-        hosts_empty(self.rig, 5.0)
-        return {h.name: [str(p) for p in self.rig.pids(h)] for h in self.rig.hosts}
-
-    def remove(self, left: dict[str, list[str]]) -> None:
-        for h in self.rig.hosts:
-            self.rig.kill_host_processes(h)
-
-
-@pytest.fixture
-def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig4, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
-
-
-def hosts_empty(rig: HostRig, timeout_s: float = 10.0) -> bool:
-    """No process but the sshd master in any host (closed SSH sessions get a moment to exit)."""
-    return wait_for(lambda: not any(rig.pids(h) for h in rig.hosts), timeout_s)
-
-
-def engine_running(rig: HostRig, host: str) -> bool:
-    """The stand-in engine process exists on the host."""
-    out = rig.exec(host, ["ps", "-eo", "args="]).stdout
-    return any(line.startswith(sys.executable) and "k3deploy.sim serve" in line for line in out.splitlines())
-
 
 @pytest.mark.timeout(150)
 def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, rig4: HostRig,

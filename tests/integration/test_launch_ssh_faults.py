@@ -14,6 +14,7 @@ import pytest
 
 from k3deploy.records.store import StateStore
 from tests import figures
+from tests.integration.sim_deployments import Deployments, engine_running, hosts_empty
 from tests.integration.ssh_faults import (
     PORT,
     SLOW_HEAD,
@@ -21,13 +22,6 @@ from tests.integration.ssh_faults import (
     after,
     launching,
     nodes_via,
-    sshd2,
-)
-from tests.integration.test_launch_ssh import (
-    Deployments,
-    deployments,
-    engine_running,
-    hosts_empty,
 )
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
@@ -35,7 +29,6 @@ from tests.rig import HostRig
 from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
-__all__ = ["deployments", "sshd2"]  # fixtures
 
 
 @pytest.mark.timeout(150)

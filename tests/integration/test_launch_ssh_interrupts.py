@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.records.store import StateStore
+from tests.integration.sim_deployments import Deployments, engine_running, hosts_empty
 from tests.integration.ssh_faults import (
     HUNG_SSHD,
     PORT,
@@ -23,18 +24,11 @@ from tests.integration.ssh_faults import (
     nodes_via,
     stalled_sessions,
 )
-from tests.integration.test_launch_ssh import (
-    Deployments,
-    deployments,
-    engine_running,
-    hosts_empty,
-)
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-__all__ = ["deployments"]  # fixtures
 
 
 @pytest.mark.timeout(90)

@@ -12,12 +12,11 @@ from k3deploy.errors import ExecError
 from k3deploy.executors import SshTarget, open_executor
 from k3deploy.records.store import StateStore
 from tests import figures
-from tests.integration.test_launch_ssh import Deployments, deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-__all__ = ["deployments"]  # fixtures
 
 
 @pytest.mark.timeout(90)

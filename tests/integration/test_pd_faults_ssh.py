@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from k3deploy.records.store import StateStore
-from tests.integration import test_pd_service_ssh as pd_service
-from tests.integration.test_launch_ssh import Deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.test_pd_service_ssh import _chat, _pd_topology, _status, _stop_leaves_nothing
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_sim_pd import FACTS, QUESTION
@@ -24,13 +23,12 @@ from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = [pytest.mark.integration, needs_routers]
-rig_pd, deployments = pd_service.rig_pd, pd_service.deployments  # the same rig fixtures
 ROUTER_PORT = 18998  # what _pd_topology sets as roles.transfer.bootstrap_port (the router's --prefill URL PORT)
 
 
 @pytest.mark.timeout(400)
 def test_a_bootstrap_port_the_router_was_not_given_fails_the_launch(deployments: Deployments,
-                                                                   rig_pd: HostRig, tmp_path: Path) -> None:
+                                                                   rig4: HostRig, tmp_path: Path) -> None:
     """The site's launcher appends its own --disaggregation-bootstrap-port (the engine's parser keeps the
     last): both instances are ready and smg registers both (it never asks the bootstrap port), but the decode
     cannot reach the prefill's bootstrap server at the port the router hands it, so no completion passes
@@ -45,18 +43,18 @@ def test_a_bootstrap_port_the_router_was_not_given_fails_the_launch(deployments:
                            env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "10"}, ready_timeout_s=90)
     run = cli("launch", str(topo), "--skip-preflight", timeout_s=300)
     assert run.returncode == 4, (run.returncode, run.stdout, run.stderr)
-    assert f"{name}-prefill0 rank 0 {rig_pd.hosts[0].mgmt_ip}: ready" in run.stderr, run.stderr
-    assert f"{name}-decode0 rank 0 {rig_pd.hosts[1].mgmt_ip}: ready" in run.stderr, run.stderr
+    assert f"{name}-prefill0 rank 0 {rig4.hosts[0].mgmt_ip}: ready" in run.stderr, run.stderr
+    assert f"{name}-decode0 rank 0 {rig4.hosts[1].mgmt_ip}: ready" in run.stderr, run.stderr
     assert "not a completion yet: /v1/completions: HTTP 503" in run.stderr, run.stderr
     assert "No available prefill workers" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
-    assert hosts_empty(rig_pd), {h.name: rig_pd.pids(h) for h in rig_pd.hosts}
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert _status(topo)["status"] == "failed"
 
 
 @pytest.mark.timeout(500)
 def test_a_prefill_dying_mid_transfer_fails_the_request_and_the_service(deployments: Deployments,
-                                                                       rig_pd: HostRig) -> None:
+                                                                       rig4: HostRig) -> None:
     """The prefill exits with half a room's KV on the wire (after launch's own completion): the request fails
     with an error, not an answer; the supervisor names the prefill instance; with no prefill left the service
     is failed (exit 4); stop leaves nothing."""
@@ -81,11 +79,11 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_the_service(deployme
     assert "Failed to get kvcache from prefill instance" in logs, logs[-3000:]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{prefill0}/health", timeout=5)
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(500)
-def test_a_slow_decode_fails_effort_naming_the_decode_roles_tpot(deployments: Deployments, rig_pd: HostRig) -> None:
+def test_a_slow_decode_fails_effort_naming_the_decode_roles_tpot(deployments: Deployments, rig4: HostRig) -> None:
     """Every decode step 40x longer at K3SIM_SPEED 4 (10x slower than the planner's model of the `sim` GPU):
     effort's cold TPOT through the router falls far below the decode role's prediction. (The `sim` GPU has no
     scale-out figures, so the prefill role's TTFT is not predicted: said in the results, not judged.)"""
@@ -103,4 +101,4 @@ def test_a_slow_decode_fails_effort_naming_the_decode_roles_tpot(deployments: De
     assert "prefill role" not in effort["detail"], effort
     assert "decode role TPOT" in effort["evidence"], effort
     assert "no scaleout_gbps" in effort["results"]["predicted_per_role"]["prefill"]["not_timed"], effort
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)

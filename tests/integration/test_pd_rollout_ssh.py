@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +15,7 @@ import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
-from tests.integration.conftest import _require_root
-from tests.integration.test_launch_ssh import Deployments
+from tests.integration.sim_deployments import Deployments
 from tests.integration.test_pd_service_ssh import _answer, _chat, _pd_topology, _status, _stop_leaves_nothing
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_service_ssh import Stream
@@ -29,22 +26,6 @@ from tests.rig import HostRig
 pytestmark = [pytest.mark.integration, needs_routers]
 NAME = "it-pdroll"
 INSTANCES = [f"{NAME}-prefill0", f"{NAME}-prefill1", f"{NAME}-decode0", f"{NAME}-decode1"]
-
-
-@pytest.fixture(scope="module")
-def rig_pdr() -> Iterator[HostRig]:
-    """Four hosts, named for this module (the prefix keeps its namespaces apart from other rigs')."""
-    _require_root()
-    with HostRig(4, prefix="pdr") as rig:
-        yield rig
-
-
-@pytest.fixture
-def deployments(rig_pdr: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig_pdr, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 class RoleStream(Stream):
@@ -66,7 +47,7 @@ class RoleStream(Stream):
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("router", ["smg", "sglang-router"])
-def test_rollout_of_two_prefills_two_decodes_over_ssh(deployments: Deployments, rig_pdr: HostRig, router: str,
+def test_rollout_of_two_prefills_two_decodes_over_ssh(deployments: Deployments, rig4: HostRig, router: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """smg lists a worker it drops `draining` until its requests end; sglang-router drops it at once, so the
     drain waits on the instance's own running and waiting gauges."""
@@ -115,4 +96,4 @@ def test_rollout_of_two_prefills_two_decodes_over_ssh(deployments: Deployments, 
     assert st["status"] == "degraded" and "rollout start" in st["replicas"][0]["problem"], st
     assert [(r["problem"], r["router_healthy"]) for r in st["replicas"][1:]] == [("", True)] * 3, st
     assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
-    _stop_leaves_nothing(topo, rig_pdr, store, NAME)
+    _stop_leaves_nothing(topo, rig4, store, NAME)

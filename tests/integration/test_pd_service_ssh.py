@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
-from tests.integration.conftest import _require_root
-from tests.integration.test_launch_ssh import Deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.test_router_tables import VENV, needs_routers
 from tests.integration.test_service_ssh import _router_gone
 from tests.integration.test_sim_pd import FACTS, QUESTION, RIGHT
@@ -39,22 +37,6 @@ LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
 EFFORT = {k: VALIDATE[k] for k in ("concurrency", "effort_requests", "effort_prompt_tokens", "effort_max_tokens",
                                    "min_share_of_prediction")}
 CLEAN_EFFORT_ENV = {"K3SIM_SPEED": "8"}  # see tests/validate_serving.py: ~45% of the prediction under load
-
-
-@pytest.fixture(scope="module")
-def rig_pd() -> Iterator[HostRig]:
-    """Four hosts, named for this module (the prefix keeps its namespaces apart from other rigs')."""
-    _require_root()
-    with HostRig(4, prefix="pdl") as rig:
-        yield rig
-
-
-@pytest.fixture
-def deployments(rig_pd: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig_pd, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
@@ -121,7 +103,7 @@ def _stop_leaves_nothing(topo: Path, rig: HostRig, store: StateStore, name: str)
 
 
 @pytest.mark.timeout(700)
-def test_one_prefill_one_decode_behind_smg_over_ssh(deployments: Deployments, rig_pd: HostRig) -> None:
+def test_one_prefill_one_decode_behind_smg_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
     name = "it-pd11"
     # K3SIM_SPEED 8, not 50: the effort stage holds the run against its prediction, and at 50 the stand-in's own
     # Python and HTTP cost per token (no part of any prediction) left decode at 17% of it on a loaded machine.
@@ -166,11 +148,11 @@ def test_one_prefill_one_decode_behind_smg_over_ssh(deployments: Deployments, ri
     per_role = report["stages"][-1]["results"]["predicted_per_role"]
     assert per_role["decode"]["mean_tpot_ms"] > 0 and per_role["prefill"]["not_timed"], per_role  # `sim`: no scale-out
 
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(700)
-def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, rig_pd: HostRig) -> None:
+def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
     name = "it-pd12"
     topo, port = _pd_topology(deployments, name, prefill=[[0]], decode=[[1], [2]], tp=1)
     store = StateStore(deployments.state_dir)
@@ -187,7 +169,7 @@ def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, r
         assert all(value in _answer(reply) for value in RIGHT), (i, _answer(reply))
     assert all(_generated(u) > before[u] for u in decodes), (before, {u: _generated(u) for u in decodes})
 
-    rig_pd.kill_host_processes(rig_pd.hosts[2])  # decode1's only node dies while the others serve
+    rig4.kill_host_processes(rig4.hosts[2])  # decode1's only node dies while the others serve
     assert wait_for(lambda: _status(topo)["replicas"][2]["problem"] != "", 60), _status(topo)
     st = _status(topo)
     assert st["status"] == "degraded" and [r["problem"] == "" for r in st["replicas"]] == [True, True, False], st
@@ -199,15 +181,15 @@ def test_one_prefill_two_decodes_behind_smg_over_ssh(deployments: Deployments, r
         if w.get("is_healthy")}, 30)
     for _ in range(3):
         assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
-    rig_pd.kill_host_processes(rig_pd.hosts[1])  # decode0 too: no decode serves, so nothing does
+    rig4.kill_host_processes(rig4.hosts[1])  # decode0 too: no decode serves, so nothing does
     assert wait_for(lambda: _status(topo)["status"] == "failed", 60), _status(topo)
     assert cli("status", str(topo)).returncode == 4
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(700)
 def test_one_prefill_two_decodes_behind_smg_cache_aware_validate_passes(deployments: Deployments,
-                                                                        rig_pd: HostRig) -> None:
+                                                                        rig4: HostRig) -> None:
     """1P2D with the router's default cache-aware policy: `validate` passes every stage. (Under the random policy
     of the test above, turn 2 of a conversation may reach the other decode, whose cache never saw turn 1, and
     prefix-cache rightly fails: checked by hand, `turn 2 cached_tokens 0`.)"""
@@ -228,12 +210,12 @@ def test_one_prefill_two_decodes_behind_smg_cache_aware_validate_passes(deployme
           for stage in ("shards", "kernels", "topology")),
         ("short", "pass"), ("long", "pass"), ("prefix-cache", "pass"), ("effort", "pass")], report
     assert report["not_implemented"] == []
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(700)
 @pytest.mark.parametrize("fault", ["transfer_kda_zeroed", "transfer_kda_dropped"])
-def test_a_kda_state_lost_in_the_transfer_fails_the_long_stage_alone(deployments: Deployments, rig_pd: HostRig,
+def test_a_kda_state_lost_in_the_transfer_fails_the_long_stage_alone(deployments: Deployments, rig4: HostRig,
                                                                      fault: str) -> None:
     """The prefill sends a zeroed KDA state, or none: the decode answers fluently and wrongly from what it has;
     `long` (facts at depth, after the transfer) fails with the answer as evidence, every other stage passes."""
@@ -254,4 +236,4 @@ def test_a_kda_state_lost_in_the_transfer_fails_the_long_stage_alone(deployments
     long = stages["long"]
     assert long["status"] == "fail" and "facts lost" in long["detail"], long
     assert "answer:" in long["evidence"], long  # the wrong answer, quoted
-    _stop_leaves_nothing(topo, rig_pd, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)

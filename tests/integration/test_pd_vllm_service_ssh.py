@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
-from tests.integration.conftest import _require_root
-from tests.integration.test_launch_ssh import Deployments
+from tests.integration.sim_deployments import Deployments
 from tests.integration.test_pd_service_ssh import (
     CLEAN_EFFORT_ENV,
     _answer,
@@ -42,22 +41,6 @@ pytestmark = [pytest.mark.integration, needs_routers]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "vllm"]
 SIDE_CHANNEL_PORT = 15600
 NODE_STAGES_1P1D = [f"{stage}[{inst}]" for inst in ("prefill0", "decode0") for stage in ("shards", "kernels", "topology")]
-
-
-@pytest.fixture(scope="module")
-def rig_pdv() -> Iterator[HostRig]:
-    """Four hosts, named for this module (the prefix keeps its namespaces apart from other rigs')."""
-    _require_root()
-    with HostRig(4, prefix="pdv") as rig:
-        yield rig
-
-
-@pytest.fixture
-def deployments(rig_pdv: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig_pdv, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 def _pd_topology(d: Deployments, name: str, prefill: list[list[int]], decode: list[list[int]],
@@ -112,7 +95,7 @@ def _kill(rig: HostRig, topo: Path, host: int, until: Callable[[dict[str, Any]],
 
 
 @pytest.mark.timeout(700)
-def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deployments, rig_pdv: HostRig) -> None:
+def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
     name = "it-pdv11"
     topo, port = _pd_topology(deployments, name, prefill=[[0, 1]], decode=[[2, 3]], tp=2, env=CLEAN_EFFORT_ENV)
     store = StateStore(deployments.state_dir)
@@ -149,11 +132,11 @@ def test_one_prefill_one_decode_behind_vllm_router_over_ssh(deployments: Deploym
         ("effort", "pass")], report
     assert report["not_implemented"] == []
 
-    _stop_leaves_nothing(topo, rig_pdv, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(700)
-def test_one_prefill_two_decodes_behind_vllm_router_over_ssh(deployments: Deployments, rig_pdv: HostRig) -> None:
+def test_one_prefill_two_decodes_behind_vllm_router_over_ssh(deployments: Deployments, rig4: HostRig) -> None:
     name = "it-pdv12"
     topo, port = _pd_topology(deployments, name, prefill=[[0]], decode=[[1], [2]], tp=1)
     store = StateStore(deployments.state_dir)
@@ -171,19 +154,19 @@ def test_one_prefill_two_decodes_behind_vllm_router_over_ssh(deployments: Deploy
     assert sum(after[u] - before[u] for u in urls[1:]) == 12, (before, after)
 
     # decode1's only node dies while the others serve: named, and the router takes it out.
-    st = _kill(rig_pdv, topo, 2, lambda s: s["replicas"][2]["problem"] != "" and s["replicas"][2]["router_healthy"]
+    st = _kill(rig4, topo, 2, lambda s: s["replicas"][2]["problem"] != "" and s["replicas"][2]["router_healthy"]
                is False)
     assert st["status"] == "degraded" and [r["problem"] == "" for r in st["replicas"]] == [True, True, False], st
     for _ in range(3):  # the prefill and decode0 serve every request
         assert all(v in _answer(_chat(port, [{"role": "user", "content": f"{FACTS} {QUESTION}"}])) for v in RIGHT)
-    _kill(rig_pdv, topo, 1, lambda s: s["status"] == "failed")  # decode0 too: no decode serves, so nothing does
+    _kill(rig4, topo, 1, lambda s: s["status"] == "failed")  # decode0 too: no decode serves, so nothing does
     assert cli("status", str(topo)).returncode == 4
-    _stop_leaves_nothing(topo, rig_pdv, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)
 
 
 @pytest.mark.timeout(700)
 def test_a_zeroed_kda_transfer_fails_the_long_stage_through_vllm_router(deployments: Deployments,
-                                                                        rig_pdv: HostRig) -> None:
+                                                                        rig4: HostRig) -> None:
     """The prefill's side channel serves a zeroed KDA state: the decode answers fluently and wrongly; `long`
     fails with the answer as evidence while every node stage and `short` pass."""
     name = "it-pdvz"
@@ -197,4 +180,4 @@ def test_a_zeroed_kda_transfer_fails_the_long_stage_through_vllm_router(deployme
     long = stages["long"]
     assert long["status"] == "fail" and "facts lost" in long["detail"], long
     assert "answer:" in long["evidence"], long
-    _stop_leaves_nothing(topo, rig_pdv, store, name)
+    _stop_leaves_nothing(topo, rig4, store, name)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from k3deploy.engines.flag_tables import DATA_DIR, TABLE_FILES
-from tests.integration.test_launch_ray import RAY_CLI_ENV, RayDeployments, ray4
+from tests.integration.sim_deployments import RAY_CLI_ENV, RayDeployments
 from tests.integration.test_preflight_service_ssh import _service as service_topology
 from tests.integration.test_preflight_ssh import failed, mounted, stages
 from tests.integration.test_router_tables import needs_routers
@@ -20,10 +20,7 @@ from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RayRig
 
-pytestmark = pytest.mark.integration
-
-
-__all__ = ["ray4"]  # the module-scoped fixture, shared with the Ray launch tests
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 
 def preflight(topo: Path, capsys: pytest.CaptureFixture[str], what: str,

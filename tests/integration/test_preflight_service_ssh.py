@@ -22,13 +22,6 @@ from tests.rig import HostRig
 pytestmark = [pytest.mark.integration, needs_routers]
 
 
-@pytest.fixture
-def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> SimDeployments:
-    return SimDeployments(rig4, checkpoint, tmp_path, {"executor": "ssh", "ssh": {
-        "user": "root", "key": str(rig4.key_path), "known_hosts": str(rig4.known_hosts_path),
-        "connect_timeout_s": 2}})
-
-
 def _service(d: SimDeployments, rig: HostRig, name: str, nodes: list[dict[str, Any]] | None = None) -> Path:
     topo = d.topology(name, nodes=nodes)
     doc: dict[str, Any] = yaml.safe_load(topo.read_text())

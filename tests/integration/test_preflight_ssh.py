@@ -35,13 +35,6 @@ pytestmark = pytest.mark.integration
 PORT = 29500
 
 
-@pytest.fixture
-def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> SimDeployments:
-    return SimDeployments(rig4, checkpoint, tmp_path, {"executor": "ssh", "ssh": {
-        "user": "root", "key": str(rig4.key_path), "known_hosts": str(rig4.known_hosts_path),
-        "connect_timeout_s": 2}})
-
-
 def preflight(topo: Path, capsys: pytest.CaptureFixture[str], what: str) -> tuple[int, dict[str, Any]]:
     """Run `k3deploy preflight --json`; print and return (exit code, report)."""
     t0 = time.monotonic()

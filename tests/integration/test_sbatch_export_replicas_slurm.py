@@ -21,6 +21,7 @@ from tests.rig.slurm_cluster import SlurmRig
 VENV = Path(os.environ.get("K3DEPLOY_ROUTERS_VENV") or Path.home() / ".cache" / "k3deploy" / "routers")
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slurm_cluster,
     pytest.mark.skipif(not (VENV / ".k3deploy-routers-ready").is_file(),
                        reason=f"no routers venv at {VENV} (scripts/test.sh makes it with scripts/routers_venv.sh)"),
 ]
@@ -56,7 +57,8 @@ def routers(rig: HostRig, host: int = 3) -> list[str]:
 
 
 @pytest.mark.timeout(420)
-def test_exported_replicas_job_serves_through_smg_and_scancel_ends_everything(rig4: HostRig, checkpoint: Path,
+def test_exported_replicas_job_serves_through_smg_and_scancel_ends_everything(rig4: HostRig, slurm: SlurmRig,
+                                                                               checkpoint: Path,
                                                                                tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     out = tmp_path / "export"
@@ -64,49 +66,48 @@ def test_exported_replicas_job_serves_through_smg_and_scancel_ends_everything(ri
     assert run.returncode == 0, run.stderr
     head = rig4.hosts[0]
     url = f"http://{rig4.hosts[3].priv_ip}:{ROUTER_PORT}"
-    with SlurmRig(rig4) as slurm:
-        sub = slurm.client(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/job-%j.out",
-                            str(out / "k3deploy.sbatch")])
-        assert sub.returncode == 0, sub.stderr
-        job = sub.stdout.strip().split(";")[0]
-        log = tmp_path / f"job-{job}.out"
+    sub = slurm.client(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={tmp_path}/job-%j.out",
+                        str(out / "k3deploy.sbatch")])
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    log = tmp_path / f"job-{job}.out"
 
-        def job_log() -> str:
-            return (log.read_text()[-4000:] if log.exists() else "") + slurm.log("slurmctld")[-2000:]
+    def job_log() -> str:
+        return (log.read_text()[-4000:] if log.exists() else "") + slurm.log("slurmctld")[-2000:]
 
-        def healthy() -> list[str]:
-            try:
-                r = httpx.get(f"{url}/workers", timeout=5)
-                workers = r.json().get("workers", []) if r.status_code == 200 else []
-            except (httpx.HTTPError, ValueError):
-                return []
-            return sorted(str(w.get("url")) for w in workers if w.get("is_healthy"))
+    def healthy() -> list[str]:
+        try:
+            r = httpx.get(f"{url}/workers", timeout=5)
+            workers = r.json().get("workers", []) if r.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            return []
+        return sorted(str(w.get("url")) for w in workers if w.get("is_healthy"))
 
-        want = [f"http://{head.priv_ip}:18000", f"http://{rig4.hosts[2].priv_ip}:18001"]
-        assert wait_for(lambda: healthy() == want, 240), (healthy(), job_log())
-        # Each replica on its own two nodes, each node with its rank within its replica's step.
-        for h, (rank, rendezvous) in zip(rig4.hosts, [(0, head), (1, head), (0, rig4.hosts[2]),
-                                                       (1, rig4.hosts[2])]):
-            (line,) = engines(rig4)[h.name]
-            assert f"--node-rank {rank}" in line and f"--dist-init-addr {rendezvous.priv_ip}:" in line, line
-        deadline, answer = time.monotonic() + 120, None
-        while answer is None and time.monotonic() < deadline:
-            try:
-                r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-                    "model": "kimi-k3-tiny", "max_tokens": 8,
-                    "messages": [{"role": "user", "content": "Say hello."}]})
-                if r.status_code == 200:
-                    answer = r.json()
-            except httpx.HTTPError:
-                pass
-            if answer is None:
-                time.sleep(1)
-        assert answer is not None, job_log()
-        said = answer["choices"][0]["message"]  # 8 tokens may all go to the reasoning K3 writes first
-        assert (said.get("content") or said.get("reasoning_content")) and answer["usage"]["completion_tokens"] > 0
-        assert "smg::router" in routers(rig4), routers(rig4)
-        # Node 0 runs the batch script, so its `srun ... smg.launch_router` client is there; the router is not.
-        assert all("smg::router" not in routers(rig4, h) for h in range(3)), [routers(rig4, h) for h in range(3)]
-        assert slurm.client(["scancel", job]).returncode == 0
-        assert wait_for(lambda: not any(engines(rig4).values()) and not routers(rig4), 60), \
-            (engines(rig4), routers(rig4))
+    want = [f"http://{head.priv_ip}:18000", f"http://{rig4.hosts[2].priv_ip}:18001"]
+    assert wait_for(lambda: healthy() == want, 240), (healthy(), job_log())
+    # Each replica on its own two nodes, each node with its rank within its replica's step.
+    for h, (rank, rendezvous) in zip(rig4.hosts, [(0, head), (1, head), (0, rig4.hosts[2]),
+                                                   (1, rig4.hosts[2])]):
+        (line,) = engines(rig4)[h.name]
+        assert f"--node-rank {rank}" in line and f"--dist-init-addr {rendezvous.priv_ip}:" in line, line
+    deadline, answer = time.monotonic() + 120, None
+    while answer is None and time.monotonic() < deadline:
+        try:
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+                "model": "kimi-k3-tiny", "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Say hello."}]})
+            if r.status_code == 200:
+                answer = r.json()
+        except httpx.HTTPError:
+            pass
+        if answer is None:
+            time.sleep(1)
+    assert answer is not None, job_log()
+    said = answer["choices"][0]["message"]  # 8 tokens may all go to the reasoning K3 writes first
+    assert (said.get("content") or said.get("reasoning_content")) and answer["usage"]["completion_tokens"] > 0
+    assert "smg::router" in routers(rig4), routers(rig4)
+    # Node 0 runs the batch script, so its `srun ... smg.launch_router` client is there; the router is not.
+    assert all("smg::router" not in routers(rig4, h) for h in range(3)), [routers(rig4, h) for h in range(3)]
+    assert slurm.client(["scancel", job]).returncode == 0
+    assert wait_for(lambda: not any(engines(rig4).values()) and not routers(rig4), 60), \
+        (engines(rig4), routers(rig4))

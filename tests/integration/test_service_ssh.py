@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
-from tests.integration.test_launch_ssh import Deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.test_router_tables import VENV, needs_routers
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
@@ -31,14 +30,6 @@ from tests.ports import closed_port
 from tests.rig import HostRig
 
 pytestmark = [pytest.mark.integration, needs_routers]
-
-
-@pytest.fixture
-def deployments(rig4: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig4, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 def _service(d: Deployments, name: str, router: str, mimic: str, backoff_s: float = 1) -> tuple[Path, int]:

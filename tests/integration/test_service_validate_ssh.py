@@ -7,15 +7,13 @@ with replica 1 still serving; stop leaves nothing."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
-from tests.integration.conftest import named_rig
-from tests.integration.test_launch_ssh import Deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_service_ssh import _complete, _router_gone, _service, _status
 from tests.k3deploy_cli import run_k3deploy as cli
@@ -26,20 +24,6 @@ pytestmark = [pytest.mark.integration, needs_routers]
 NAME = "it-svc-val"
 REPLICAS = (f"{NAME}-r0", f"{NAME}-r1")
 REQUEST_STAGES = ("short", "long", "prefix-cache", "effort")
-
-
-@pytest.fixture(scope="module")
-def rig_sv() -> Iterator[HostRig]:
-    """Four hosts of this module's own."""
-    yield from named_rig("svv")
-
-
-@pytest.fixture
-def deployments(rig_sv: HostRig, checkpoint: Path, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(rig_sv, checkpoint, tmp_path)
-    yield d
-    problems = d.cleanup()
-    assert problems == [], problems
 
 
 def _with_fault(topo: Path, fault: str) -> Path:
@@ -71,7 +55,7 @@ def _validate(topo: Path, *more: str) -> tuple[int, dict[str, dict]]:  # type: i
 
 
 @pytest.mark.timeout(900)
-def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Deployments, rig_sv: HostRig,
+def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Deployments, rig4: HostRig,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     topo, port = _service(deployments, NAME, "smg", "sglang")
     store = StateStore(deployments.state_dir)
@@ -117,5 +101,5 @@ def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Depl
 
     stop = cli("stop", str(topo), timeout_s=120)
     assert stop.returncode == 0, stop.stderr
-    assert hosts_empty(rig_sv), {h.name: rig_sv.pids(h) for h in rig_sv.hosts}
+    assert hosts_empty(rig4), {h.name: rig4.pids(h) for h in rig4.hosts}
     assert wait_for(lambda: _router_gone(store, NAME), 20)

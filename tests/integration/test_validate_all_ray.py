@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_launch_ray import RayDeployments, cli, deployments, nothing_left, ray4
+from tests.integration.sim_deployments import RayDeployments, nothing_left
+from tests.integration.test_launch_ray import cli
 from tests.integration.validate_all import fault_id, launch_validate_stop, topology
 from tests.rig import HostRig
 
-pytestmark = pytest.mark.integration
-__all__ = ["deployments", "ray4"]  # the fixtures, imported
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 
 @pytest.mark.timeout(240)

@@ -11,13 +11,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.test_launch_ssh import Deployments, deployments, hosts_empty
+from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.validate_all import SLOW, fault_id, launch_validate_stop, topology
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-__all__ = ["deployments"]  # the fixtures, imported
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
 

@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round, nodes
+from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round
 from tests.k3deploy_cli import run_k3deploy as run_cli
-from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 
-pytestmark = pytest.mark.integration
-__all__ = ["nodes"]  # the fixture, imported
+pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli(*args, timeout_s=120, env={**os.environ, **RAY_ENV})
-
-
-@pytest.fixture(scope="module")
-def ray4(rig4: HostRig) -> Iterator[RayRig]:
-    with RayRig(rig4) as cluster:
-        yield cluster
 
 
 def ray_launch(cluster: RayRig) -> dict[str, Any]:

@@ -7,13 +7,12 @@ from typing import Any
 
 import pytest
 
-from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round, nodes
+from tests.integration.validate_rig import ROUNDS, RigNodes, check_clean, check_round
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.rig import HostRig
 
 pytestmark = pytest.mark.integration
-__all__ = ["nodes"]  # the fixture, imported
 
 
 def ssh_launch(rig: HostRig) -> dict[str, Any]:

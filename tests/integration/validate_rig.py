@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from k3deploy.checkpoint.manifest import Manifest
@@ -99,11 +98,3 @@ def check_clean(nodes: RigNodes, launch: dict[str, Any], cli: Callable[..., subp
     stage = json.loads(done.stdout)["stages"][0]
     assert [(n["rank"], n["host"], n["status"]) for n in stage["nodes"]] == [
         (i, h.mgmt_ip, "pass") for i, h in enumerate(nodes.rig.hosts)]
-
-
-@pytest.fixture(scope="module")
-def nodes(rig4: HostRig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RigNodes]:
-    """The module's per-host copies (import this fixture into a test module)."""
-    made = RigNodes(rig4, tmp_path_factory.mktemp("validate"))
-    yield made
-    made.unbind()
