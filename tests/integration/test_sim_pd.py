@@ -104,19 +104,20 @@ def _answer(reply: httpx.Response) -> str:
 
 @needs_routers
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_text_completion_through_the_router_is_prefilled_once_and_decoded_from_the_state(
-        pd_pair: Any, stream: bool) -> None:
+def test_a_text_completion_through_the_router_is_prefilled_once_and_decoded_from_the_state(pd_pair: Any) -> None:
     """smg routes /v1/completions in PD mode to both roles with the bootstrap fields, as it does a chat: the
-    prefill computes the prompt, the decode generates from what it fetched (no prefill batch of its own)."""
+    prefill computes the prompt, the decode generates from what it fetched (no prefill batch of its own); streamed
+    and not, through one pair (each prompt opens differently, so the second shares no cached prefix)."""
     pd = pd_pair()
-    body = {"model": "m", "prompt": f"{FACTS} {QUESTION}", "max_tokens": 8, "stream": stream}
-    reply = httpx.post(f"{pd.url}/v1/completions", json=body, timeout=120)
-    assert reply.status_code == 200, reply.text
-    assert ("data: " in reply.text) if stream else reply.json()["choices"][0]["text"], reply.text
-    room = pd.prefill.wait_for(r"Prefill batch. #new-seq: 1, #new-token: (\d+)", 30)
-    assert int(room.group(1)) > 3000
-    assert "Prefill batch" not in pd.decode.text()
+    for n, stream in enumerate((False, True)):
+        body = {"model": "m", "prompt": f"Request {n}. {FACTS} {QUESTION}", "max_tokens": 8, "stream": stream}
+        reply = httpx.post(f"{pd.url}/v1/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert ("data: " in reply.text) if stream else reply.json()["choices"][0]["text"], reply.text
+        # the (n+1)-th prefill batch: this request's
+        room = pd.prefill.wait_for(rf"(?s)(?:Prefill batch.*?){{{n}}}Prefill batch. #new-seq: 1, #new-token: (\d+)", 30)
+        assert int(room.group(1)) > 3000, stream
+        assert "Prefill batch" not in pd.decode.text(), stream
 
 
 @needs_routers

@@ -33,13 +33,21 @@ FAULTS: dict[str, Expect] = {
                 r"--enable-prompt-tokens-details"}},
     "wrong_cache_state": {"prefix-cache": {"*": r"a cache hit changed the answer: token \d+ is .* on the hit"}},
     "short_context:2600": {"long": {"*": r"rank 0 serves max_model_len 2,600 < serving.context_length"}},
-    "slow_decode": {"effort": {"*": r"cold: far below the prediction for this shape .*the decode step runs at "
-                                    r"\d+% of its predicted speed"}},
+    "slow_decode": {"effort": {"*": r"cold: far below the prediction for this shape \(validate.min_share_of_prediction "
+                                    r"0.2, band derived ±10%: below 20% fails\): the decode step runs at \d+% of its "
+                                    r"predicted speed: mean TPOT [\d.]+ ms against [\d.]+ ms predicted \(the decode "
+                                    r"step, bound by HBM reads\); output [\d,]+ tok/s against [\d,]+ predicted"}},
     # the linear-attention state lost: fluent answers, facts gone (prefix-cache passes: the hit loses what its
     # cold resend loses, token for token: not the cache's doing)
     "kda_state_zeroed": {"long": {"*": r"^facts lost at 10%, 50%, 90% \(retrieved at none\)"}},
     "kda_state_lost_beyond:1000": {"long": {"*": r"^facts lost at 10%, 50% \(retrieved at 90%\)"}},
 }
+# A missing parser is caught both ways (streamed and not), and the answer's raw markers are shown.
+PARSER_MARKERS = {"no_reasoning_parser": "<|open|>think", "no_tool_parser": "<|tool_calls_section_begin|>"}
+SAID = {("no_reasoning_parser", "sglang"): "no reasoning in `reasoning_content`: the reasoning parser did not split it",
+        ("no_reasoning_parser", "vllm"): "no reasoning in `reasoning`: the reasoning parser did not split it off",
+        ("no_tool_parser", "sglang"): "no structured tool_calls: the tool-call parser did not run",
+        ("no_tool_parser", "vllm"): "no structured tool_calls: the tool-call parser did not run"}
 # One launch per group: its faults fail different stages.
 GROUPS = (("no_reasoning_parser", "no_prefix_cache", "kda_state_zeroed"),
           ("no_tool_parser", "no_cache_report", "short_context:2600"),
@@ -76,3 +84,10 @@ def test_each_fault_fails_exactly_its_stage_on_both_dialects(tmp_path: Path, che
         pattern = patterns.get(mimic, patterns.get("*"))
         told = stages[stage]["detail"] + "\n" + (stages[stage].get("evidence") or "")
         assert pattern is not None and re.search(pattern, told, re.MULTILINE), told
+    for fault in set(group) & set(PARSER_MARKERS):
+        short = stages["short"]["evidence"]
+        assert "raw markers in content (" in short and PARSER_MARKERS[fault] in short, short
+        for way in ("streamed", "not streamed"):
+            assert f"({way}): {SAID[fault, mimic]}" in short, short
+    if "slow_decode" in group:
+        assert stages["effort"]["results"]["share_of_predicted"]["decode"] < 0.2
