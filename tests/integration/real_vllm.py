@@ -3,6 +3,7 @@ one engine per host, the CLI with that catalog, and what runs on a host (to kill
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import yaml
 
 from tests.integration.sim_deployments import ROOT, SimDeployments, cli
 from tests.polling import wait_for
+from tests.realengine.server import inductor_env
 from tests.rig import HostRig
 
 CATALOG = ROOT / "tests" / "assets" / "catalog"
@@ -28,6 +30,12 @@ class Proc:
     pid: int
     ppid: int
     args: str
+
+
+def dist_files(tmp: Path = Path("/tmp")) -> set[str]:
+    """vLLM's file-store rendezvous files in a temp dir (network_utils.get_file_store_init_method: one per
+    engine start, removed by a clean stop, left by a killed engine)."""
+    return {p.name for p in tmp.glob("vllm_dist_*")}
 
 
 def host_procs(rig: HostRig, host: str) -> list[Proc]:
@@ -66,6 +74,11 @@ class RealVllm(SimDeployments):
                  launch: Mapping[str, Any], env: Mapping[str, str] | None = None, *, cache_root: Path) -> None:
         super().__init__(rig, checkpoints["llama"], tmp, launch, env)
         self.vllm, self.checkpoints, self.cache_root = vllm, checkpoints, cache_root
+        # The engines' TMPDIR (the hosts share this machine's file system): vLLM's file-store rendezvous
+        # (vllm_dist_<uuid>) lands here, not in /tmp, where every killed engine left one; removed by cleanup.
+        self.engine_tmp = tmp / "engine-tmp"
+        self.engine_tmp.mkdir()
+        self.dist_before = dist_files()
 
     def real_topology(self, name: str, model: str = "llama", *, tp: int = 2, dp: int = 1, hosts: int = 2,
                       args: dict[str, Any] | None = None, validate: dict[str, Any] | None = None,
@@ -82,7 +95,8 @@ class RealVllm(SimDeployments):
                        # KV cache by size, not a share of host RAM; no CPU pinning (2 shared cores); the run's
                        # cache root, as a user's ~/.cache/vllm (tests/conftest.py vllm_cache_root)
                        "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                               "VLLM_CACHE_ROOT": str(self.cache_root)}},
+                               "VLLM_CACHE_ROOT": str(self.cache_root), **inductor_env(self.cache_root),
+                               "TMPDIR": str(self.engine_tmp)}},
             "parallel": {"tp": tp, "dp": dp},
             "serving": {"context_length": 2048, "max_running_requests": 4},
             "launch": {"port": 29500, "ready_timeout_s": READY_TIMEOUT_S, "stop_grace_s": 5,
@@ -114,6 +128,16 @@ class RealVllm(SimDeployments):
         """Every process on a host but its sshd (closed SSH sessions and stopping engines get a moment)."""
         wait_for(lambda: not any(host_procs(self.rig, h.name) for h in self.rig.hosts), 20.0)
         return {h.name: [f"{p.pid} {p.args[:80]}" for p in host_procs(self.rig, h.name)] for h in self.rig.hosts}
+
+    def cleanup(self) -> list[str]:
+        """SimDeployments.cleanup, then: no vLLM rendezvous file left in /tmp by this test's engines (their
+        TMPDIR is engine_tmp, removed here with what killed engines left in it)."""
+        problems = super().cleanup()
+        leaked = sorted(dist_files() - self.dist_before)
+        if leaked:
+            problems.append(f"vLLM rendezvous files left in /tmp (an engine without the topology's TMPDIR): {leaked}")
+        shutil.rmtree(self.engine_tmp, ignore_errors=True)
+        return problems
 
     def remove(self, left: dict[str, list[str]]) -> None:
         for h in self.rig.hosts:

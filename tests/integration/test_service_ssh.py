@@ -177,10 +177,12 @@ def test_launch_checks_the_router_machine_over_ssh_before_any_replica(
 
 
 class Stream:
-    """A steady client through the router and a /workers poll every 0.5 s, until stopped."""
+    """A steady client through the router (pause_s between its requests) and a /workers poll every 0.5 s,
+    until stopped."""
 
-    def __init__(self, port: int, model: str = "kimi-k3-tiny") -> None:
+    def __init__(self, port: int, model: str = "kimi-k3-tiny", pause_s: float = 0.0) -> None:
         self.port, self.model, self.ok, self.failed, self.fewest = port, model, 0, [], 99  # type: ignore[var-annotated]
+        self.pause_s = pause_s
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._client), threading.Thread(target=self._poll)]
         for t in self.threads:
@@ -197,6 +199,7 @@ class Stream:
                     self.failed.append(f"HTTP {r.status_code}: {r.text[:200]}")
             except httpx.HTTPError as exc:
                 self.failed.append(repr(exc))
+            self.stop.wait(self.pause_s)
 
     def _poll(self) -> None:
         while not self.stop.wait(0.5):

@@ -25,6 +25,15 @@ READY_TIMEOUT_S = 900.0  # 30-80 s alone; a loaded 2-core machine is several tim
 STOP_GRACE_S = 30.0
 
 
+def inductor_env(cache_root: Path) -> dict[str, str]:
+    """torch inductor's cache in the run's cache root. At TP > 1 every worker torch.compile's vLLM's vocab
+    masking (vocab_parallel_embedding.py get_masked_input_and_mask, inductor, even with --enforce-eager); its
+    cache defaults to $TMPDIR/torchinductor_$USER, which was a start's own scratch dir: every worker of every
+    start built it again with gcc (measured: 42 s cold, 10 s warm on the loaded machine), where a user's cache
+    is built once."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_root / "torchinductor")}
+
+
 class EngineFailed(RuntimeError):
     """The engine exited or never answered; the message ends with its log."""
 
@@ -61,7 +70,10 @@ def spawn_vllm(argv: Sequence[str], env: Mapping[str, str] | None = None, cache_
     # Short: a unix socket path is at most 107 bytes, and vLLM adds "/" + a 36-character uuid4.
     scratch = Path(tempfile.mkdtemp(prefix="k3rt-", dir="/tmp"))
     (scratch / "ipc").mkdir()
-    full_env = {**os.environ, **CPU_ENV, "VLLM_CACHE_ROOT": str(cache_root or scratch / "cache"),
+    cache = cache_root or scratch / "cache"
+    # TMPDIR: vLLM's file-store rendezvous (/tmp/vllm_dist_<uuid>, left behind by a killed engine) lands in the
+    # scratch dir, removed at the stop; the inductor cache is not there but in the cache root (inductor_env).
+    full_env = {**os.environ, **CPU_ENV, "VLLM_CACHE_ROOT": str(cache), **inductor_env(cache),
                 "VLLM_RPC_BASE_PATH": str(scratch / "ipc"), "TMPDIR": str(scratch), **(env or {})}
     log_path = scratch / "engine.log"
     with log_path.open("wb") as log:
