@@ -5,7 +5,6 @@ from typing import Any
 
 from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import Term
-from k3deploy.planning.plain_table import SimpleTable
 from k3deploy.planning.prediction import Prediction
 
 
@@ -48,13 +47,14 @@ def _span(band: Band | None, x: float, unit: str) -> str:
 
 
 def prediction_renderable(p: Prediction) -> Any:
-    """Headline figures with their bounds, then every term of the decode step and the prefill (the tables
-    drawn by `plain_table` when the output is plain: rich's own layout of them was most of `plan --workload`)."""
+    """Headline figures with their bounds, then every term of the decode step and the prefill."""
     from rich.console import Group
     from rich.text import Text
 
+    from k3deploy.planning.report_tables import simple_table
+
     w = p.workload
-    head = SimpleTable(
+    head = simple_table(
         f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency {w.concurrency} "
         f"(effort {w.effort}; {p.gpus} GPUs)",
         (("figure", "left"), ("value", "right"), ("band", "right"), ("bound by", "left")),
@@ -70,8 +70,8 @@ def prediction_renderable(p: Prediction) -> Any:
     for title, terms in (("TPOT", p.tpot_terms), ("TTFT", p.ttft_terms),
                          (f"decode step at batch {p.running} (per GPU)", p.decode.terms),
                          (f"prefill of {w.input_tokens:,} tokens (per GPU, one stage)", p.prefill.terms)):
-        parts.append(SimpleTable(title, (("term", "left"), ("ms", "right"), ("how", "left")),
-                                 tuple((t.name, _ms(t.seconds), t.how) for t in terms)))
+        parts.append(simple_table(title, (("term", "left"), ("ms", "right"), ("how", "left")),
+                                  [(t.name, _ms(t.seconds), t.how) for t in terms]))
     parts.append(Text("decode step = max(HBM reads, compute) + collectives + per-layer overhead; factors from "
                       "the catalog's `performance` entry for this engine", style="dim"))
     return Group(*parts)
