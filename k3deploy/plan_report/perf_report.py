@@ -1,40 +1,14 @@
-"""The prediction as `plan --workload` shows it: a table explained term by term, and the JSON object."""
+"""The prediction as `plan --workload` shows it: a table explained term by term."""
 from __future__ import annotations
 
 from typing import Any
 
 from k3deploy.planning.perf_band import Band
-from k3deploy.planning.perf_model import Term
 from k3deploy.planning.prediction import Prediction
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.2f}"
-
-
-def prediction_json(p: Prediction) -> dict[str, Any]:
-    """`vllm bench serve` result fields, plus the terms behind them (milliseconds) and each figure's bound."""
-    def terms(ts: tuple[Term, ...]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "ms": t.seconds * 1000, "how": t.how} for t in ts]
-
-    return {
-        **p.bench_fields(),
-        "workload": p.workload.model_dump(), "running_requests": p.running, "capped_by": p.capped_by,
-        "gpus": p.gpus,
-        "bounds": {"ttft": p.bound("ttft"), "tpot": p.bound("tpot"), "itl": p.bound("tpot"),
-                   "output_throughput": p.bound("tpot")},
-        "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
-        "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
-        "band": band_json(p.band, p.tpot_s, p.output_throughput),
-    }
-
-
-def band_json(band: Band | None, tpot_s: float, output_throughput: float) -> dict[str, Any] | None:
-    """The band's kind, width and why, and the TPOT (ms) and output tok/s ranges it spans."""
-    if band is None:
-        return None
-    return {**band.model_dump(), "mean_tpot_ms": [band.low(tpot_s) * 1000, band.high(tpot_s) * 1000],
-            "output_throughput": [band.low(output_throughput), band.high(output_throughput)]}
 
 
 def band_line(band: Band | None) -> str:
@@ -51,7 +25,7 @@ def prediction_renderable(p: Prediction) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    from k3deploy.planning.report_tables import simple_table
+    from k3deploy.plan_report.report_tables import simple_table
 
     w = p.workload
     head = simple_table(
