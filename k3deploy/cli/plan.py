@@ -67,7 +67,7 @@ def plan(
         docs = [plan_json(r.plan) if r.plan and not r.load_issues else invalid_json(r.file, list(r.issues))
                 for r in results]
         if load is not None:
-            from k3deploy.planning.perf_report import prediction_json
+            from k3deploy.planning.prediction import prediction_json
 
             for doc, p in zip(docs, predictions):
                 doc["prediction"] = prediction_json(p) if p is not None else None
@@ -124,7 +124,7 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
 def _show(results: "list[FileResult]", predictions: "list[Prediction | None]", asked: bool) -> None:
     from rich.text import Text
 
-    from k3deploy.planning.report import issue_lines, plan_renderable
+    from k3deploy.plan_report.report import issue_lines, plan_renderable
 
     console = _console()
     for r, p in zip(results, predictions):
@@ -134,7 +134,7 @@ def _show(results: "list[FileResult]", predictions: "list[Prediction | None]", a
         else:
             console.print(plan_renderable(r.plan))
             if p is not None:
-                from k3deploy.planning.perf_report import prediction_renderable
+                from k3deploy.plan_report.perf_report import prediction_renderable
 
                 console.print(prediction_renderable(p))
             elif asked:
@@ -178,7 +178,7 @@ def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: in
 
         print(json.dumps(search_json(hardware, gpus, engine, rows, model), indent=2))
     else:
-        from k3deploy.planning.report import search_table
+        from k3deploy.plan_report.report import search_table
 
         _console().print(search_table(hardware, gpus, engine, rows, model))
 
@@ -205,6 +205,6 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
                           "objective": objective, "tpot_max_ms": tpot_max, "speculation": speculation, "why": why,
                           "shapes": [r.model_dump() for r in rows]}, indent=2))
     else:
-        from k3deploy.planning.ranking_report import ranked_table
+        from k3deploy.plan_report.ranking_report import ranked_table
 
         _console().print(ranked_table(hardware, gpus, engine, load, objective, rows, why))

@@ -13,9 +13,9 @@ from k3deploy.errors import K3Error
 from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
+from k3deploy.launch.allocation import StartFn, allocation_of
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
-from k3deploy.launch.slurm_watch import end_slurm_job
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.records.deployment import Deployment, Failure
 from k3deploy.records.status import Status
@@ -64,13 +64,10 @@ def record_started(store: StateStore, name: str) -> Callable[[NodeJob, ProcessHa
     return write
 
 
-StartFn = Callable[[Gang, Callable[[NodeJob, ProcessHandle], None]], None]
-
-
 def bring_up(gang: Gang, store: StateStore, ready_timeout_s: float, interrupt: threading.Event | None = None,
              *, last_try: bool = True, before_start: Callable[[Gang], None] | None = None,
              start: StartFn | None = None) -> Deployment:
-    """Connect, run `before_start` (launch's preflight), start (head first; `start`: a Slurm job's go),
+    """Connect, run `before_start` (launch's preflight), start (head first; `start`: the allocation's own),
     wait for readiness; on any failure or interrupt stop every node that was started, record the cause and
     re-raise. After the last try the owner lets go in the same write."""
     name = gang.name
@@ -125,9 +122,9 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     dep = store.require(gang.name)
     gang.final_logs.clear()
     outcome = gang.stop(dep.stop_grace_s, log_lines=LOCAL_LOG_LINES)
-    if dep.slurm_job is not None:  # after every node is stopped and read (steps run only while the job does)
-        failure, gone = end_slurm_job(dep.slurm_job, failure)
-        outcome = {rank: "stopped" for rank in outcome} if gone else outcome  # Slurm ended what was left
+    # After every node is stopped and read (a job's steps run only while the job does).
+    failure, gone = allocation_of(dep).release(failure)
+    outcome = {rank: "stopped" for rank in outcome} if gone else outcome  # the allocation ended what was left
     try:
         save_local_logs(gang, store)
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped

@@ -13,12 +13,11 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import LaunchError, StateError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
-from k3deploy.launch import slurm_launch
-from k3deploy.launch.bringup import StartFn, bring_up, fleet_of, open_gang, teardown
+from k3deploy.launch.allocation import allocation_for, allocation_of
+from k3deploy.launch.bringup import bring_up, fleet_of, open_gang, teardown
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, new_run_id
 from k3deploy.launch.preflight_gate import preflight_gate
-from k3deploy.launch.slurm_watch import end_slurm_job
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Attempt, Deployment, Failure, NodeState
@@ -52,15 +51,13 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     """Preflight (unless skipped), bring the deployment up and hand it to a supervisor (background), or
     return with this process as its owner (the caller supervises in the foreground)."""
     name = plan.topology.name
+    allocation = allocation_for(jobs)
+    allocation.check(plan)
     fleet = fleet_of(jobs, factory)  # an executor kind that cannot work here fails before any record
-    in_job = all(j.target.capabilities.runs_in_job for j in jobs)
-    if in_job:
-        slurm_launch.require_no_restarts(plan)
     head = min(jobs, key=lambda j: j.rank)
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, head.ready.url)
     gang = Gang(name, jobs, fleet, on_event, probe_from=probe_from)
     ready = False
-    start: StartFn | None = None
     try:
         with store.lock(name):
             old = store.load(name)
@@ -69,16 +66,17 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
                                  hint=f"stop it first: k3deploy stop {name}")
             record = new_record(plan, jobs, Identity.me("launch"), probe_from)
             store.save(record.model_copy(update={"preflight": "skipped"}) if skip_preflight else record)
-        if in_job:  # the job's nodes become the deployment's; its tasks wait for their go (preflight first)
-            run_id = new_run_id()
-            jobs = slurm_launch.allocate(plan, jobs, store, run_id, preflight_catalog or load_catalog(), factory, on_event)
+        run_id = new_run_id()
+        placed = allocation.allocate(plan, jobs, store, run_id, preflight_catalog or load_catalog(), factory, on_event)
+        if placed != tuple(jobs):  # the nodes the allocation gave are reached (and asked for readiness) there
+            jobs = placed
             gang.close()
             gang = Gang(name, jobs, fleet_of(jobs, factory), on_event, probe_from=choose_probe_from(
                 plan.topology.launch.readiness_probe, jobs[0].ready.url))
             store.update(name, lambda d: d.model_copy(update={"probe_from": gang.probe_from}))
-            start = slurm_launch.starter(name, run_id)
         gate = None if skip_preflight else preflight_gate(plan, preflight_catalog or load_catalog(), jobs, store)
-        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate, start=start)
+        bring_up(gang, store, plan.topology.launch.ready_timeout_s, before_start=gate,
+                 start=allocation.starter(name, run_id))
         ready = True
     finally:
         try:
@@ -161,6 +159,6 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
             outcome |= teardown(gang, store, None, status=final_status, release_owner=True)
         finally:
             gang.close()
-    elif dep.slurm_job is not None:
-        end_slurm_job(dep.slurm_job, None)  # idempotent: a job the supervisor already cancelled is fine
+    else:
+        allocation_of(dep).release(None)  # idempotent: nodes the supervisor already gave back are fine
     return store.require(name), outcome

@@ -25,7 +25,7 @@ def ipc_dir(tag: str) -> str:
 def with_ipc_dir(command: str, tag: str) -> str:
     """The node's shell text, run with its own IPC directory (a user's engine.env export still wins), which
     this shell removes once the engine has ended, whoever ended it: a crash, a kill of the engine alone, a
-    SIGTERM to the group (Slurm's scancel or time limit, the Ray agent's watchdog) that this shell waits
+    SIGTERM to the group (a scheduler's cancel or time limit, the Ray agent's watchdog) that this shell waits
     through. Only a SIGKILL of this shell too leaves the directory, to `stop` (node_stop)."""
     d = shlex.quote(ipc_dir(tag))
     # The engine runs in a subshell (its `exec` replaces that, not this shell); a trapped signal is acted on

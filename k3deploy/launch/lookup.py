@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 from k3deploy.errors import InputError
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.http import NodeHttp, serving
+from k3deploy.launch.allocation import allocation_of
 from k3deploy.launch.bringup import open_gang
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.records.deployment import Attempt, Deployment, Failure
@@ -90,16 +91,12 @@ def status(store: StateStore, name: str, factory: ExecutorFactory) -> StatusRepo
     supervised = owner is not None and owner.role in ("supervisor", "attach") and owner.alive()
     uptime = time.time() - dep.attempts[-1].ready_at if dep.attempts and dep.attempts[-1].ready_at \
         and dep.status == "ready" else None
-    slurm = ""
-    if dep.slurm_job is not None:
-        from k3deploy.executors.slurm_jobs import SlurmClient, job_summary
-
-        slurm = job_summary(SlurmClient(dep.slurm_job.slurm_conf), dep.slurm_job.job_id, dep.slurm_job.nodes)
     return StatusReport(
         name=dep.name, status=dep.status, file=dep.file, plan_digest=dep.plan_digest, executor=dep.executor,
         url=dep.url, ready=ready, ready_detail=why, probe_from=probe_from, supervised=supervised,
         supervisor_pid=owner.pid if owner else None,
-        uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts, slurm=slurm,
+        uptime_s=uptime, nodes=tuple(nodes), failure=dep.failure, attempts=dep.attempts,
+        slurm=allocation_of(dep).summary(),
     )  # fmt: skip
 
 

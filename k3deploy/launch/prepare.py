@@ -55,18 +55,17 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
 
 
 def held_nodes(prep: Prepared) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
-    """The nodes `preflight` probes: the topology's, or a Slurm job's held for the probes (never started)."""
+    """The nodes `preflight` probes, as their allocation holds them for the probes (nothing started)."""
     return held(prep.plan, prep.jobs, prep.catalog)
 
 
 def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
-    """One deployment's (or a service instance's) nodes for preflight's probes: as they are, or a Slurm job's
-    held for them (never started)."""
-    if not all(j.target.capabilities.runs_in_job for j in jobs):
-        return contextlib.nullcontext(tuple(jobs))
-    from k3deploy.launch.slurm_launch import held_allocation
+    """One deployment's (or a service instance's) nodes for preflight's probes, as their allocation holds them
+    (nothing started on them)."""
+    from k3deploy.executors.factory import open_executor
+    from k3deploy.launch.allocation import allocation_for
     from k3deploy.records.store import StateStore, default_state_dir
 
     t = plan.topology
     out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
-    return held_allocation(plan, jobs, catalog, out)
+    return allocation_for(jobs).held(plan, jobs, catalog, out, open_executor)

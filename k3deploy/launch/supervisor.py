@@ -16,12 +16,12 @@ from pathlib import Path
 
 from k3deploy.errors import ExecError, K3Error
 from k3deploy.executors.factory import ExecutorFactory, open_executor
+from k3deploy.launch.allocation import Allocation, StaticHosts, allocation_of
 from k3deploy.launch.bringup import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
-from k3deploy.launch.slurm_watch import node_failure, slurm_explained
 from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
-from k3deploy.records.deployment import Attempt, Deployment, Failure, SlurmJob
+from k3deploy.records.deployment import Attempt, Deployment, Failure
 from k3deploy.records.owner import Identity
 from k3deploy.records.store import StateStore
 
@@ -46,12 +46,12 @@ class Supervisor:
         self.stop_event = stop_event or threading.Event()
         self.poll_s = poll_s
         self.gang: Gang | None = None
-        self.slurm_job: SlurmJob | None = None
+        self.allocation: Allocation = StaticHosts()
 
     def run(self) -> Deployment:
         """Supervise; returns the final record (status ready when asked to stop, failed when gave up)."""
         dep = self.store.require(self.name)
-        self.slurm_job = dep.slurm_job
+        self.allocation = allocation_of(dep)
         self.gang = open_gang(dep, self.factory, self.emit)
         try:
             self._watch(self.gang)
@@ -111,13 +111,11 @@ class Supervisor:
             lost = [p for p in probes if p.alive is None and misses[p.job.rank] >= UNREACHABLE_POLLS]
             if failure is None and lost:
                 failure = gang.first_failure(lost)
-            if failure is None and self.slurm_job is not None:  # a node drained or down keeps its engine running
-                failure = node_failure(self.slurm_job, gang.jobs)
+            if failure is None:  # a node the allocation lost (drained, down) keeps its engine running
+                failure = self.allocation.node_failure(gang.jobs)
             if failure is None:
                 continue
-            failure = gang.explain(failure)
-            if self.slurm_job is not None:
-                failure = slurm_explained(self.slurm_job, failure, gang.jobs)
+            failure = self.allocation.explain(gang.explain(failure), gang.jobs)
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
             dep = self.store.require(self.name)
             budget_left = len(dep.attempts) - 1 < dep.restart_max

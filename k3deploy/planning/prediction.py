@@ -180,3 +180,28 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
     pin = perf_inputs_for(t, catalog, model, hw, shape, family)
     return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
+
+
+def prediction_json(p: Prediction) -> dict[str, Any]:
+    """`vllm bench serve` result fields, plus the terms behind them (milliseconds) and each figure's bound."""
+    def terms(ts: tuple[Term, ...]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "ms": t.seconds * 1000, "how": t.how} for t in ts]
+
+    return {
+        **p.bench_fields(),
+        "workload": p.workload.model_dump(), "running_requests": p.running, "capped_by": p.capped_by,
+        "gpus": p.gpus,
+        "bounds": {"ttft": p.bound("ttft"), "tpot": p.bound("tpot"), "itl": p.bound("tpot"),
+                   "output_throughput": p.bound("tpot")},
+        "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
+        "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
+        "band": band_json(p.band, p.tpot_s, p.output_throughput),
+    }
+
+
+def band_json(band: Band | None, tpot_s: float, output_throughput: float) -> dict[str, Any] | None:
+    """The band's kind, width and why, and the TPOT (ms) and output tok/s ranges it spans."""
+    if band is None:
+        return None
+    return {**band.model_dump(), "mean_tpot_ms": [band.low(tpot_s) * 1000, band.high(tpot_s) * 1000],
+            "output_throughput": [band.low(output_throughput), band.high(output_throughput)]}

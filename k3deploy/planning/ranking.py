@@ -31,7 +31,7 @@ class RankedShape(NamedTuple):
 
     def model_dump(self) -> dict[str, Any]:
         """One `plan --search --workload --json` shape."""
-        from k3deploy.planning.perf_report import prediction_json
+        from k3deploy.planning.prediction import prediction_json
 
         s = self.candidate.shape
         return {"tp": s.tp, "ep": s.ep, "dp": s.dp, "pp": s.pp, "dcp": s.dcp, "attn_tp": s.attn_tp,

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.plan_report.report import plan_renderable, search_table
 from k3deploy.planning.files import plan_path
-from k3deploy.planning.report import plan_renderable, search_table
 from k3deploy.planning.search import search_shapes
 from tests.k3deploy_cli import run_k3deploy
 

@@ -13,8 +13,9 @@ from k3deploy.catalog.loader import load_catalog
 from k3deploy.cli.common import exec_overrides
 from k3deploy.errors import ExecError, InputError, MissingDependency
 from k3deploy.executors.slurm_jobs import JobInfo, SlurmClient, bad_node, duration_s, parse_fields
-from k3deploy.launch import slurm_launch
-from k3deploy.launch.slurm_watch import slurm_explained
+from k3deploy.launch import slurm_allocation
+from k3deploy.launch.allocation import StaticHosts, allocation_for, allocation_of
+from k3deploy.launch.slurm_allocation import SlurmAllocation
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Failure, SlurmJob
@@ -57,7 +58,7 @@ def test_scontrol_fields_and_durations() -> None:
 def test_the_launch_job_text_waits_for_each_go_tags_each_engine_and_holds_the_allocation(tmp_path: Path) -> None:
     plan = _plan()
     jobs = jobs_for(plan)
-    wrap = slurm_launch.task_wrap(jobs, "t", "run1")
+    wrap = slurm_allocation.task_wrap(jobs, "t", "run1")
     from k3deploy.engines.slurm_job import job_text
 
     text = job_text(plan.render_inputs(), None, gpus=True, wrap=wrap, hold=True)
@@ -66,7 +67,7 @@ def test_the_launch_job_text_waits_for_each_go_tags_each_engine_and_holds_the_al
     assert subprocess.run(["sh", "-n", str(script)], check=False, capture_output=True).returncode == 0
     for job in jobs:
         tag = job.tag("t", "run1")
-        assert slurm_launch.go_file(tag) in text and f"K3DEPLOY_RUN={tag}" in text and job.log_path in text
+        assert slurm_allocation.go_file(tag) in text and f"K3DEPLOY_RUN={tag}" in text and job.log_path in text
     assert text.rstrip().endswith("while :; do sleep 3600; done")
     # The export (no launch to cancel it) ends with its engines.
     exported = job_text(plan.render_inputs(), None, gpus=True)
@@ -74,8 +75,26 @@ def test_the_launch_job_text_waits_for_each_go_tags_each_engine_and_holds_the_al
 
 
 def test_a_restart_budget_is_refused_for_slurm() -> None:
+    plan = _plan(restart={"max": 2})
     with pytest.raises(InputError, match="launch.restart.max"):
-        slurm_launch.require_no_restarts(_plan(restart={"max": 2}))
+        allocation_for(jobs_for(plan)).check(plan)
+
+
+def test_the_allocation_is_chosen_by_the_executors_capabilities_and_read_back_from_the_record() -> None:
+    slurm = jobs_for(_plan())
+    static = jobs_for(plan_of(topology_dict()))
+    assert isinstance(allocation_for(slurm), SlurmAllocation) and isinstance(allocation_for(static), StaticHosts)
+    StaticHosts().check(_plan(restart={"max": 2}))  # static hosts restart in place
+    from k3deploy.launch.deploy import new_record
+    from k3deploy.records.owner import Identity
+
+    plan = _plan()
+    record = new_record(plan, slurm, Identity.me("launch"))
+    assert isinstance(allocation_of(record), StaticHosts)  # not submitted yet: nothing to release
+    held = allocation_of(record.model_copy(update={"slurm_job": SlurmJob(job_id=7)}))
+    assert held == SlurmAllocation(SlurmJob(job_id=7))
+    seen = Failure(rank=0, host="n1", cause="gone")
+    assert StaticHosts().release(seen) == (seen, False) and StaticHosts().explain(seen, slurm) is seen
 
 
 def test_executor_slurm_is_a_command_line_choice() -> None:
@@ -99,7 +118,7 @@ def test_an_unknown_partition_is_a_host_error_with_the_fix(tmp_path: Path, monke
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     plan = _plan(slurm={"partition": "nope"})
     with pytest.raises(ExecError) as info:
-        slurm_launch.submit(plan, jobs_for(plan), tmp_path / "out", "r1", load_catalog())
+        slurm_allocation.submit(plan, jobs_for(plan), tmp_path / "out", "r1", load_catalog())
     assert info.value.exit_code == 3 and "Invalid partition name" in str(info.value)
     assert "launch.slurm.partition" in str(info.value.hint)
 
@@ -108,7 +127,7 @@ def test_sbatch_gets_the_job_text_and_the_job_id_comes_back(tmp_path: Path, monk
     _fake(tmp_path, "sbatch", f'printf "%s\\n" "$@" > {tmp_path}/args\ncat > {tmp_path}/script\necho "42;rig"\n')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     plan = _plan()
-    job = slurm_launch.submit(plan, jobs_for(plan), tmp_path / "out", "r1", load_catalog())
+    job = slurm_allocation.submit(plan, jobs_for(plan), tmp_path / "out", "r1", load_catalog())
     assert job.job_id == 42 and job.batch_log == f"{tmp_path}/out/slurm-42.out"
     assert (tmp_path / "args").read_text().split() == ["--parsable", f"--output={tmp_path}/out/slurm-%j.out",
                                                        "--chdir=/"]
@@ -131,5 +150,5 @@ def test_the_batch_output_names_what_slurm_did_and_to_which_node(tmp_path: Path,
     plan = _plan()
     jobs = [j.model_copy(update={"host": f"n{j.rank + 1}"}) for j in jobs_for(plan)]
     seen = Failure(rank=0, host="n1", cause="its process is gone (killed; no exit status was recorded)")
-    got = slurm_explained(SlurmJob(job_id=5, batch_log=str(log)), seen, jobs)
+    got = SlurmAllocation(SlurmJob(job_id=5, batch_log=str(log))).explain(seen, jobs)
     assert (got.rank, got.host) == (rank, f"n{rank + 1}") and says in got.cause, got

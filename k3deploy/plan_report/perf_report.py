@@ -1,41 +1,14 @@
-"""The prediction as `plan --workload` shows it: a table explained term by term, and the JSON object."""
+"""The prediction as `plan --workload` shows it: a table explained term by term."""
 from __future__ import annotations
 
 from typing import Any
 
 from k3deploy.planning.perf_band import Band
-from k3deploy.planning.perf_model import Term
-from k3deploy.planning.plain_table import SimpleTable
 from k3deploy.planning.prediction import Prediction
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.2f}"
-
-
-def prediction_json(p: Prediction) -> dict[str, Any]:
-    """`vllm bench serve` result fields, plus the terms behind them (milliseconds) and each figure's bound."""
-    def terms(ts: tuple[Term, ...]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "ms": t.seconds * 1000, "how": t.how} for t in ts]
-
-    return {
-        **p.bench_fields(),
-        "workload": p.workload.model_dump(), "running_requests": p.running, "capped_by": p.capped_by,
-        "gpus": p.gpus,
-        "bounds": {"ttft": p.bound("ttft"), "tpot": p.bound("tpot"), "itl": p.bound("tpot"),
-                   "output_throughput": p.bound("tpot")},
-        "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
-        "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
-        "band": band_json(p.band, p.tpot_s, p.output_throughput),
-    }
-
-
-def band_json(band: Band | None, tpot_s: float, output_throughput: float) -> dict[str, Any] | None:
-    """The band's kind, width and why, and the TPOT (ms) and output tok/s ranges it spans."""
-    if band is None:
-        return None
-    return {**band.model_dump(), "mean_tpot_ms": [band.low(tpot_s) * 1000, band.high(tpot_s) * 1000],
-            "output_throughput": [band.low(output_throughput), band.high(output_throughput)]}
 
 
 def band_line(band: Band | None) -> str:
@@ -48,13 +21,14 @@ def _span(band: Band | None, x: float, unit: str) -> str:
 
 
 def prediction_renderable(p: Prediction) -> Any:
-    """Headline figures with their bounds, then every term of the decode step and the prefill (the tables
-    drawn by `plain_table` when the output is plain: rich's own layout of them was most of `plan --workload`)."""
+    """Headline figures with their bounds, then every term of the decode step and the prefill."""
     from rich.console import Group
     from rich.text import Text
 
+    from k3deploy.plan_report.report_tables import simple_table
+
     w = p.workload
-    head = SimpleTable(
+    head = simple_table(
         f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency {w.concurrency} "
         f"(effort {w.effort}; {p.gpus} GPUs)",
         (("figure", "left"), ("value", "right"), ("band", "right"), ("bound by", "left")),
@@ -70,8 +44,8 @@ def prediction_renderable(p: Prediction) -> Any:
     for title, terms in (("TPOT", p.tpot_terms), ("TTFT", p.ttft_terms),
                          (f"decode step at batch {p.running} (per GPU)", p.decode.terms),
                          (f"prefill of {w.input_tokens:,} tokens (per GPU, one stage)", p.prefill.terms)):
-        parts.append(SimpleTable(title, (("term", "left"), ("ms", "right"), ("how", "left")),
-                                 tuple((t.name, _ms(t.seconds), t.how) for t in terms)))
+        parts.append(simple_table(title, (("term", "left"), ("ms", "right"), ("how", "left")),
+                                  [(t.name, _ms(t.seconds), t.how) for t in terms]))
     parts.append(Text("decode step = max(HBM reads, compute) + collectives + per-layer overhead; factors from "
                       "the catalog's `performance` entry for this engine", style="dim"))
     return Group(*parts)

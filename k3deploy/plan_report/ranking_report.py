@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.planning.perf_report import band_line
+from k3deploy.plan_report.perf_report import band_line
 from k3deploy.planning.ranking import RankedShape, shape_name
 from k3deploy.planning.workload import Workload
 

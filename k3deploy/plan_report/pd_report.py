@@ -6,8 +6,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from k3deploy.plan_report.report_tables import budget_table, capacity_table, quantity_table
 from k3deploy.planning.plan_model import Plan
-from k3deploy.planning.report_tables import budget_table, capacity_table, quantity_table
 
 # What each role's cache is for: prefill keeps a request's KV and KDA state only until decode has fetched it.
 ROLE_NOTE = {"prefill": "weights, activations and a short-lived cache (held until decode fetches it)",

@@ -10,9 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from k3deploy.diagnostics import Issue
-from k3deploy.planning.pd_report import pd_parts
+from k3deploy.plan_report.pd_report import pd_parts
+from k3deploy.plan_report.report_tables import budget_table, capacity_table, gib_cell, quantity_table
 from k3deploy.planning.plan_model import Plan
-from k3deploy.planning.report_tables import budget_table, capacity_table, gib_cell, quantity_table
 from k3deploy.planning.search import ShapeRow
 
 

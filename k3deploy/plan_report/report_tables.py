@@ -1,10 +1,14 @@
 """The per-GPU memory budget and capacity tables of a plan (the whole plan's, or one role's in PD)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
+from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from k3deploy.planning.arith import GIB
-from k3deploy.planning.plain_table import Cell, SimpleTable, Styled
 from k3deploy.planning.plan_model import Plan
 
 
@@ -21,10 +25,20 @@ def quantity_table(title: str) -> Table:
     return t
 
 
-def budget_table(plan: Plan, role: str = "") -> SimpleTable:
+def simple_table(title: str, columns: Sequence[tuple[str, Literal["left", "right"]]],
+                 rows: Sequence[Sequence[str | Text]]) -> Table:
+    """A left-titled SIMPLE_HEAD table (no edge padding): the shape of every table `plan` prints."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for header, justify in columns:
+        t.add_column(header, justify=justify)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def budget_table(plan: Plan, role: str = "") -> Table:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
-    broken at phrase boundaries so the table reads at 80 columns; plain_table draws it when the output is
-    plain (rich's layout of it was a fifth of `plan`'s own time)."""
+    broken at phrase boundaries so the table reads at 80 columns."""
     m = plan.memory
     assert m is not None
     s = plan.shape
@@ -50,11 +64,11 @@ def budget_table(plan: Plan, role: str = "") -> SimpleTable:
         ("KDA state pool", m.state_pool_bytes, kda),
         ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
-    cells: list[tuple[Cell, ...]] = [(name, Styled(gib_cell(n), "red" if n < 0 else ""), f"{n:,}", "\n".join(how))
-                                     for name, n, how in rows]
-    cells.append((Styled("usable", "bold"), Styled(gib_cell(m.usable_bytes), "bold"), f"{m.usable_bytes:,}", ""))
-    return SimpleTable(f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})",
-                       (("line item", "left"), ("GiB", "right"), ("bytes", "right"), ("how", "left")), tuple(cells))
+    cells: list[tuple[str | Text, ...]] = [(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}",
+                                            "\n".join(how)) for name, n, how in rows]
+    cells.append((Text("usable", style="bold"), Text(gib_cell(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", ""))
+    return simple_table(f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})",
+                        (("line item", "left"), ("GiB", "right"), ("bytes", "right"), ("how", "left")), cells)
 
 
 def capacity_table(plan: Plan, role: str = "") -> Table:
