@@ -27,6 +27,8 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
         "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
         "band": band_json(p.band, p.tpot_s, p.output_throughput),
+        # Only a calibrated prediction carries the key: an uncalibrated document is as it always was.
+        **({"calibration": p.calibration.as_json()} if p.calibration is not None else {}),
     }
 
 
