@@ -53,17 +53,18 @@ def _print(doc: dict[str, Any]) -> None:
 
     cal, fit = doc["calibration"], doc["fit"]
     table = Table(title=f"{doc['deployment']}: each effort run, predicted before and after calibration",
-                  title_justify="left")
+                  title_justify="left", caption="run: concurrency, prompt / answer tokens; * a fitted figure",
+                  caption_justify="left")
     for col in ("run", "figure", "measured", "before", "error", "after", "error "):
         table.add_column(col, justify="left" if col in ("run", "figure") else "right")
     for run in doc["runs"]:
         w = run["workload"]
-        label = f"{w['input_tokens']:,} in / {w['output_tokens']:,} out, concurrency {w['concurrency']}"
+        label = f"c{w['concurrency']} {w['input_tokens']:,} / {w['output_tokens']:,}"
         for key, (figure, unit) in NAMES.items():
             if key not in run["before"]:
                 continue
             b, a = run["before"][key], run["after"][key]
-            fitted = " (fitted)" if figure.lower() in run["fitted"] else ""
+            fitted = "*" if figure.lower() in run["fitted"] else ""
             table.add_row(label, figure + fitted, f"{run['measured'][key]:,.1f} {unit}", f"{b['predicted']:,.1f}",
                           f"{b['error']:+.0%}", f"{a['predicted']:,.1f}", f"{a['error']:+.0%}")
             label = ""

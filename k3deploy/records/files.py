@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 from k3deploy.errors import StateError
@@ -20,6 +19,8 @@ def default_state_dir() -> Path:
 def write_atomic(target: Path, text: str) -> None:
     """Write `text` to `target` atomically (its directory made 0700 if missing); the old file stays whole on
     failure, and the StateError names the file."""
+    import tempfile  # here, not at the top: `plan` reads records through this module and never writes one
+
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=target.parent)

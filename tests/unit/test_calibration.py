@@ -81,3 +81,37 @@ def test_plan_applies_the_calibration_of_its_topologys_name_and_only_then(tmp_pa
     assert got["mean_tpot_ms"] == pytest.approx(2 * plain["mean_tpot_ms"])
     assert got["band"]["kind"] == "calibrated" and got["band"]["rel"] == 0.05
     assert got["band"]["why"].startswith("calibrated on this cluster (k3-local-demo): 2 points, error 5%")
+
+
+def test_validate_keeps_the_effort_run_and_calibrate_fits_and_prints_it(tmp_path: Path) -> None:
+    """A cold run measured at twice the predicted TPOT and three times the predicted TTFT, kept as validate keeps
+    it: `calibrate FILE` fits decode x2 and prefill x3 and prints both runs' errors before and after."""
+    from k3deploy.catalog.loader import load_catalog
+    from k3deploy.planning.prediction import predict_topology
+    from k3deploy.planning.workload import Workload
+    from k3deploy.records.locate import load_topology_file
+    from k3deploy.validate.calibration import keep_effort
+    from k3deploy.validate.pipeline import Report
+    from k3deploy.validate.stage import StageResult
+
+    doc = yaml.safe_load(DEMO.read_text())
+    doc["launch"]["state_dir"] = str(tmp_path)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    t = load_topology_file(path)
+    for w in (Workload(4096, 64, 2, num_prompts=4), Workload(8192, 128, 4, num_prompts=8)):
+        f = predict_topology(t, load_catalog(), w).bench_fields()
+        cold = {"mean_ttft_ms": 3 * f["mean_ttft_ms"], "mean_tpot_ms": 2 * f["mean_tpot_ms"],
+                "output_throughput": f["output_throughput"] / 2.2, "completed": w.prompts}
+        stage = StageResult(name="effort", status="pass", detail="", results={
+            "cold": cold, "predicted": {"workload": w.model_dump(), "mean_tpot_ms": f["mean_tpot_ms"]}})
+        dep = type("Dep", (), {"name": t.name, "plan_digest": "d1"})()
+        keep_effort(tmp_path, dep, Report(deployment=t.name, passed=True, exit_code=0, stages=[stage]))  # type: ignore[arg-type]
+    assert len(stored.load_measurements(tmp_path, t.name)) == 2
+    run = run_k3deploy("calibrate", str(path))
+    assert run.returncode == 0, run.stderr
+    assert "decode factor x2, prefill factor x3 (both factors fitted by least squares)" in run.stdout
+    assert "c2 4,096 / 64" in run.stdout and "TPOT*" in run.stdout and "-50%" in run.stdout and "+0%" in run.stdout
+    assert "band: calibrated on this cluster (k3-local-demo): 2 points, error 0%" in run.stdout
+    shown = json.loads(run_k3deploy("calibrate", str(path), "--show", "--json").stdout)
+    assert shown["calibration"]["runs"] == 2 and shown["calibration"]["figures"] == 4
