@@ -108,14 +108,19 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
         return [None] * len(results)
     from k3deploy.planning.perf_model import PerfUnknown
     from k3deploy.planning.prediction import predict_plan
+    from k3deploy.records.calibration import load_calibration
+    from k3deploy.records.files import default_state_dir
 
     out: list[Prediction | None] = []
     for r in results:
         if r.plan is None or r.load_issues or not r.plan.feasible:
             out.append(None)
             continue
+        t = r.plan.topology  # a deployment of this name that `calibrate` fitted: its own factors apply
+        cal = load_calibration(Path(t.launch.state_dir).expanduser() if t.launch.state_dir else default_state_dir(),
+                               t.name)
         try:
-            out.append(predict_plan(r.plan, cat, load))
+            out.append(predict_plan(r.plan, cat, load, cal))
         except PerfUnknown as exc:
             raise InputError(f"{r.file}: cannot predict --workload: {exc}") from None
     return out

@@ -81,6 +81,8 @@ class PerfInputs(NamedTuple):
     draft_kv_bytes_per_token: float = 0.0  # the draft's KV per context token per GPU (engine catalog)
     band: Band | None = None  # how far the factors are known to hold on this accelerator (planning/perf_band)
     sockets: bool = False  # the collective library's RDMA transport is off: scale-out collectives run over TCP
+    decode_scale: float = 1.0  # a cluster's own decode factor (planning/calibration): every decode time x this
+    prefill_scale: float = 1.0  # ... and its prefill factor: every prefill time x this
 
     @property
     def attn_groups(self) -> int:

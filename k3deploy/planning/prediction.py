@@ -18,6 +18,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.calibration import Calibration
 from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.instance_plan import memory_inputs, perf_inputs_for
 from k3deploy.planning.perf_band import Band
@@ -56,6 +57,7 @@ class Prediction(NamedTuple):
     tpot_terms: tuple[Term, ...]
     capped_by: str | None
     band: Band | None = None  # how far the factors behind it are known to hold (planning/perf_band)
+    calibration: Calibration | None = None  # the cluster's own factors it applies (planning/calibration)
 
     @property
     def output_throughput_per_gpu(self) -> float:
@@ -112,31 +114,32 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     groups = inp.attn_groups
     queue = math.ceil(running / groups)  # requests per attention group, prefilled one after another
     pre = prefill(inp, w.input_tokens, min(groups, running))
-    hop_pre = p2p_s(inp, w.input_tokens)
-    prefill_gap = pre.seconds + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
-    prefill_latency = prefill_latency_s(inp, w.input_tokens, min(groups, running))
+    a, b = inp.decode_scale, inp.prefill_scale  # a cluster's own factors (planning/calibration), else 1
+    hop_pre = p2p_s(inp, w.input_tokens) * b
+    prefill_gap = pre.seconds * b + hop_pre  # a stage is busy this long per prompt; PP overlaps prompts
+    prefill_latency = prefill_latency_s(inp, w.input_tokens, min(groups, running)) * b
     micro = min(running, s.pp)
     context = w.input_tokens + w.output_tokens / 2
     batch = math.ceil(running / micro)
     step = with_draft(decode_step(inp, batch, context), draft_cost(inp, math.ceil(batch / groups), context))
     hop = p2p_s(inp, math.ceil(running / micro))
-    step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted  # per kept token
+    step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted * a  # per kept token
     stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
     wave = prefill_latency + (queue - 1) * prefill_gap + (w.output_tokens - 1) * step_s
     waiting = max(w.concurrency - running, 0) / w.concurrency * wave
     ttft = prefill_latency + (queue - 1) / 2 * prefill_gap + waiting
     ttft_terms = (
         Term("prefill", prefill_latency, f"{w.input_tokens:,} tokens"
-             + (f" through {s.pp} stages" if s.pp > 1 else "") + f": {pre.seconds * 1000:,.1f} ms per stage"),
+             + (f" through {s.pp} stages" if s.pp > 1 else "") + f": {pre.seconds * b * 1000:,.1f} ms per stage"),
         Term("queue", (queue - 1) / 2 * prefill_gap, f"{(queue - 1) / 2:g} prefills ahead on average "
              f"({queue} per attention group)"),
         Term("waiting for a slot", waiting, f"requests beyond {running} wait a wave ({wave:,.1f} s)"),
     )
     spec = (f", verifying {inp.drafts + 1} tokens per request and keeping {inp.accepted:g}" if inp.drafts else "")
     tpot_terms = (
-        Term("decode step", s.pp * step.seconds / inp.accepted, f"batch {running}"
+        Term("decode step", s.pp * step.seconds / inp.accepted * a, f"batch {running}"
              + (f" in {micro} micro-batches through {s.pp} stages" if s.pp > 1 else "") + spec),
-        Term("pipeline hand-offs", (s.pp - 1) * hop / inp.accepted, f"{s.pp - 1} stage boundaries"),
+        Term("pipeline hand-offs", (s.pp - 1) * hop / inp.accepted * a, f"{s.pp - 1} stage boundaries"),
         Term("prefill stalls", stall, f"{(queue - 1) / 2:g} prefills of {prefill_gap * 1000:,.0f} ms over "
              f"{w.output_tokens - 1:,} tokens" if inp.perf.prefill_stalls_decode else
              "this engine decodes beside a prefill"),
@@ -149,16 +152,25 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
                       capped_by=None if capped_by == "concurrency" else capped_by, band=inp.band)
 
 
-def predict_plan(plan: Plan, catalog: Catalog, w: Workload) -> Prediction:
-    """`predict` for a planned topology, capped by its caches (a plan that sized none predicts uncapped)."""
+def calibrated(inp: PerfInputs, calibration: Calibration | None) -> PerfInputs:
+    """`inp` with a cluster's own factors applied (unchanged without them)."""
+    return calibration.apply(inp) if calibration is not None else inp
+
+
+def predict_plan(plan: Plan, catalog: Catalog, w: Workload, calibration: Calibration | None = None) -> Prediction:
+    """`predict` for a planned topology, capped by its caches (a plan that sized none predicts uncapped), with
+    the cluster's own factors when it has them."""
     cap = plan.capacity
-    return predict(perf_inputs(plan, catalog), w, max_running=cap.max_running_requests if cap else None,
-                   kv_tokens=cap.kv_tokens if cap else None)
+    p = predict(calibrated(perf_inputs(plan, catalog), calibration), w,
+                max_running=cap.max_running_requests if cap else None, kv_tokens=cap.kv_tokens if cap else None)
+    return p._replace(calibration=calibration)
 
 
-def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
-    """`predict` for a loaded topology without its file positions (validate's effort stage): the shape and
-    the caches' capacity as `plan` sizes them; PerfUnknown when the shape is not legal or cannot be timed."""
+def predict_topology(t: Topology, catalog: Catalog, w: Workload, calibration: Calibration | None = None
+                     ) -> Prediction:
+    """`predict` for a loaded topology without its file positions (validate's effort stage, calibrate): the
+    shape and the caches' capacity as `plan` sizes them, with the cluster's own factors when given; PerfUnknown
+    when the shape is not legal or cannot be timed."""
     from k3deploy.engines.kinds import engine_family
     from k3deploy.engines.shape import make_shape
     from k3deploy.planning import rules
@@ -178,8 +190,9 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload) -> Prediction:
     inp = memory_inputs(t, catalog, model, hw, family)
     budget = memory_budget(model, hw.usable_bytes, shape, inp)
     _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
-    pin = perf_inputs_for(t, catalog, model, hw, shape, family)
-    return predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
+    pin = calibrated(perf_inputs_for(t, catalog, model, hw, shape, family), calibration)
+    got = predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
+    return got._replace(calibration=calibration)
 
 
 def prediction_json(p: Prediction) -> dict[str, Any]:
@@ -196,6 +209,8 @@ def prediction_json(p: Prediction) -> dict[str, Any]:
         "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
         "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
         "band": band_json(p.band, p.tpot_s, p.output_throughput),
+        # Only a calibrated prediction carries the key: an uncalibrated document is as it always was.
+        **({"calibration": p.calibration.as_json()} if p.calibration is not None else {}),
     }
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +13,12 @@ from pydantic import ValidationError
 
 from k3deploy.errors import StateError
 from k3deploy.records.deployment import Deployment
+from k3deploy.records.files import default_state_dir, read_text, write_atomic
 from k3deploy.records.record import Record
+
+# default_state_dir lives in records/files (plan reads a calibration without the record models); the store's
+# users take it from here with the store.
+__all__ = ["StateStore", "default_state_dir"]
 
 AnyRecord = TypeVar("AnyRecord", bound=Record)
 
@@ -30,12 +34,6 @@ def _flock(fd: int, name: str, deadline: float) -> None:
                 raise StateError(f"deployment {name} is locked by another k3deploy process") from None
             time.sleep(0.02)
     raise StateError(f"deployment {name} is locked by another k3deploy process")
-
-
-def default_state_dir() -> Path:
-    """$XDG_STATE_HOME/k3deploy, else ~/.local/state/k3deploy."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "k3deploy"
 
 
 class StateStore:
@@ -102,12 +100,9 @@ class StateStore:
 
     def read(self, name: str, model: type[AnyRecord], kind: str = "deployment") -> AnyRecord | None:
         """The `model` record (a `kind` record, for the error) in NAME.json, or None if there is none."""
-        try:
-            text = self.path(name).read_text()
-        except FileNotFoundError:
+        text = read_text(self.path(name))
+        if text is None:
             return None
-        except OSError as exc:
-            raise StateError(f"cannot read {self.path(name)}: {exc}") from exc
         try:
             return model.model_validate_json(text)
         except ValidationError as exc:
@@ -127,24 +122,9 @@ class StateStore:
         self.write(dep.name, dep)
 
     def write(self, name: str, record: Record) -> None:
-        """Write NAME.json atomically: temp file in the same directory, fsync, rename; mode 0600."""
+        """Write NAME.json atomically (records/files.py); mode 0600."""
         self._ensure()
-        target = self.path(name)
-        try:  # a read-only or full disk: the old record stays whole, and the error says which file
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.directory)
-        except OSError as exc:
-            raise StateError(f"cannot write {target}: {exc}") from exc
-        try:
-            with os.fdopen(fd, "w") as fh:
-                os.fchmod(fh.fileno(), 0o600)
-                fh.write(record.model_dump_json(indent=2))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise StateError(f"cannot write {target}: {exc}") from exc
+        write_atomic(self.path(name), record.model_dump_json(indent=2))
 
     def update(self, name: str, change: Callable[[Deployment], Deployment]) -> Deployment:
         """Load, change and save under the lock; returns the saved record."""

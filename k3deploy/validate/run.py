@@ -24,13 +24,14 @@ def resolve_target(target: str, state_dir: str | None = None) -> Target:
     found = locate(target, state_dir)
     if found.topology is not None and found.file is not None:
         record = found.store.load(found.name)
-        return Target(found.topology, found.file, record if record is not None and record.status == "ready" else None)
+        return Target(found.topology, found.file, record if record is not None and record.status == "ready" else None,
+                      found.store.directory)
     record = found.store.require(found.name)
     file = Path(record.file)
     if not file.is_file():
         raise StateError(f"deployment {target} was launched from {file}, which is gone",
                          hint="pass the topology file instead of the name")
-    return Target(load_topology_file(file), file, record if record.status == "ready" else None)
+    return Target(load_topology_file(file), file, record if record.status == "ready" else None, found.store.directory)
 
 
 def load_manifest(topology: Topology, topology_file: Path, override: Path | None) -> Manifest | None:
@@ -63,5 +64,10 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
 
         return validate_service(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
                                 not_implemented=missing, progress=progress, on_stage=on_stage)
-    return run_stages(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
-                      not_implemented=missing, progress=progress, on_stage=on_stage)
+    report = run_stages(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
+                        not_implemented=missing, progress=progress, on_stage=on_stage)
+    if target.deployment is not None and target.state_dir is not None:
+        from k3deploy.validate.calibration import keep_effort
+
+        keep_effort(target.state_dir, target.deployment, report)
+    return report

@@ -23,3 +23,4 @@ class Target:
     topology: Topology
     file: Path
     deployment: Deployment | None
+    state_dir: Path | None = None  # where the deployment's records are (its effort measurements are kept there)
