@@ -77,7 +77,7 @@ def test_each_accepted_hostile_value_arrives_verbatim_on_the_node(node: tuple[st
                 continue
             rec = tmp_path / f"{field}-{kind}" / "rec.json"
             rec.parent.mkdir()
-            plan = plan_of(on_node(doc_with(field, value), rec))
+            plan = plan_of(on_node(doc_with(field, value, rec.parent / "logs"), rec))  # logs under the test
             spec = render_nodes(plan.render_inputs())[0]
             job = jobs_for(plan, ExecOverrides(executor=executor_kind, ray_address="auto"))[0]
             # A value the loader took must start (no refusal on the node: a 20,000-character log folder
