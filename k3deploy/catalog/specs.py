@@ -154,8 +154,12 @@ class ModelSpec(Sourced):
         None, description="the distributed-init timeout a multi-node load of this checkpoint needs (plan warns "
         "below it; none given: no rule)")
     sglang_static_overhead_gib: float | None = Field(
-        None, description="GiB per GPU SGLang holds inside its static share beside this model's weights when it "
-        "sizes its KV and state pools (none given: 0)")
+        None, description="GiB per GPU SGLang holds beside this model's weights and its KV and state pools when it "
+        "sizes the pools (none given: 0)")
+    sglang_preload_overhead_gib: float | None = Field(
+        None, description="the part of sglang_static_overhead_gib already resident before the weights load (CUDA "
+        "context, communicators): SGLang takes its (1 - mem_fraction_static) share from what is free then, so "
+        "this part is outside that share (none given: 0)")
 
 
 class Catalog(Spec):

@@ -36,6 +36,11 @@ def simple_table(title: str, columns: Sequence[tuple[str, Literal["left", "right
     return t
 
 
+def gib(n: int) -> str:
+    """Bytes as GiB with two decimals, for a "how" cell."""
+    return f"{n / GIB:.2f} GiB"
+
+
 def budget_table(plan: Plan, role: str = "") -> Table:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
     broken at phrase boundaries so the table reads at 80 columns."""
@@ -49,20 +54,29 @@ def budget_table(plan: Plan, role: str = "") -> Table:
     kda += [f"x {m.slots_per_request} slots/request" + (f" ({m.draft_slots} for the draft)" if m.draft_slots else "")]
     kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
     kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
+    # SGLang's static memory beside the weights and pools: what was resident before the load, and at it.
+    static = ([f"{gib(m.engine_preload_bytes)} before the load", "(CUDA context, NCCL),",
+               f"{gib(m.engine_static_bytes - m.engine_preload_bytes)} at it (buffers,", "workspaces)"]
+              if m.engine_preload_bytes else ["held in the static share", "when the pools are sized"]
+              ) if m.engine_static_bytes else []
     rows = [
         ("weights: routed experts", m.routed_weights_bytes,
          [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
         ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
         *([("weights: draft model", m.draft_weights_bytes, [f"draft / attn_tp {s.attn_tp}"])]
           if m.draft_weights_bytes else []),
-        ("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,", "NCCL buffers, fragmentation"]),
-        *([("engine static memory", m.engine_static_bytes, ["held in the static share", "when the pools are sized"])]
-          if m.engine_static_bytes else []),
+        *([] if static else [("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,",
+                                                                   "NCCL buffers, fragmentation"])]),
+        *([("engine static memory", m.engine_static_bytes, static)] if static else []),
         (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
          + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
          + [f"x {m.kv_tokens:,} tokens"]),
         ("KDA state pool", m.state_pool_bytes, kda),
-        ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
+        # SGLang leaves (1 - mem_fraction) x what was free before the load; the reserve comes out of it.
+        ("free after the pools", m.reserve_bytes + m.headroom_bytes,
+         [f"(1 - {m.mem_fraction}) x free before", "the load; the runtime", f"reserve {gib(m.reserve_bytes)} of it",
+          "(activations, CUDA graphs)", f"leaves {gib(m.headroom_bytes)}"])
+        if static else ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
     cells: list[tuple[str | Text, ...]] = [(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}",
                                             "\n".join(how)) for name, n, how in rows]

@@ -53,10 +53,11 @@ def memory_issues(m: MemoryBudget, family: EngineFamily, context_length: int,
                              f"{m.slots_per_request} slots x {m.kda_state_bytes_per_slot} B"))
     if family == "sglang" and m.headroom_bytes < 0 and need <= m.usable_bytes:
         out.append(Issue(code="MEM_RUNTIME", severity="warning", path="serving.mem_fraction",
-                         message=f"mem_fraction {m.mem_fraction} leaves {fmt_gib(m.usable_bytes * (1 - m.mem_fraction))}"
-                         f" outside the static pools, below the {fmt_gib(m.reserve_bytes)} runtime reserve: "
-                         "CUDA-graph capture may run out of memory",
-                         hint=f"lower mem_fraction to {1 - m.reserve_bytes / m.usable_bytes:.3f} or less"))
+                         message=f"mem_fraction {m.mem_fraction} leaves "
+                         f"{fmt_gib(m.headroom_bytes + m.reserve_bytes)} free after the pools, below the "
+                         f"{fmt_gib(m.reserve_bytes)} runtime reserve: CUDA-graph capture may run out of memory",
+                         hint=f"lower mem_fraction to "
+                         f"{1 - m.reserve_bytes / (m.usable_bytes - m.engine_preload_bytes):.3f} or less"))
     asked = m.state_requests if max_running_requests is None else max_running_requests
     running = min(asked, m.state_requests)
     if m.state_requests and m.state_requests < asked:

@@ -122,7 +122,8 @@ class MemoryBudget(NamedTuple):
     draft_kv_bytes_per_token: float = 0.0  # the draft's KV per token (each KV-pool token holds both)
     draft_slots: int = 0  # extra KDA state slots per request while speculating (in slots_per_request)
     replay_ring_bytes_per_slot: int = 0  # SGLang ReplaySSM ring each state slot carries (0: off)
-    engine_static_bytes: int = 0  # inside the engine's static share, beyond weights and pools (SGLang)
+    engine_static_bytes: int = 0  # resident beside the weights and pools when the pools are sized (SGLang)
+    engine_preload_bytes: int = 0  # of which resident before the weights load (SGLang: outside its free share)
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""
@@ -179,12 +180,15 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
                                                           model.cache.conv_state_dtype, kda_layers=stage.kda_layers)
     ratio: float | None = None
     block: int | None = None
-    static_overhead = 0
+    static_overhead = preload = 0
     if inp.family == "sglang":
-        # SGLang sizes both pools from what its static share leaves after everything resident at profiling
-        # time, not after the weights alone (kv_cache_configurator.py _profile_available_bytes).
+        # SGLang sizes both pools from what is free after the load less (1 - mem_fraction_static) x what was free
+        # before it (kv_cache_configurator.py _profile_available_bytes): everything resident at profiling time
+        # comes out of the pools, and what was resident before the load (CUDA context, communicators) is outside
+        # the share left free. What stays free after the pools is (1 - f) x (usable - preload).
         static_overhead = round((model.sglang_static_overhead_gib or 0.0) * GIB)
-        cache = max(0.0, usable_bytes * inp.mem_fraction - weights - static_overhead)
+        preload = round((model.sglang_preload_overhead_gib or 0.0) * GIB)
+        cache = max(0.0, (usable_bytes - preload) * inp.mem_fraction - weights - (static_overhead - preload))
         # Unless the topology asks otherwise, SGLang splits the pools by its own default ratio; a model without
         # KDA layers has no state pool to split off.
         default = inp.engine.mamba_full_memory_ratio_default if state and not inp.pool_calculator else None
@@ -216,7 +220,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_requests=int(state_pool // state_per_request) if state_per_request else
         ((inp.max_running_requests or 0) if not arch.kda_layers else 0),
         draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
-        replay_ring_bytes_per_slot=ring, engine_static_bytes=static_overhead,
+        replay_ring_bytes_per_slot=ring, engine_static_bytes=static_overhead, engine_preload_bytes=preload,
     )
 
 

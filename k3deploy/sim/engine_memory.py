@@ -10,9 +10,9 @@ disagreement in tests. Only catalog data (model sizes, engine defaults) is share
   layers the heaviest pipeline stage holds (earlier stages take the remainder).
 - MLA KV per token: MLA layers of the stage x (kv_lora_rank + rope dim) x KV dtype, divided by DCP.
 - KDA state per request slot: KDA layers x (heads x d x d x SSM dtype + (conv - 1) x 3 x heads x d x conv dtype).
-- SGLang: static pool = usable x mem_fraction_static; cache = static - everything resident when the pools
-  are sized (the weights and the model's sglang_static_overhead_gib: kv_cache_configurator.py
-  _profile_available_bytes charges all of it), split full KV : state = 1 : --mamba-full-memory-ratio. vLLM: cache = usable x gpu_memory_utilization - weights - runtime
+- SGLang: cache = (usable - what was resident before the load) x mem_fraction_static - everything resident
+  since, when the pools are sized (the weights and the model's sglang_static_overhead_gib less its
+  sglang_preload_overhead_gib: kv_cache_configurator.py _profile_available_bytes), split full KV : state = 1 : --mamba-full-memory-ratio. vLLM: cache = usable x gpu_memory_utilization - weights - runtime
   reserve; the hybrid block grows until one attention page covers one KDA page; state takes
   max_num_seqs x slots x pages, KV the rest.
 """
@@ -128,7 +128,8 @@ def budget(model: ModelSpec, lay: Layout, usable_bytes: int, s: Sizing) -> Budge
     resident = 0
     if s.mimic == "sglang":
         resident = round((model.sglang_static_overhead_gib or 0.0) * (1 << 30))
-        cache = max(0.0, usable_bytes * s.mem_fraction - weights - resident)
+        preload = round((model.sglang_preload_overhead_gib or 0.0) * (1 << 30))  # outside SGLang's free share
+        cache = max(0.0, (usable_bytes - preload) * s.mem_fraction - weights - (resident - preload))
         ratio = s.pool_ratio or s.engine.mamba_full_memory_ratio_default or 1.0
         kv_pool = int(cache / (1 + ratio))
         state_pool = int(cache) - kv_pool

@@ -38,6 +38,17 @@ def test_plan_json_reproduces_reference_numbers() -> None:
     # Seed 000's command (SGLang's own pool ratio, no cap): the state pool admits 47, the cookbook reports ~49
     assert doc["feasible"] is True and [i["code"] for i in doc["issues"]] == ["CONTEXT_AT_CONCURRENCY"]
     assert doc["capacity"]["max_running_requests"] == 47 and doc["memory_per_gpu"]["pool_ratio"] == 0.9
+    # Seed 000's reported per-GPU split ("The memory budget"), each line within 10%: SGLang's free share after the
+    # pools is the cookbook's "free headroom" (the runtime reserve comes out of it), what else the engine holds is
+    # its 16.4 GiB "framework overhead, activations, communication buffers" (usable less the listed lines).
+    mem, gib = doc["memory_per_gpu"], 2**30
+    ours = {"weights": mem["weights_bytes"], "mla_kv_cache": mem["kv_pool_bytes"],
+            "kda_recurrent_state": mem["state_pool_bytes"], "free_headroom": mem["reserve_bytes"] + mem["headroom_bytes"],
+            "unaccounted": mem["engine_static_bytes"]}
+    seed = {"weights": 45.43, "mla_kv_cache": 3.62, "kda_recurrent_state": 3.40, "free_headroom": 10.34,
+            "unaccounted": 16.4}
+    assert {k: abs(ours[k] / gib / v - 1) <= 0.10 for k, v in seed.items()} == dict.fromkeys(seed, True), \
+        {k: round(ours[k] / gib, 2) for k in seed}
     assert doc["shape"] | {} == doc["shape"] and {k: doc["shape"][k] for k in
                                                    ("tp", "ep", "dp", "pp", "dcp", "attn_tp", "world_size",
                                                     "nnodes", "experts_per_rank")} == {

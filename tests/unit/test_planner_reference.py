@@ -152,17 +152,20 @@ def test_budget_lines_recomputed_from_the_catalog(kind: str, gpu: str, per_node:
     reserve_gib = hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else cat.planner.runtime_reserve_gib
     reserve = round(reserve_gib * GIB)
     routed, rest = weights_bytes_per_gpu(cat.model(model), plan.shape)
-    share = usable * cat.engines[kind].default_mem_fraction
-    # SGLang's static fraction holds the weights, what else the engine holds when it sizes its pools, and both
-    # pools (the reserve lies outside it); vLLM's memory utilization holds the reserve too, so the headroom is
-    # what lies outside the fraction either way.
-    static = round((cat.model(model).sglang_static_overhead_gib or 0) * GIB) if kind == "sglang" else 0
-    assert (kind == "sglang") == (static > 0)
-    cache = share - routed - rest - static - (0 if kind == "sglang" else reserve)
+    # SGLang's static fraction is of what was free before the load (usable less what was resident then) and holds
+    # the weights, what else the engine holds when it sizes its pools, and both pools (the reserve lies outside
+    # it); vLLM's memory utilization holds the reserve too, so the headroom is what lies outside the fraction
+    # either way.
+    spec = cat.model(model)
+    static = round((spec.sglang_static_overhead_gib or 0) * GIB) if kind == "sglang" else 0
+    preload = round((spec.sglang_preload_overhead_gib or 0) * GIB) if kind == "sglang" else 0
+    assert (kind == "sglang") == (static > 0) == (preload > 0)
+    share = (usable - preload) * cat.engines[kind].default_mem_fraction
+    cache = share - routed - rest - (static - preload) - (0 if kind == "sglang" else reserve)
     assert (m.usable_bytes, m.weights_bytes, m.reserve_bytes) == (usable, routed + rest, reserve)
-    assert m.engine_static_bytes == static
+    assert (m.engine_static_bytes, m.engine_preload_bytes) == (static, preload)
     assert m.kv_pool_bytes + m.state_pool_bytes == int(cache)
-    assert m.headroom_bytes == pytest.approx(usable - share - (reserve if kind == "sglang" else 0), abs=1)
+    assert m.headroom_bytes == pytest.approx(usable - preload - share - (reserve if kind == "sglang" else 0), abs=1)
     assert m.headroom_bytes >= 0
     assert (m.weights_bytes + m.reserve_bytes + m.engine_static_bytes + m.kv_pool_bytes + m.state_pool_bytes
             + m.headroom_bytes) == usable

@@ -99,15 +99,20 @@ def test_the_state_pool_admits_what_the_measured_servers_admitted(args: dict[str
     m = _b300_dcp8(args)
     assert m.state_requests == pytest.approx(measured, rel=0.10), (m.state_requests, measured)
     assert m.engine_static_bytes == round(load_catalog().model("kimi-k3").sglang_static_overhead_gib * GIB)
-    assert m.kv_pool_bytes + m.state_pool_bytes == int(m.usable_bytes * m.mem_fraction - m.weights_bytes
-                                                       - m.engine_static_bytes)
+    # The share is of what was free before the load; what was resident then is not charged to the pools again.
+    assert m.kv_pool_bytes + m.state_pool_bytes == int((m.usable_bytes - m.engine_preload_bytes) * m.mem_fraction
+                                                       - m.weights_bytes
+                                                       - (m.engine_static_bytes - m.engine_preload_bytes))
 
 
 def test_the_engine_static_memory_is_what_the_h100_reference_split_leaves() -> None:
     """The second measurement the catalog's figure is the mean of, on other hardware: the reference TP32 split on
     H100 (KV 3.62 + KDA state 3.40 GiB, tests/unit/test_planner_reference.py) leaves 14.9 GiB of SGLang's 0.85
-    share beyond the weights and both pools, within 1 GiB of the figure (the B300 cap alone needs 15.6-15.8)."""
+    share beyond the weights and both pools, within 1 GiB of what the pools are charged at that fraction (the
+    B300 cap alone needs 15.6-15.8): the part resident after the load, and the share of what was resident
+    before it."""
     m = plan_of(topology_dict()).memory
     assert m is not None and m.mem_fraction == 0.85
     left = m.usable_bytes * m.mem_fraction - m.weights_bytes - (3.62 + 3.40) * GIB
-    assert abs(left - m.engine_static_bytes) < GIB, (left / GIB, m.engine_static_bytes / GIB)
+    charged = m.engine_static_bytes - m.engine_preload_bytes + m.mem_fraction * m.engine_preload_bytes
+    assert abs(left - charged) < GIB, (left / GIB, charged / GIB)
