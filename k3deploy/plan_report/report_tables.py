@@ -8,6 +8,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from k3deploy.diagnostics import fmt_gib
 from k3deploy.planning.arith import GIB
 from k3deploy.planning.plan_model import Plan
 
@@ -36,11 +37,6 @@ def simple_table(title: str, columns: Sequence[tuple[str, Literal["left", "right
     return t
 
 
-def gib(n: int) -> str:
-    """Bytes as GiB with two decimals, for a "how" cell."""
-    return f"{n / GIB:.2f} GiB"
-
-
 def budget_table(plan: Plan, role: str = "") -> Table:
     """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
     broken at phrase boundaries so the table reads at 80 columns."""
@@ -55,8 +51,8 @@ def budget_table(plan: Plan, role: str = "") -> Table:
     kda += [f"pool ratio {m.pool_ratio:.4f}"] if m.pool_ratio else []
     kda += [f"block {m.block_tokens} tokens"] if m.block_tokens else []
     # SGLang's static memory beside the weights and pools: what was resident before the load, and at it.
-    static = ([f"{gib(m.engine_preload_bytes)} before the load", "(CUDA context, NCCL),",
-               f"{gib(m.engine_static_bytes - m.engine_preload_bytes)} at it (buffers,", "workspaces)"]
+    static = ([f"{fmt_gib(m.engine_preload_bytes)} before the load", "(CUDA context, NCCL),",
+               f"{fmt_gib(m.engine_static_bytes - m.engine_preload_bytes)} at it (buffers,", "workspaces)"]
               if m.engine_preload_bytes else ["held in the static share", "when the pools are sized"]
               ) if m.engine_static_bytes else []
     rows = [
@@ -74,8 +70,8 @@ def budget_table(plan: Plan, role: str = "") -> Table:
         ("KDA state pool", m.state_pool_bytes, kda),
         # SGLang leaves (1 - mem_fraction) x what was free before the load; the reserve comes out of it.
         ("free after the pools", m.reserve_bytes + m.headroom_bytes,
-         [f"(1 - {m.mem_fraction}) x free before", "the load; the runtime", f"reserve {gib(m.reserve_bytes)} of it",
-          "(activations, CUDA graphs)", f"leaves {gib(m.headroom_bytes)}"])
+         [f"(1 - {m.mem_fraction}) x free before", "the load; the runtime", f"reserve {fmt_gib(m.reserve_bytes)} of it",
+          "(activations, CUDA graphs)", f"leaves {fmt_gib(m.headroom_bytes)}"])
         if static else ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
     cells: list[tuple[str | Text, ...]] = [(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}",
