@@ -90,7 +90,8 @@ def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_js
 
     from k3deploy.launch import deploy
     from k3deploy.launch.views import Progress, deployment_summary, event_line
-    from k3deploy.records.store import StateStore, default_state_dir
+    from k3deploy.records.files import default_state_dir
+    from k3deploy.records.store import StateStore
 
     store = StateStore(state_dir or plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)

@@ -34,7 +34,8 @@ def launch_service(sp: ServicePlan, *, dry_run: bool, as_json: bool, attach: boo
         return
     from k3deploy.launch.service import launch_service as launch
     from k3deploy.launch.views import event_line
-    from k3deploy.records.store import StateStore, default_state_dir
+    from k3deploy.records.files import default_state_dir
+    from k3deploy.records.store import StateStore
 
     store = StateStore(state_dir or sp.plan.topology.launch.state_dir or default_state_dir())
     err = Console(stderr=True, highlight=False)

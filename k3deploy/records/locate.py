@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from k3deploy.errors import InputError
-from k3deploy.records.store import StateStore, default_state_dir
+from k3deploy.records.files import default_state_dir
+from k3deploy.records.store import StateStore
 
 if TYPE_CHECKING:
     from k3deploy.topology.schema import Topology

@@ -13,12 +13,8 @@ from pydantic import ValidationError
 
 from k3deploy.errors import StateError
 from k3deploy.records.deployment import Deployment
-from k3deploy.records.files import default_state_dir, read_text, write_atomic
+from k3deploy.records.files import read_text, write_atomic
 from k3deploy.records.record import Record
-
-# default_state_dir lives in records/files (plan reads a calibration without the record models); the store's
-# users take it from here with the store.
-__all__ = ["StateStore", "default_state_dir"]
 
 AnyRecord = TypeVar("AnyRecord", bound=Record)
 

@@ -62,8 +62,9 @@ def validate_service(target: Target, runner_factory: RunnerFactory, stages: Sequ
                      manifest: Manifest | None, fail_fast: bool, not_implemented: Sequence[str],
                      progress: Callable[[ProgressEvent], None], on_stage: OnStage) -> Report:
     """Each selected node stage once per instance, then the request stages once, through the router."""
+    from k3deploy.records.files import default_state_dir
     from k3deploy.records.service import ServiceStore
-    from k3deploy.records.store import StateStore, default_state_dir
+    from k3deploy.records.store import StateStore
 
     t = target.topology
     store = StateStore(t.launch.state_dir or default_state_dir())

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import InputError
+from k3deploy.records.files import default_state_dir
 from k3deploy.records.locate import locate
-from k3deploy.records.store import default_state_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "topologies" / "local-demo.yaml"

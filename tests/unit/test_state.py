@@ -16,8 +16,9 @@ from k3deploy.errors import StateError
 from k3deploy.executors.target import SshTarget
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
 from k3deploy.records.deployment import Attempt, Deployment, NodeState
+from k3deploy.records.files import default_state_dir
 from k3deploy.records.owner import Identity
-from k3deploy.records.store import StateStore, default_state_dir
+from k3deploy.records.store import StateStore
 
 
 def record(name: str = "demo") -> Deployment:
