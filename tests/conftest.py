@@ -16,6 +16,12 @@ if str(ROOT) not in sys.path:
 if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
 
+# Stand-in nodes join their group over plain TCP (k3deploy/sim/socket_group.py) unless a test asks for Gloo:
+# importing torch costs each node about 3 s of CPU, and the suite starts over a thousand nodes to test what
+# surrounds the engine. The tests of the Gloo group itself, one launch per launcher, and the real-engine tier
+# (scripts/real_tier.sh) set K3SIM_GROUP=gloo. Stand-ins on the SSH rig get it from their sshd (tests/rig/sshd.py).
+os.environ.setdefault("K3SIM_GROUP", "tcp")
+
 # Local deployments a killed run would leave orphaned are stopped at session end and on SIGTERM.
 pytest_plugins = ["tests.sweep"]
 

@@ -42,8 +42,11 @@ def weight(module: str, known: dict[str, float]) -> float:
 # Modules that use the run's Ray cluster (marked ray_cluster: tests/integration/conftest.py) or start one of
 # their own run on one worker, one after another: the session-scoped cluster is then built once a run (a
 # session fixture is per xdist worker), and two clusters starting at once on 2 cores can miss Ray's own 30 s
-# start-up timeout ("The current node timed out during startup"). The same for the Slurm cluster.
-GROUPS = {"ray-clusters": ("mark.ray_cluster", "RayRig("), "slurm-clusters": ("mark.slurm_cluster", "SlurmRig(")}
+# start-up timeout ("The current node timed out during startup"). The same for the Slurm cluster, and for the
+# modules that use the venv README's install command makes (the session fixture `readme_install`: one pip
+# install a run).
+GROUPS = {"ray-clusters": ("mark.ray_cluster", "RayRig("), "slurm-clusters": ("mark.slurm_cluster", "SlurmRig("),
+          "readme-venv": ("readme_install: ReadmeInstall",)}
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -52,8 +52,9 @@ def sim_topology(tmp: Path, name: str, checkpoint: Path, *, fault: str = "", nod
 
 @contextmanager
 def launched(topology: Path) -> Iterator[Path]:
-    """Launch (the CLI, detached supervisor) and always stop."""
-    done = cli("launch", str(topology))
+    """Launch (the CLI, detached supervisor; no preflight: what these tests validate is the serving, and a local
+    launch's preflight: test_preflight_checks.py's test_preflight_and_launch_on_local_nodes) and always stop."""
+    done = cli("launch", str(topology), "--skip-preflight")
     try:
         assert done.returncode == 0, done.stdout + done.stderr
         yield topology

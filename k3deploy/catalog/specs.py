@@ -118,10 +118,24 @@ class DraftSpec(Sourced):
     hub_repo: str
     weights_bytes: int = Field(description="the draft's own weights (BF16), not counting the LM head it shares")
     num_layers: int = Field(description="decoder layers of the draft (dense MLA)")
-    passes_per_step: int = Field(description="draft forward passes per verify step (DSpark: the whole block "
-                                 "in one parallel pass)")
+    passes_per_step: int | None = Field(description="draft forward passes per verify step (DSpark: the whole "
+                                        "block in one parallel pass; none: one per drafted token, EAGLE-3's "
+                                        "autoregressive drafting)")
     shares_lm_head: bool = Field(description="the draft projects its drafted positions through the target's "
                                  "LM head (read again per step)")
+    kv_bytes_per_token: float | None = Field(None, description="the draft's KV per token (none given: the engine's "
+                                             "draft_kv_bytes_per_token, DSpark's)")
+
+
+class DraftCheckpoint(Spec):
+    """A published draft checkpoint for a model: what the engine must be told to run it."""
+
+    hub_repo: str = Field(description="the checkpoint's hub name; a speculative flag's draft path ending in its "
+                          "last part names it")
+    method: Literal["dspark", "eagle3"] = Field(description="the speculative method it is trained for")
+    num_speculative_tokens: int = Field(description="draft tokens per step its checkpoint is trained for "
+                                        "(vLLM num_speculative_tokens, SGLang --speculative-dspark-block-size)")
+    source: str = Field(description="where the pairing is documented")
 
 
 class ChatParsers(Spec):
@@ -148,6 +162,10 @@ class ModelSpec(Sourced):
         default_factory=dict, description="speculative decoding (DSpark draft): mean tokens a verify step keeps, "
         "by draft tokens proposed per step")
     draft: DraftSpec | None = Field(None, description="the draft model whose cost speculative decoding adds")
+    eagle3_draft: DraftSpec | None = Field(None, description="the EAGLE-3 draft (the technical report's MTP layer "
+                                           "as an EAGLE-3 head) whose memory speculative decoding adds")
+    draft_checkpoints: tuple[DraftCheckpoint, ...] = Field((), description="published drafts for this model, each "
+                                                           "with the token count its checkpoint expects")
     served_model_name: str | None = Field(
         None, description="the name clients call the model by (--served-model-name; none given: the model id)")
     load_dist_timeout_s: int | None = Field(

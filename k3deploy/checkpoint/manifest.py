@@ -110,3 +110,14 @@ def verify_directory(directory: Path | str, manifest: Manifest) -> list[str]:
         if got is None or tuple(got) != (want.size, want.sha256):
             bad.append(name)
     return bad
+
+
+def topology_manifest(given: str | None, topology_file: Path | str, override: Path | None = None) -> Manifest | None:
+    """--manifest (`override`), else the topology's validate.manifest (`given`, relative to the topology file),
+    else None; as validate's shards stage and `weights` read it."""
+    if override is not None:
+        return Manifest.load(override)
+    if not given:
+        return None
+    path = Path(given).expanduser()
+    return Manifest.load(path if path.is_absolute() else Path(topology_file).parent / path)

@@ -18,8 +18,8 @@ HELP = ("Plan, render, launch and validate multi-node Kimi K3 deployments.\n\n"
         "it finds none.")
 
 # Command name -> module under k3deploy.cli holding a function of the same name; listed in help order.
-COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "logs", "stop", "rollout", "render",
-            "validate", "calibrate", "explain", "manifest")
+COMMANDS = ("demo", "plan", "schema", "preflight", "launch", "status", "top", "logs", "stop", "rollout", "render",
+            "validate", "calibrate", "explain", "manifest", "weights")
 # Commands that run to their end in about a second, run without the cycle collector: their start-up (imports,
 # pydantic building schemas, typer's option adapters) allocates enough for about 90 collections, 5-6% of
 # a `plan`'s wall time, and frees nearly everything by reference count (peak RSS of a 13-file plan or a

@@ -39,6 +39,9 @@ def launch(
     skip_preflight: Annotated[bool, typer.Option(
         "--skip-preflight", help="start without running `k3deploy preflight` first (recorded in the "
         "deployment record)")] = False,
+    sync_weights: Annotated[str | None, typer.Option(
+        "--sync-weights", metavar="DIR|HOST:DIR", help="first run `k3deploy weights sync FILE --from DIR|HOST:DIR` "
+        "(validate.manifest); a sync that does not complete starts nothing")] = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,
     **connection: Any,
@@ -59,6 +62,15 @@ def launch(
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
+    if sync_weights is not None and not dry_run:
+        from k3deploy.cli.weights import sync_prepared
+
+        synced = sync_prepared(prep, sync_weights, None, as_json)
+        if synced.exit_code:
+            lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
+            print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",
+                  file=sys.stderr)
+            raise typer.Exit(synced.exit_code)
     if prep.service is not None:
         from k3deploy.cli.launch_service import launch_service
 

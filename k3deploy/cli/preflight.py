@@ -38,20 +38,13 @@ def preflight(
     cannot be reached (the worst over every instance)."""
     from rich.console import Console
 
-    from k3deploy.launch.bringup import fleet_of
-    from k3deploy.launch.prepare import held_nodes, prepare
-    from k3deploy.preflight.runner import run_preflight
+    from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.unit_preflight import preflight_unit
     from k3deploy.preflight.views import table, write_junit
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
-    if prep.service is not None:
-        from k3deploy.launch.service_preflight import preflight_service
-
-        report = preflight_service(prep.service)
-    else:
-        with held_nodes(prep) as jobs, fleet_of(jobs) as fleet:
-            report = run_preflight(prep.plan, prep.catalog, jobs, fleet)
+    report = preflight_unit(prep)
     if junit is not None:
         write_junit(report, junit)
     if as_json:

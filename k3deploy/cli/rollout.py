@@ -39,36 +39,25 @@ def rollout(
     back (vllm-router). Exit 4 at the first failure, naming the replica or instance (and role) and the stage;
     the others keep serving."""
     from k3deploy.launch.prepare import prepare
-    from k3deploy.launch.rollout import rollout as roll
     from k3deploy.launch.service_views import summary
+    from k3deploy.launch.unit import launched_from, rollout_unit
     from k3deploy.records.locate import locate
-    from k3deploy.records.service import ServiceStore
     from k3deploy.validate.replica_check import replica_stage
 
     found = locate(target, str(state_dir) if state_dir else None)
     store, name = found.store, found.name
-    svc = ServiceStore(store).load(name)
-    file = found.file or (Path(svc.file) if svc is not None else Path(target))
-    overrides = exec_overrides({"executor": executor, **connection})
-    prep = prepare(file, catalog, overrides)
-    if prep.service is None:
+    file = found.file or launched_from(store, name) or Path(target)
+    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    if prep.service is None:  # a deployment alone: no router keeps anything serving while it restarts
         from k3deploy.errors import InputError
 
         raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
                          hint=f"k3deploy stop {name}, then k3deploy launch {file}")
-
-    plans = [plan for plan, _ in prep.service.replicas]
+    sp = prep.service
+    plans = [plan for plan, _ in sp.replicas]
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    if prep.service.roles:
-        from k3deploy.launch.pd_rollout import rollout_roles
-
-        url = svc.router_url if svc is not None else None
-        done = rollout_roles(prep.service, store, say=say, drain_s=drain_s, checks=[] if skip_short else [
-            ("short", replica_stage(plans, prep.service.catalog, store, "short", router_url=url))])
-    else:
-        done = roll(prep.service, store, say=say, drain_s=drain_s,
-                    checks=[] if skip_short else [("short", replica_stage(plans, prep.service.catalog, store, "short"))])
-    print(summary(done))
+    print(summary(rollout_unit(sp, store, say=say, drain_s=drain_s, checks_for=lambda url: [] if skip_short else [
+        ("short", replica_stage(plans, sp.catalog, store, "short", router_url=url))])))

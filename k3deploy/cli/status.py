@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-
-if TYPE_CHECKING:
-    from k3deploy.records.store import StateStore
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: the topology's launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
@@ -22,16 +19,11 @@ def status(
     Of replicas behind a router: each replica beside what the router's /workers says of it, and the router.
     Exit 4 when the deployment failed (a service: when nothing serves)."""
     from k3deploy.executors.factory import open_executor
-    from k3deploy.launch.lookup import status as get_status
+    from k3deploy.launch.unit import unit_status, unit_view
     from k3deploy.records.locate import locate
 
     found = locate(deployment, str(state_dir) if state_dir else None)
-    store, name = found.store, found.name
-    from k3deploy.records.service import ServiceStore
-
-    if ServiceStore(store).load(name) is not None:
-        _service_status(store, name, as_json)
-    report = get_status(store, name, open_executor)
+    report = unit_status(found.store, found.name, open_executor)
     # A failed deployment is not success for a script asking `k3deploy status x && ...` (README: exit 4).
     code = 4 if report.status == "failed" else 0
     if as_json:
@@ -39,27 +31,9 @@ def status(
         raise typer.Exit(code)
     from rich.console import Console
 
-    from k3deploy.launch.views import status_view
-
     console = Console(highlight=False, markup=False, emoji=False)
-    console.print(status_view(report))
-    for n in report.nodes:  # one whole line each: a long path wraps in the terminal, never cut or folded
-        console.print(f"rank {n.rank} log: {n.log_path}", soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _service_status(store: StateStore, name: str, as_json: bool) -> None:
-    from k3deploy.executors.factory import open_executor
-    from k3deploy.launch.service_status import service_status
-
-    report = service_status(store, name, open_executor)
-    code = 4 if report.status == "failed" else 0
-    if as_json:
-        print(report.model_dump_json(indent=2))
-        raise typer.Exit(code)
-    from rich.console import Console
-
-    from k3deploy.launch.service_views import status_view
-
-    Console(highlight=False, markup=False, emoji=False).print(status_view(report))
+    view, whole_lines = unit_view(report)
+    console.print(view)
+    for line in whole_lines:
+        console.print(line, soft_wrap=True)
     raise typer.Exit(code)

@@ -67,6 +67,7 @@ class KernelNeeds:
     moe: str | None  # marlin | native_mxfp4 (see engines/data/log-lines.yaml moe_kinds); None: no rule
     attention: str | None  # the decode attention backend, lower case; None: the engine's choice
     reason: str
+    graph: str | None = None  # the graph mode decode must run in (vLLM-Ascend's ACL graphs); None: no rule
 
 
 def kernel_needs(hw: HardwareSpec, family: str, dcp: int = 1) -> KernelNeeds:
@@ -80,4 +81,10 @@ def kernel_needs(hw: HardwareSpec, family: str, dcp: int = 1) -> KernelNeeds:
     if hw.native_mxfp4:
         return KernelNeeds("native_mxfp4", attention and attention.lower(),
                            f"{hw.id} ({hw.arch}) runs MXFP4 natively: a Marlin or BF16 MoE kernel wastes it")
+    if hw.vendor == "huawei":
+        # The renderer's ASCEND_TUTORIAL_OPTS: decode in FULL_DECODE_ONLY ACL graphs (seed 004); eager decode pays
+        # a host launch per kernel per step.
+        return KernelNeeds(None, None, f"{hw.id} ({hw.arch}) decodes K3 in ACL graphs (FULL_DECODE_ONLY, as the "
+                                       "vLLM-Ascend tutorial runs it); vLLM-Ascend logs its W4A8 MoE method only "
+                                       "at debug level", graph="FULL_DECODE_ONLY")
     return KernelNeeds(None, attention and attention.lower(), f"no MoE kernel rule for {hw.id} ({hw.arch})")

@@ -11,6 +11,8 @@ from k3deploy.engines.kinds import Family
 LOG_LINES_FILE = DATA_DIR / "log-lines.yaml"
 # The flag tables pin these versions; the log lines are read off the same releases.
 VERSIONS: dict[Family, str] = {"sglang": "sglang 0.5.23", "vllm": "vllm 0.33.0"}
+# vLLM-Ascend's graph-mode lines: the revision they were read off (seed 004 names main, not a tag).
+ASCEND_VERSION = "vllm-ascend main@182b75ea84"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,15 @@ class LogLines:
         return next((kind for kind, names in self.moe_kinds.items() if name.lower() in names), "upcast")
 
 
+@dataclass(frozen=True)
+class GraphLines:
+    """vLLM-Ascend's lines about its ACL graphs: captured, or decode left eager."""
+
+    version: str
+    captured: re.Pattern[str]
+    off: tuple[re.Pattern[str], ...]
+
+
 def _compile(items: list[str]) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p, re.IGNORECASE) for p in items)
 
@@ -54,3 +65,12 @@ def log_lines(family: Family) -> LogLines:
                     args=re.compile(data["args"]), world=one["world"], experts=one["experts"],
                     rank_line=one["rank_line"], prefix_cache_off=_compile(data.get("prefix_cache_off") or []),
                     moe_kinds={k: frozenset(n.lower() for n in v) for k, v in doc["moe_kinds"].items()})
+
+
+@functools.lru_cache(maxsize=1)
+def ascend_graph_lines() -> GraphLines:
+    """vLLM-Ascend's graph-mode patterns (engines/data/log-lines.yaml)."""
+    import yaml
+
+    data = yaml.safe_load(LOG_LINES_FILE.read_text(encoding="utf-8"))[ASCEND_VERSION]
+    return GraphLines(ASCEND_VERSION, re.compile(data["graph_captured"], re.IGNORECASE), _compile(data["graph_off"]))

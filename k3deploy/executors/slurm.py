@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 
 from k3deploy.errors import CommandTimeout, ExecError
@@ -41,12 +42,30 @@ def step_argv(job_id: int, node: str, command: str, *, extra: Sequence[str] = ()
             "--quiet", *extra, "sh", "-c", command]
 
 
-def bounded(command: str, timeout_s: float) -> str:
-    """The command under coreutils `timeout` on the node, so the step cannot outlive the caller's deadline:
-    on a loaded rig the SIGTERM to srun at the deadline did not end the step (seen in a clean-clone run:
-    `sleep 4; touch F` under a 1 s timeout touched F), most likely because srun was still setting the step
-    up. `timeout` kills its whole process group."""
-    return f"exec timeout -s KILL {math.ceil(timeout_s) + 1} sh -c {shlex.quote(command)}"
+STEP_MARKS = "/tmp/k3deploy-steps"  # on each node: one empty file per timed-out command, removed after 10 min
+
+
+def bounded(command: str, timeout_s: float, step_tag: str) -> str:
+    """The command under coreutils `timeout` on the node, so the step cannot outlive the caller's deadline,
+    with `K3_STEP=step_tag` in its environment, which `kill_tagged` finds it by; it does not start at all once
+    `kill_tagged` has marked it. On a loaded rig the SIGTERM to srun at the deadline failed to end the
+    command in three clean-clone runs (`sleep 4; touch F` under a 1 s timeout touched F), under `timeout`
+    too: most likely a step whose task started late and whose `timeout` was then killed by the step's end,
+    leaving its children (no longer in the step's tree, but still carrying the environment)."""
+    mark = shlex.quote(f"{STEP_MARKS}/{step_tag}")
+    return (f"[ ! -e {mark} ] || exit 124; K3_STEP={shlex.quote(step_tag)} "
+            f"exec timeout -s KILL {math.ceil(timeout_s) + 1} sh -c {shlex.quote(command)}")
+
+
+def kill_tagged(step_tag: str) -> str:
+    """A shell script that marks the command as timed out (a late start then exits at once) and SIGKILLs every
+    process whose environment holds `K3_STEP=step_tag`, twice 2 s apart (a start under way at the first scan
+    is caught by the second); marks older than 10 minutes are removed."""
+    scan = ("for e in /proc/[0-9]*/environ; do "
+            f"if tr '\\0' '\\n' 2>/dev/null < \"$e\" | grep -qxF {shlex.quote('K3_STEP=' + step_tag)}; then "
+            'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; fi; done')
+    return (f"mkdir -p {STEP_MARKS} && : > {shlex.quote(STEP_MARKS + '/' + step_tag)}; {scan}; sleep 2; {scan}; "
+            f"find {STEP_MARKS} -type f -mmin +10 -delete 2>/dev/null; true")
 
 
 class SlurmExecutor(ShellExecutor):
@@ -87,7 +106,8 @@ class SlurmExecutor(ShellExecutor):
 
     def _run(self, command: str, timeout_s: float, on_line: LineSink | None) -> CommandResult:
         """One step; past `timeout_s` srun gets SIGTERM, which ends the step's processes on the node."""
-        proc = self._popen(self._argv(bounded(command, timeout_s)), stdin=subprocess.DEVNULL,
+        step_tag = uuid.uuid4().hex
+        proc = self._popen(self._argv(bounded(command, timeout_s, step_tag)), stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None
         out, err = bytearray(), bytearray()
@@ -98,7 +118,7 @@ class SlurmExecutor(ShellExecutor):
             while streams:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host)
+                    raise subprocess.TimeoutExpired(command, timeout_s)
                 ready, _, _ = select.select(list(streams), [], [], min(left, 0.5))
                 for fd in ready:
                     chunk = os.read(fd, 65536)
@@ -111,11 +131,24 @@ class SlurmExecutor(ShellExecutor):
             lines.flush()
             code = proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            _end_step(proc)
+            self._kill_tagged(step_tag)
             raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host) from None
         finally:
             _end_step(proc)
         text = err.decode(errors="replace")
         return CommandResult(exit_code=code, stdout=out.decode(errors="replace"), stderr=_SRUN_EXIT.sub("", text))
+
+    def _kill_tagged(self, step_tag: str) -> None:
+        """After a timeout: a step that ends whatever the timed-out command left running (best effort)."""
+        proc = self._popen(self._argv(kill_tagged(step_tag)), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(STEP_SETUP_S)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _end_step(proc)
 
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         proc = self._popen(self._argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -130,6 +130,13 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
     except OSError as exc:  # a full or read-only state disk must not hide why the gang was stopped
         print(f"k3deploy: cannot keep local copies of the node logs: {exc}", file=sys.stderr)
 
+    record_stopped(store, gang.name, failure, status, outcome, release_owner)
+    return outcome
+
+
+def record_stopped(store: StateStore, name: str, failure: Failure | None, status: Status,
+                   outcome: dict[int, str], release_owner: bool) -> None:
+    """One write: the last attempt closed, each node's outcome, the status (and the owner let go)."""
     def record(d: Deployment) -> Deployment:
         d = d.end_attempt(failure.cause if failure else "stopped")
         for rank, what in outcome.items():
@@ -141,8 +148,7 @@ def teardown(gang: Gang, store: StateStore, failure: Failure | None, status: Sta
             update["failure"] = failure
         return d.model_copy(update=update)
 
-    store.update(gang.name, record)
-    return outcome
+    store.update(name, record)
 
 
 def save_local_logs(gang: Gang, store: StateStore) -> None:

@@ -14,7 +14,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import LaunchError, StateError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.allocation import allocation_for, allocation_of
-from k3deploy.launch.bringup import bring_up, fleet_of, open_gang, teardown
+from k3deploy.launch.bringup import bring_up, fleet_of, open_gang, record_stopped, teardown
 from k3deploy.launch.events import EventSink, ignore
 from k3deploy.launch.gang import Gang, new_run_id
 from k3deploy.launch.preflight_gate import preflight_gate
@@ -153,7 +153,7 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
     started = [n for n in dep.nodes if n.handle is not None]
     outcome = {n.rank: "stopped" for n in started if n.phase == "stopped"}
     left = [n.rank for n in started if n.phase != "stopped"]
-    if left or dep.status in ACTIVE:
+    if left:
         gang = open_gang(dep, factory, on_event, ranks=left)
         try:
             outcome |= teardown(gang, store, None, status=final_status, release_owner=True)
@@ -161,4 +161,6 @@ def stop(store: StateStore, name: str, *, factory: ExecutorFactory = open_execut
             gang.close()
     else:
         allocation_of(dep).release(None)  # idempotent: nodes the supervisor already gave back are fine
+        if dep.status in ACTIVE:  # e.g. the owner was ended between a restart's stop and its next start
+            record_stopped(store, name, None, final_status, {}, release_owner=True)
     return store.require(name), outcome

@@ -107,6 +107,8 @@ class NodeLog(BaseModel):
     host: str
     source: str  # "node:PATH" or "local copy:PATH"
     text: str
+    ip: str = ""  # the node's private address and interface: the failure catalog's fixes name them
+    iface: str = ""
 
 
 def logs(store: StateStore, name: str, factory: ExecutorFactory, ranks: list[int] | None,
@@ -122,13 +124,14 @@ def logs(store: StateStore, name: str, factory: ExecutorFactory, ranks: list[int
     out = []
     for job in chosen:
         copy = store.logs_dir(name) / f"rank{job.rank}.log"
+        node = {"rank": job.rank, "host": job.host, "ip": job.ip, "iface": job.iface}
         if remote.get(job.rank):
-            out.append(NodeLog(rank=job.rank, host=job.host, source=f"node:{job.log_path}", text=remote[job.rank]))
+            out.append(NodeLog(**node, source=f"node:{job.log_path}", text=remote[job.rank]))
         elif copy.is_file():
             text = "\n".join(copy.read_text(errors="replace").splitlines()[-lines:])
-            out.append(NodeLog(rank=job.rank, host=job.host, source=f"local copy:{copy}", text=text))
+            out.append(NodeLog(**node, source=f"local copy:{copy}", text=text))
         else:
-            out.append(NodeLog(rank=job.rank, host=job.host, source="none", text=""))
+            out.append(NodeLog(**node, source="none", text=""))
     return out
 
 

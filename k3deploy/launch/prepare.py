@@ -15,6 +15,7 @@ from k3deploy.errors import InputError
 from k3deploy.nodeplan.jobs import NodeJob, jobs_for
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
+from k3deploy.topology.units import behind_router
 
 if TYPE_CHECKING:
     from k3deploy.launch.service import ServicePlan
@@ -42,7 +43,7 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
     cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
     plan = require_feasible(file, cat)
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
-    if plan.topology.replicas > 1 or plan.topology.router is not None:
+    if behind_router(plan.topology):
         if plan.topology.router is None:
             raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
                              hint="add router: {kind: smg} (or the router for the engine)")
@@ -52,11 +53,6 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
         jobs = tuple(j for _, rep in sp.replicas for j in rep)
         return Prepared(plan=plan, jobs=jobs, catalog=cat, warnings=tuple(warnings), service=sp)
     return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
-
-
-def held_nodes(prep: Prepared) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
-    """The nodes `preflight` probes, as their allocation holds them for the probes (nothing started)."""
-    return held(prep.plan, prep.jobs, prep.catalog)
 
 
 def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:

@@ -41,7 +41,7 @@ def draft_cost(inp: PerfInputs, b_attn: int, context_tokens: float) -> DraftCost
         raise PerfUnknown(f"model {inp.model.id} has no `draft` in the catalog: the draft model's cost cannot be "
                           "timed (add its weights_bytes, num_layers, passes_per_step with sources, --catalog DIR)")
     a, s, perf = inp.model.architecture, inp.shape, inp.perf
-    passes = d.passes_per_step
+    passes = d.passes_per_step or inp.drafts
     block = inp.drafts + 1  # the positions one DSpark pass computes per request
     lm_head = a.vocab_size * a.hidden_size * BF16 if d.shares_lm_head else 0
     weights = (d.weights_bytes + lm_head) / s.attn_tp * passes

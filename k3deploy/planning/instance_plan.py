@@ -13,6 +13,7 @@ from k3deploy.engines.shape import Shape, make_shape
 from k3deploy.planning import rules
 from k3deploy.planning.capacity import memory_issues
 from k3deploy.planning.concurrency_fixes import concurrency_fixes
+from k3deploy.planning.drafts import draft_issues, draft_tokens_budgeted
 from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
 from k3deploy.planning.perf_band import family_performance
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
@@ -49,6 +50,7 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
     """Serving settings merged with catalog defaults."""
     eng = catalog.engines[engine_flavour(t.engine, hw.vendor)]
     s = t.serving
+    drafts, draft = draft_tokens_budgeted(model, t.engine.args)
     reserve_gib = s.reserve_gib if s.reserve_gib is not None else (
         hw.runtime_reserve_gib if hw.runtime_reserve_gib is not None else catalog.planner.runtime_reserve_gib)
     return MemoryInputs(
@@ -59,7 +61,8 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         prefix_cache=s.prefix_cache, prefix_cache_strategy=s.prefix_cache_strategy,
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
         pool_ratio=s.mamba_full_memory_ratio if isinstance(s.mamba_full_memory_ratio, float) else None,
-        pool_calculator=s.mamba_full_memory_ratio == "calculator", drafts=_drafts(t), replay_ring_len=_replay_ring_len(t, eng.replay_ring),
+        pool_calculator=s.mamba_full_memory_ratio == "calculator", drafts=drafts, draft=draft,
+        replay_ring_len=_replay_ring_len(t, eng.replay_ring),
     )
 
 
@@ -79,36 +82,6 @@ def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: Hardwar
                       accepted=pinned_acceptance(perf.acceptance_env, t.engine.env, drafts) or acceptance(model, drafts),
                       draft_kv_bytes_per_token=inp.engine.draft_kv_bytes_per_token or 0, band=band,
                       sockets=off is not None and t.engine.env.get(off, "0") not in ("", "0"))
-
-
-def _drafts(t: Topology) -> int:
-    """Draft tokens per step the engine flags ask for; 0 when the flags name no draft the model times (the
-    performance model then says why)."""
-    from k3deploy.planning.perf_model import PerfUnknown
-    from k3deploy.planning.speculation import draft_tokens
-
-    try:
-        return draft_tokens(t.engine.args)
-    except PerfUnknown:
-        return 0
-
-
-def _draft_issues(t: Topology) -> list[Issue]:
-    """Speculative flags whose draft the plan cannot size (EAGLE-3, say): its memory is not in the budget."""
-    args = t.engine.args
-    flag = next((f for f in ("--speculative-algorithm", "--speculative-config") if args.get(f) not in (None, False)),
-                None)
-    if flag is None:
-        return []
-    try:
-        draft_tokens(args)
-    except PerfUnknown as exc:
-        return [Issue(code="SPEC_DRAFT_UNBUDGETED", severity="warning", path=f"engine.args.{flag}",
-                      message=f"the memory budget counts no draft: {exc}; the draft's weights, KV and state slots "
-                      "come out of the pools this plan sized", hint="use DSPARK with "
-                      "--speculative-dspark-block-size (K3's draft, budgeted), or lower serving.mem_fraction by the "
-                      "draft's weights per GPU")]
-    return []
 
 
 def _replay_ring_len(t: Topology, ring: ReplayRing | None) -> int:
@@ -172,7 +145,8 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                                        "until hardware.gpu names a known accelerator", "hardware.gpu"))
         else:
             issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
-            issues += [] if "engine" in blocked else list(rules.seed_rules(t, model)) + _draft_issues(t)
+            issues += [] if "engine" in blocked else list(rules.seed_rules(t, model)) + draft_issues(
+                t.engine.args, catalog, model, engine_flavour(t.engine, hw.vendor))
             issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
                 t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):

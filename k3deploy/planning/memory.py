@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, EngineDefaults, ModelSpec, ReplayRing
+from k3deploy.catalog.specs import DTYPE_BYTES, Architecture, DraftSpec, EngineDefaults, ModelSpec, ReplayRing
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
@@ -147,6 +147,7 @@ class MemoryInputs(NamedTuple):
     pool_calculator: bool = False  # the SGLang K3 calculator's ratio (the topology asked for 'calculator')
     experts_bf16: bool = False
     drafts: int = 0  # speculative draft tokens per step: the draft's weights, KV and state slots count
+    draft: DraftSpec | None = None  # the draft the flags name (None: the model's DSpark draft)
     replay_ring_len: int = 0  # SGLang --enable-linear-replayssm-spec: ring records per slot (0: off)
 
 
@@ -155,9 +156,10 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     arch = model.architecture
     stage = heaviest_stage(arch, shape.pp)
     routed, rest = weights_bytes_per_gpu(model, shape, experts_bf16=inp.experts_bf16)
-    draft = model.draft
+    draft = inp.draft or model.draft
     draft_w = math.ceil(draft.weights_bytes / shape.attn_tp) if inp.drafts and draft is not None else 0
-    draft_kv = float(inp.engine.draft_kv_bytes_per_token or 0) if inp.drafts else 0.0
+    own_kv = draft.kv_bytes_per_token if draft is not None else None
+    draft_kv = float(own_kv or inp.engine.draft_kv_bytes_per_token or 0) if inp.drafts else 0.0
     # SGLang keeps one intermediate KDA state per verified position (block + 1) of every running request;
     # with ReplaySSM it keeps none, and every slot carries the ring instead.
     replay = inp.engine.replay_ring if inp.drafts and inp.replay_ring_len else None

@@ -23,7 +23,8 @@ INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "
                          "ROUTER_POLICY", "PD_ROUTER_KIND", "PD_OWNED_FLAG", "PD_SIDE_CHANNEL_ENV",
                          "PD_DECODE_LAYOUT_FLAG",
                          # settings the model or the engine cannot take at all (the seeds' failure modes)
-                         "CONTEXT_OVER_MODEL", "ROPE_OVERRIDE_NOPE", "MM_CUDA_IPC_MULTINODE", "VLLM_MAX_NUM_SEQS"})
+                         "CONTEXT_OVER_MODEL", "ROPE_OVERRIDE_NOPE", "MM_CUDA_IPC_MULTINODE", "VLLM_MAX_NUM_SEQS",
+                         "SPEC_DRAFT_TOKENS", "SPEC_DRAFT_METHOD", "SPEC_DRAFT_TARGET"})
 
 
 class Plan(NamedTuple):

@@ -5,7 +5,12 @@ start together and so run in waves: the R running requests of a wave prefill one
 attention group; pipelined across PP stages), then decode together, one token per request per step.
 
 - TTFT = one prefill's latency + (R - 1) / 2 prefills of queue ahead, on average (+ a whole wave for
-  requests beyond what the caches admit);
+  requests beyond what the caches admit). Where a prefill stalls the running batch (SGLang, vLLM) the requests
+  that prefilled first wait for the last, so the batch finishes together and every wave queues anew (the
+  published B300 and MI350X TTFTs at 16 and 64 requests are the full queue's). Where the engine decodes beside a
+  prefill (the stand-in), only the first wave (C of the P prompts) arrives together; the later requests are sent
+  as earlier ones finish, a prefill apart, and find the prefill free unless the prefills outlast the decode
+  (then a request waits out its slot's cycle: R prefills - (out - 1) x TPOT);
 - TPOT = the decode step at batch R (PP: the stages in series; speculating, the verify step plus the draft's
   passes, over the tokens a verify keeps) + the prefills that stall the batch
   while it decodes, (R - 1) / 2 of them spread over (out - 1) tokens (engines whose prefill holds up
@@ -121,18 +126,46 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     micro = min(running, s.pp)
     context = w.input_tokens + w.output_tokens / 2
     batch = math.ceil(running / micro)
-    step = with_draft(decode_step(inp, batch, context), draft_cost(inp, math.ceil(batch / groups), context))
     hop = p2p_s(inp, math.ceil(running / micro))
-    step_s = (s.pp * step.seconds + (s.pp - 1) * hop) / inp.accepted * a  # per kept token
-    stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
+
+    def decoding(n: int) -> tuple[Step, float]:
+        """The decode step at batch n and its seconds per kept token."""
+        st = with_draft(decode_step(inp, n, context), draft_cost(inp, math.ceil(n / groups), context))
+        return st, (s.pp * st.seconds + (s.pp - 1) * hop) / inp.accepted * a
+
+    step, step_s = decoding(batch)
+    # A slot's turn: its prefill and decode, or its turn at the prefills where those are the bound.
+    cycle = max(prefill_latency + (w.output_tokens - 1) * step_s, queue * prefill_gap)
+    if not inp.perf.prefill_stalls_decode and batch > 1:
+        # Decoding beside a prefill, the slots drift apart (below): a request decodes beside each other slot for
+        # the share of that slot's cycle it decodes, so it sees 1 + (R - 1) x decode / cycle requests on average.
+        seen = 1 + (batch - 1) * min((w.output_tokens - 1) * step_s / cycle, 1.0)
+        low, high = decoding(math.floor(seen)), decoding(math.ceil(seen))
+        step, step_s = (high if seen - math.floor(seen) >= 0.5 else low)[0], low[1] + (high[1] - low[1]) * (
+            seen - math.floor(seen))
+        cycle = max(prefill_latency + (w.output_tokens - 1) * step_s, queue * prefill_gap)
     wave = prefill_latency + (queue - 1) * prefill_gap + (w.output_tokens - 1) * step_s
+    waves = max(w.prompts / running, 1.0)
+    # The whole run. Where a prefill stalls the batch, every wave runs as the first. Decoding beside a prefill, a
+    # slot's later requests follow each other a cycle apart.
+    duration = waves * wave if inp.perf.prefill_stalls_decode else wave + (waves - 1) * cycle
     waiting = max(w.concurrency - running, 0) / w.concurrency * wave
-    ttft = prefill_latency + (queue - 1) / 2 * prefill_gap + waiting
+    stall = (queue - 1) / 2 * prefill_gap / (w.output_tokens - 1) if inp.perf.prefill_stalls_decode else 0.0
+    tpot = step_s + stall
+    # The share of requests that arrive together and queue: all of them where a prefill stalls the batch (every
+    # wave resynchronises), else the first wave's; the later ones wait only where the prefills are the bound.
+    first = 1.0 if inp.perf.prefill_stalls_decode else min(w.concurrency, w.prompts) / w.prompts
+    later = max(queue * prefill_gap - (w.output_tokens - 1) * tpot - prefill_latency, 0.0)
+    queued = first * (queue - 1) / 2 * prefill_gap + (1 - first) * later
+    ttft = prefill_latency + queued + waiting
     ttft_terms = (
         Term("prefill", prefill_latency, f"{w.input_tokens:,} tokens"
              + (f" through {s.pp} stages" if s.pp > 1 else "") + f": {pre.seconds * b * 1000:,.1f} ms per stage"),
-        Term("queue", (queue - 1) / 2 * prefill_gap, f"{(queue - 1) / 2:g} prefills ahead on average "
-             f"({queue} per attention group)"),
+        Term("queue", queued, f"{(queue - 1) / 2:g} prefills ahead on average ({queue} per attention group)"
+             if first == 1 else f"the first {min(w.concurrency, w.prompts):,} of {w.prompts:,} requests wait "
+             f"{(queue - 1) / 2:g} prefills on average ({queue} per attention group), later ones "
+             + (f"{later * 1000:,.1f} ms (the prefills outlast the decode)" if later else
+                "none (they arrive staggered as earlier ones finish)")),
         Term("waiting for a slot", waiting, f"requests beyond {running} wait a wave ({wave:,.1f} s)"),
     )
     spec = (f", verifying {inp.drafts + 1} tokens per request and keeping {inp.accepted:g}" if inp.drafts else "")
@@ -144,10 +177,9 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
              f"{w.output_tokens - 1:,} tokens" if inp.perf.prefill_stalls_decode else
              "this engine decodes beside a prefill"),
     )
-    tpot = step_s + stall
     return Prediction(workload=w, running=running, gpus=s.world_size, ttft_s=ttft, tpot_s=tpot,
                       e2el_s=ttft + (w.output_tokens - 1) * tpot, wave_s=wave, decode_step_s=step_s, shape_pp=s.pp,
-                      output_throughput=running * w.output_tokens / wave, decode=step, prefill=pre,
+                      output_throughput=running * w.output_tokens * waves / duration, decode=step, prefill=pre,
                       ttft_terms=ttft_terms, tpot_terms=tpot_terms,
                       capped_by=None if capped_by == "concurrency" else capped_by, band=inp.band)
 

@@ -31,6 +31,10 @@ def draft_tokens(args: dict[str, Any]) -> int:
         raise PerfUnknown(f"engine.args --speculative-config {raw!r}: not JSON") from None
     if not isinstance(config, dict) or "num_speculative_tokens" not in config:
         raise PerfUnknown("engine.args --speculative-config: no num_speculative_tokens to predict with")
+    method = str(config.get("method") or "dspark").lower()
+    if method != "dspark":
+        raise PerfUnknown(f"engine.args --speculative-config method {method}: only DSpark (K3's draft) is timed "
+                          "(its memory is budgeted)")
     return _count(config["num_speculative_tokens"], "num_speculative_tokens")
 
 

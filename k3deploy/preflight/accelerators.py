@@ -120,23 +120,47 @@ def rocm_smi(outputs: Sequence[str]) -> Inventory:
     return Inventory("rocm-smi", tuple(gpus), driver, "")
 
 
-_NPU_ROW = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|")
+# `npu-smi info`: a summary row per NPU (id, name with a letter in it, health), then a chip row whose
+# second cell is a PCI bus id: `| chip [phy-id] | 0000:9D:00.0 | ... HBM used / total |`. A2 lists one chip per
+# NPU and no Phy-ID; A3 lists two chips per NPU (each a logical device), each with its Phy-ID.
+_NPU_ROW = re.compile(r"^\|\s*(\d+)\s+([A-Za-z0-9_.-]*[A-Za-z][A-Za-z0-9_.-]*)\s*\|\s*[A-Za-z]+\s*\|")
+_CHIP_ROW = re.compile(r"^\|\s*(\d+)(?:\s+(\d+))?\s*\|\s*[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]\s*\|")
 _NPU_HBM = re.compile(r"(\d+)\s*/\s*(\d+)\s*\|?\s*$")
+# The process table: `| NPU  Chip | Process id | Process name | Process memory(MB) |`, then one row per process.
+_NPU_PROC = re.compile(r"^\|\s*\d+(?:\s+\d+)?\s*\|\s*(\d+)\s*\|\s*(\S+)\s*\|\s*(\d+)\s*\|")
 
 
 def npu_smi(outputs: Sequence[str]) -> Inventory:
-    """`npu-smi info`: the version banner and the per-NPU rows (row 1: id, name; row 2: HBM used / total MB)."""
+    """`npu-smi info`: the version banner, a row pair per chip (summary: NPU id, name; chip row: Phy-ID, bus id,
+    HBM used / total MB) and the process table."""
     text = outputs[0]
     ver = re.search(r"npu-smi\s+([0-9][0-9A-Za-z.]*)\s+Version:\s*([0-9][0-9A-Za-z.]*)", text)
     gpus: list[Gpu] = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _NPU_ROW.match(line)
-        if m and i + 1 < len(lines):
-            hbm = _NPU_HBM.search(lines[i + 1])
+    procs: list[str] = []
+    name, npu_id, in_procs = "", 0, False
+    for line in text.splitlines():
+        if "Process id" in line:
+            in_procs = True
+            continue
+        if in_procs:
+            p = _NPU_PROC.match(line)
+            if p:
+                procs.append(f"pid {p.group(1)} ({p.group(2)}, {p.group(3)} MB)")
+            continue
+        row = _NPU_ROW.match(line)
+        if row:
+            npu_id, name = int(row.group(1)), row.group(2)
+            continue
+        chip = _CHIP_ROW.match(line)
+        if chip and name:
+            hbm = _NPU_HBM.search(line)
             used, total = (int(hbm.group(1)) * MIB, int(hbm.group(2)) * MIB) if hbm else (0, 0)
-            gpus.append(Gpu(int(m.group(1)), m.group(2), total, used))
-    return Inventory("npu-smi", tuple(gpus), ver.group(2) if ver else "", "")
+            index = int(chip.group(2)) if chip.group(2) is not None else npu_id
+            gpus.append(Gpu(index, name, total, used))
+            name = ""
+    if not gpus and "npu-smi" in text:
+        raise ParseError("npu-smi: no NPU rows (an NPU row followed by a chip row with its bus id) in its output")
+    return Inventory("npu-smi", tuple(gpus), ver.group(2) if ver else "", "", tuple(procs))
 
 
 PARSERS = {"nvidia": nvidia, "amd": amd_smi, "rocm": rocm_smi, "huawei": npu_smi}

@@ -83,6 +83,10 @@ def _clock(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
     return ("pass", f"skew {skew:+.2f} s (+/- {(after - before) / 2:.2f})", "")
 
 
+def _sync(ctx: Context) -> str:
+    return f"k3deploy weights sync {ctx.plan.file} --from DIR|HOST:DIR (every node, verified)"
+
+
 def _checkpoint(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
     c, t = f["checkpoint"], ctx.plan.topology
     need = ctx.plan.model.weights.total_bytes if ctx.plan.model else 0
@@ -91,14 +95,15 @@ def _checkpoint(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
         short = c["free_bytes"] is not None and c["free_bytes"] < need
         room = f"; not enough for the {need / GIB:.0f} GiB checkpoint" if short else ""
         return ("fail", f"no checkpoint at {c['path']} ({free}{room})",
-                f"download the checkpoint to {t.model.path} on this node (the path must be the same on every node)")
+                f"download the checkpoint to {t.model.path} on this node (the path must be the same on every node): "
+                + _sync(ctx))
     if not c["index"]:
         return ("fail", (f"{c['path']} has no readable model.safetensors.index.json and no single "
                          f"model.safetensors ({c.get('index_error', '')})"),
-                "re-download the checkpoint (the index lists every shard)")
+                f"re-download the checkpoint (the index lists every shard): {_sync(ctx)}")
     if c["missing_shards"]:
         return ("fail", (f"{len(c['missing_shards'])} shard(s) listed in the index are missing, e.g. "
-                        f"{c['missing_shards'][0]}"), "finish or repeat the download on this node")
+                        f"{c['missing_shards'][0]}"), f"finish or repeat the download on this node: {_sync(ctx)}")
     pinned = t.model.revision
     if pinned and c["revision"] and any(r != pinned for r in c["revision"]):
         return ("fail", f"checkpoint revision {', '.join(c['revision'])} but model.revision pins {pinned}",

@@ -10,7 +10,9 @@ from k3deploy.preflight.context import Check, Context, Judged, agree, judged_or,
 from k3deploy.preflight.report import Verdict
 
 GIB = 2**30
-# Memory already in use on an idle accelerator beyond this share means another process holds it.
+# Memory in use beyond the runtime's own idle share (the catalog's memory_gib - usable_gib: ~0.5 GiB on NVIDIA,
+# ~3 GiB of CANN runtime on Ascend, where an idle A3 die shows 3.1-3.4 GB used) plus this share of the
+# total means another process holds it.
 MAX_USED_SHARE = 0.05
 
 
@@ -55,8 +57,9 @@ def _accelerators(ctx: Context) -> tuple[Verdict, ...]:
         if wrong:
             return ("fail", f"accelerator {wrong[0].index} is {wrong[0].name}, hardware.gpu is {hw.id} ({hw.name})",
                     "fix hardware.gpu or run on the right nodes")
+        idle_bytes = max(0.0, hw.memory_gib - hw.usable_gib) * GIB
         busy = [g for g in inv.gpus[:want] if g.memory_total_bytes and
-                g.memory_used_bytes > MAX_USED_SHARE * g.memory_total_bytes]
+                g.memory_used_bytes > idle_bytes + MAX_USED_SHARE * g.memory_total_bytes]
         if inv.processes or busy:
             what = "; ".join(inv.processes) or f"accelerator {busy[0].index} has " \
                                                 f"{busy[0].memory_used_bytes / GIB:.1f} GiB in use"

@@ -143,10 +143,11 @@ def collective_check(fleet: NodeFleet, nodes: Mapping[int, NodeJob], port: int, 
         a = answers[rank]
         if a["ok"]:
             measured[rank] = {"elapsed_s": a["elapsed_s"], **a["results"]}
-            res = next(iter(a["results"].values()))
-            verdicts.append(Verdict(rank=rank, host=host, status="pass", detail=(
-                f"all_reduce of {res['bytes'] / 2**20:.0f} MiB correct in {res['seconds'] * 1e3:.0f} ms, "
-                f"busbw {res['busbw_gbps']:.2f} GB/s")))
+            ran = {b: r for b, r in a["results"].items() if "skipped" not in r}
+            skipped = "".join(f"; {b} skipped: {r['skipped']}" for b, r in a["results"].items() if b not in ran)
+            verdicts.append(Verdict(rank=rank, host=host, status="pass", detail=", ".join(
+                f"{b} all_reduce of {r['bytes'] / 2**20:.0f} MiB correct in {r['seconds'] * 1e3:.0f} ms, "
+                f"busbw {r['busbw_gbps']:.2f} GB/s" for b, r in ran.items()) + skipped))
             continue
         ifn = ", ".join(f"{k}={v}" for k, v in a.get("ifname", {}).items()) or "no interface variable"
         if rank in culprits:

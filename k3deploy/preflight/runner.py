@@ -114,8 +114,10 @@ def run_preflight(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], fleet: 
 
 
 def _backends(ctx: Context) -> str:
-    """Gloo always (the engines' CPU group); NCCL too where NVIDIA or AMD accelerators are used."""
-    return "gloo,nccl" if ctx.vendor in ("nvidia", "amd") else "gloo"
+    """Gloo always (the engines' CPU group); NCCL too where NVIDIA or AMD accelerators are used, HCCL on Ascend
+    (the probe skips it, saying so, where the engine's interpreter has no torch_npu)."""
+    accel = {"nvidia": ",nccl", "amd": ",nccl", "huawei": ",hccl"}.get(ctx.vendor, "")
+    return f"gloo{accel}"
 
 
 def _skipped(nodes: dict[int, NodeJob], why: str) -> tuple[Verdict, ...]:

@@ -3,7 +3,8 @@ k3deploy): join the process group at the engine's rendezvous address with the en
 all_reduce a tensor whose sum is known, time it. One JSON line; a wall-clock watchdog bounds it because
 torch's own timeouts are not hard bounds (a closed port retries for 24-49 s past a 20 s timeout).
 
-argv: INIT_METHOD (tcp://HEAD:PORT) RANK WORLD BYTES TIMEOUT_S BACKENDS (gloo[,nccl])"""
+argv: INIT_METHOD (tcp://HEAD:PORT) RANK WORLD BYTES TIMEOUT_S BACKENDS (gloo[,nccl|hccl]). HCCL needs torch_npu
+(it registers the backend and the npu device); without it the HCCL part is skipped and the answer says so."""
 import json
 import os
 import sys
@@ -11,6 +12,8 @@ import threading
 import time
 
 state = {"stage": "import torch", "t0": time.monotonic()}
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME")
+DEVICES = {"nccl": "cuda", "hccl": "npu"}  # the accelerator backends and their torch device
 lock = threading.Lock()
 done = threading.Event()
 
@@ -21,7 +24,7 @@ def emit(result):
             return
         done.set()
         result.setdefault("stage", state["stage"])
-        result["ifname"] = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k in os.environ}
+        result["ifname"] = {k: os.environ.get(k) for k in IFNAME_VARS if k in os.environ}
         result["elapsed_s"] = round(time.monotonic() - state["t0"], 3)
         print(json.dumps(result), flush=True)
 
@@ -39,6 +42,15 @@ def watchdog(timeout_s):
 def first_line(exc):
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:400]
+
+
+def no_torch_npu():
+    """'' when torch_npu imports (registering HCCL and the npu device), else why not."""
+    try:
+        import torch_npu  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - its absence is the finding
+        return first_line(exc)
+    return ""
 
 
 def main():
@@ -59,21 +71,28 @@ def main():
         dist.init_process_group(backends[0], init_method=init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         for backend in backends:
+            if backend == "hccl":
+                missing = no_torch_npu()
+                if missing:
+                    out["results"][backend] = {"skipped": f"no torch_npu in the engine's interpreter ({missing}): "
+                                                          "HCCL not probed"}
+                    continue
             group = None if backend == backends[0] else dist.new_group(backend=backend)
-            device = "cuda" if backend == "nccl" else "cpu"
-            if device == "cuda":
-                torch.cuda.set_device(0)
+            device = DEVICES.get(backend, "cpu")
+            accel = getattr(torch, device) if device != "cpu" else None
+            if accel is not None:
+                accel.set_device(0)
             n = max(1, nbytes // 4)
             t = torch.full((n,), float(rank + 1), dtype=torch.float32, device=device)
             state["stage"] = f"{backend} warm-up all_reduce"
             dist.all_reduce(t[:1024].clone(), group=group)
             state["stage"] = f"{backend} all_reduce"
-            if device == "cuda":
-                torch.cuda.synchronize()
+            if accel is not None:
+                accel.synchronize()
             t0 = time.perf_counter()
             dist.all_reduce(t, group=group)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            if accel is not None:
+                accel.synchronize()
             secs = time.perf_counter() - t0
             want = world * (world + 1) / 2
             bad = int((t != want).sum().item())

@@ -7,6 +7,9 @@ import re
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"  # the single-file form: no index (small models ship so)
 CONFIG_FILE = "config.json"
+# msModelSlim's per-tensor quantization (W4A8_DYNAMIC, W8A8_DYNAMIC, FLOAT), read by vLLM-Ascend's
+# `--quantization ascend` (vllm_ascend/quantization/modelslim_config.py MODELSLIM_CONFIG_FILENAME).
+QUANT_FILE = "quant_model_description.json"
 MANIFEST_FILE = "k3-manifest.json"
 SHARD_RE = re.compile(r"-(\d{5})-of-\d{5}\.safetensors$")
 MAX_LISTED = 5

@@ -15,7 +15,15 @@ from typing import Any
 
 from k3deploy.probes.fast_json import Loads
 from k3deploy.probes.shard_layout import DTYPE_BITS, EXPERTS, Layout
-from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MAX_LISTED, SINGLE_FILE, label, listed
+from k3deploy.probes.shard_names import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_LISTED,
+    QUANT_FILE,
+    SINGLE_FILE,
+    label,
+    listed,
+)
 
 HEADER_CAP = 256 << 20  # a header is a few MiB even for K3's largest shard; never read an absurd length
 MAX_WORKERS = 32  # header-parsing processes; a 200-core node gains nothing from more for ~100 shards
@@ -202,20 +210,48 @@ def _group(weight_map: dict[str, str], single: bool) -> dict[str, list[str]]:
     return by_shard
 
 
-def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads) -> list[Problem]:
-    """Index, config and every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
+def structure(root: str, expect: dict[str, Any], workers: int = 0, loads: Loads = json.loads,
+              quant_type: str | None = None) -> list[Problem]:
+    """Index, config, the quant description (`quant_type`: the model_quant_type the catalog's checkpoint has) and
+    every shard's header (parsed by `loads`): what is wrong, each with the file it is in."""
     # Headers are trees, freed by reference counting: the cyclic collector's passes over their ~1.5M containers
     # found nothing and cost a third of the parse. Forked workers inherit the setting.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _structure(root, expect, workers, loads)
+        return _structure(root, expect, workers, loads, quant_type)
     finally:
         if enabled:
             gc.enable()
 
 
-def _structure(root: str, expect: dict[str, Any], workers: int, loads: Loads) -> list[Problem]:
+def quant_description(root: str, quant_type: str | None, loads: Loads) -> tuple[dict[str, Any] | None, list[str]]:
+    """msModelSlim's quant_model_description.json (None where there is none) and what is wrong with it."""
+    path = os.path.join(root, QUANT_FILE)
+    if not os.path.exists(path):
+        if quant_type is None:
+            return None, []
+        return None, [(f"missing: the {quant_type} checkpoint's per-tensor quantization, which vLLM-Ascend's "
+                       "--quantization ascend reads; copy it from the checkpoint's download")]
+    with open(path, "rb") as f:
+        quant = loads(f.read())
+    if not isinstance(quant, dict):
+        return None, ["not a JSON object"]
+    problems = []
+    declared = quant.get("model_quant_type")
+    if quant_type is not None and declared is not None and declared != quant_type:
+        problems.append(f"model_quant_type {declared}, the catalog's checkpoint is {quant_type}")
+    group = quant.get("group_size", 0)
+    if isinstance(group, int) and group > 0 and "W4A8" in str(declared or quant_type or ""):
+        # vllm_ascend/quantization/methods/w4a8.py refuses it at start: "Per-Group quantization, which is no
+        # longer supported. Please switch to Per-Channel quantized weights."
+        problems.append(f"group_size {group}: vLLM-Ascend's W4A8 MoE method takes per-channel weights only; "
+                        "use the per-channel W4A8 checkpoint (group_size 0)")
+    return quant, problems
+
+
+def _structure(root: str, expect: dict[str, Any], workers: int, loads: Loads,
+               quant_type: str | None = None) -> list[Problem]:
     global _LAYOUT, _LOADS
     problems: list[Problem] = []
 
@@ -228,7 +264,13 @@ def _structure(root: str, expect: dict[str, Any], workers: int, loads: Loads) ->
             config = loads(f.read())
         for message in config_problems(config, expect):
             add(CONFIG_FILE, message)
-        _LAYOUT = Layout(config)
+        try:
+            quant, wrong = quant_description(root, quant_type, loads)
+        except (OSError, ValueError) as exc:
+            quant, wrong = None, [f"cannot read it: {exc}"]
+        for message in wrong:
+            add(QUANT_FILE, message)
+        _LAYOUT = Layout(config, quant)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         add(CONFIG_FILE, f"cannot derive the tensor layout: {type(exc).__name__}: {exc}")
     on_disk = sorted(f for f in os.listdir(root) if f.endswith(".safetensors"))

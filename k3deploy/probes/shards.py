@@ -2,7 +2,7 @@
 
 Run on a node as `python3 -c PROGRAM SPEC_JSON`, PROGRAM being this module with the probe modules it names in
 SHIPS_WITH (`k3deploy.probes.bundle.program`). SPEC_JSON: {"path", "expect": {dotted config key: value},
-"files": {name: [size, sha256]} | null, "hash": bool, "threads": int (0 = all cores), "progress_s": float,
+"quant_type": msModelSlim's model_quant_type the checkpoint must have | null, "files": {name: [size, sha256]} | null, "hash": bool, "threads": int (0 = all cores), "progress_s": float,
 "json_parser": "orjson" | "msgspec" | "json" | null (null: the fastest present)}.
 Prints JSON lines: {"type": "progress", ...} while hashing, then one {"type": "result", ...} line last.
 """
@@ -18,6 +18,9 @@ from k3deploy.probes import fast_json
 from k3deploy.probes.shard_inventory import local_files, revision_hint, sha256_files
 from k3deploy.probes.shard_structure import structure
 
+# Whole-checkpoint hashing is disk-bound; budget this rate before calling a node hung.
+MIN_HASH_BYTES_PER_S = 100_000_000  # read by validate's shards stage and `weights`, not on the node
+
 SHIPS_WITH = ("fast_json", "shard_names", "shard_inventory", "shard_layout", "shard_structure")
 
 
@@ -31,7 +34,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     except ValueError as exc:
         return {"type": "result", "path": root, "fatal": str(exc), "problems": []}
     t0 = time.monotonic()
-    problems = structure(root, spec.get("expect") or {}, int(spec.get("workers", 0)), loads)
+    problems = structure(root, spec.get("expect") or {}, int(spec.get("workers", 0)), loads, spec.get("quant_type"))
     structure_s = time.monotonic() - t0
     revision, revision_from = revision_hint(root)
     files: dict[str, Any] = {}

@@ -22,7 +22,7 @@ SERVE_DESCRIPTION = (
     "--mimic ({engine}), rendezvouses across nodes with torch.distributed over Gloo, logs, answers HTTP and "
     "fails like that engine, with deterministic replies computed on CPU. Env: K3SIM_GPU (hardware catalog id "
     "the node pretends to have, default sim), K3SIM_FAULT (crash_after_load, hang_at_rendezvous[:S], "
-    "slow_load:S, wrong_kernel, oom, wrong_topology, no_reasoning_parser, no_tool_parser, transfer_kda_zeroed, transfer_kda_dropped, prefill_dies_mid_transfer[:N]; comma-separated), K3SIM_FAULT_RANK (only that node rank applies them)."
+    "slow_load:S, wrong_kernel, oom, wrong_topology, no_reasoning_parser, no_tool_parser, transfer_kda_zeroed, transfer_kda_dropped, prefill_dies_mid_transfer[:N]; comma-separated), K3SIM_FAULT_RANK (only that node rank applies them), K3SIM_GROUP (gloo, default, or tcp: the same group without torch)."
 )
 SERVE_USAGE = f"{PROG} --mimic sglang|vllm MODEL_PATH [the engine's own flags]"
 

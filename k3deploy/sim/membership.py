@@ -5,16 +5,21 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 from k3deploy.sim import startup_lines as lines
 from k3deploy.sim.faults import HANG_DEFAULT_S, Faults
 from k3deploy.sim.log_format import EngineLog
 from k3deploy.sim.rendezvous import NodeGroup, cause_of, watchdog
-from k3deploy.sim.serve_config import ServeConfig
+from k3deploy.sim.serve_config import Rendezvous, ServeConfig
+from k3deploy.sim.socket_group import SocketGroup
 
 FAILED = 1
+# Which group the node joins: torch.distributed over Gloo (the default, as the engines), or plain TCP without
+# torch (socket_group.py says when that is the right choice).
+GROUP_ENV = "K3SIM_GROUP"
+GROUPS: dict[str, type[NodeGroup]] = {"gloo": NodeGroup, "tcp": SocketGroup}
 # A moment past the timeout lets the library's own error, when it comes on time, be the logged cause.
 WATCHDOG_GRACE_S = 0.25
 
@@ -26,12 +31,20 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+def node_group(rdv: Rendezvous, env: Mapping[str, str]) -> NodeGroup:
+    """The group K3SIM_GROUP names (gloo when unset); a ValueError naming the variable for any other value."""
+    kind = env.get(GROUP_ENV) or "gloo"
+    if kind not in GROUPS:
+        raise ValueError(f"{GROUP_ENV}={kind!r} is not a group the stand-in knows; use one of: {', '.join(GROUPS)}")
+    return GROUPS[kind](rdv)
+
+
 class Membership:
     """Join, meet after loading, and watch the other nodes; every failure is a clear line and exit 1."""
 
     def __init__(self, cfg: ServeConfig, log: EngineLog, faults: Faults) -> None:
         self.cfg, self.log, self.faults = cfg, log, faults
-        self.group = NodeGroup(cfg.rendezvous)
+        self.group = node_group(cfg.rendezvous, os.environ)
 
     def crash(self, exception_line: str) -> NoReturn:
         """The engine's crash report, then exit 1."""
@@ -77,7 +90,7 @@ class Membership:
         if total != expected:
             self.crash(f"RuntimeError: all_reduce check failed: got {total:g}, expected {expected:g}")
         log.info(
-            f"k3sim: torch.distributed gloo group up at {self.group.init_method}: world_size={rdv.nnodes} "
+            f"k3sim: {self.group.label} group up at {self.group.init_method}: world_size={rdv.nnodes} "
             f"(one rank per node), node_rank={rdv.node_rank}, all_reduce sum={total:g} as expected"
         )
         if cfg.mimic == "sglang":

@@ -10,8 +10,10 @@ model's byte counts) and the stand-in's own layout (attention TP, expert shards)
   expert_bits_per_weight bits);
 - decode step(b) = max(bytes / bandwidth, b x FLOPs per token / compute): every running request gets one
   token per step, so inter-token latency is the step time and grows with the batch;
-- prefill of n uncached tokens = max(n x FLOPs per token / compute, weights / bandwidth); cached tokens
-  cost nothing, and one prefill runs at a time (requests arriving together queue for it).
+- prefill of n uncached tokens = max((n x FLOPs per token + MLA attention) / compute, weights / bandwidth),
+  the attention 2 x heads / attn_tp x (qk_nope + qk_rope + v_head) x MLA layers / DCP FLOPs per token for each
+  token it attends to (the cached ones, and half the new ones on average); cached tokens cost nothing else,
+  and one prefill runs at a time (requests arriving together queue for it).
 
 Every duration is divided by the speed factor K3SIM_SPEED (default 1), so tests can run the same model
 faster. Given the same arrivals the model is deterministic; only the host's sleep jitter is not, and
@@ -55,6 +57,7 @@ class PerfModel:
     expert_bytes: float
     expert_share: float
     flops_per_token: float
+    attention_flops: float  # per prompt token, for each token it attends to (MLA, prefill)
     kv_bytes_per_token: float
     state_bytes_per_request: float
     bandwidth_bps: float
@@ -72,6 +75,7 @@ class PerfModel:
         expert_shards: int,
         kv_bytes_per_token: float,
         state_bytes_per_request: float,
+        dcp: int = 1,
         speed: float = 1.0,
         decode_slowdown: float = 1.0,
     ) -> PerfModel:
@@ -85,11 +89,13 @@ class PerfModel:
         active_params = w.non_expert_bytes / BF16 / attn_tp + (
             w.routed_expert_bytes * 8 / w.expert_bits_per_weight * share / expert_shards
         )
+        width = arch.qk_nope_head_dim + arch.qk_rope_head_dim + arch.v_head_dim
         return cls(
             fixed_bytes=w.non_expert_bytes / attn_tp,
             expert_bytes=w.routed_expert_bytes / expert_shards,
             expert_share=share,
             flops_per_token=2 * active_params,
+            attention_flops=2 * arch.num_attention_heads / attn_tp * width * len(arch.full_attn_layers) / dcp,
             kv_bytes_per_token=kv_bytes_per_token,
             state_bytes_per_request=state_bytes_per_request,
             bandwidth_bps=hw.bandwidth_tbps * 1e12,
@@ -111,12 +117,15 @@ class PerfModel:
         step = max(read / self.bandwidth_bps, b * self.flops_per_token / self.flops_per_s)
         return step * self.decode_slowdown / self.speed
 
-    def prefill_s(self, uncached_tokens: int) -> float:
-        """Prefill of the tokens the prefix cache did not cover (0 when nothing is left to compute)."""
+    def prefill_s(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """Prefill of the tokens the prefix cache did not cover (0 when nothing is left to compute), each
+        attending to the cached ones and to half the new ones on average."""
         if uncached_tokens <= 0:
             return 0.0
         weights = (self.fixed_bytes + self.expert_bytes) / self.bandwidth_bps
-        return max(uncached_tokens * self.flops_per_token / self.flops_per_s, weights) / self.speed
+        attended = max(cached_tokens, 0) + uncached_tokens / 2
+        flops = uncached_tokens * (self.flops_per_token + self.attention_flops * attended)
+        return max(flops / self.flops_per_s, weights) / self.speed
 
     def describe(self) -> dict[str, float]:
         """Headline figures for /server_info and the bench (seconds, after the speed factor)."""
@@ -145,7 +154,7 @@ class Gpu:
         perf = self.perf
         if perf is not None:
             with self._prefill:  # the GPU prefills one request at a time
-                _sleep_until(time.monotonic() + perf.prefill_s(prompt_tokens - cached_tokens))
+                _sleep_until(time.monotonic() + perf.prefill_s(prompt_tokens - cached_tokens, cached_tokens))
         context = prompt_tokens + 1
         with self._lock:
             self.batch += 1

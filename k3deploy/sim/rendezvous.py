@@ -62,6 +62,8 @@ def watchdog(timeout_s: float, on_expire: Callable[[], None]) -> Iterator[None]:
 class NodeGroup:
     """This node's membership in the Gloo group (world size = number of nodes)."""
 
+    label = "torch.distributed gloo"
+
     def __init__(self, rdv: Rendezvous) -> None:
         self.rdv = rdv
         self.init_method = rdv.init_method if rdv.port else f"tcp://{rdv.host}:{free_port(rdv.host)}"

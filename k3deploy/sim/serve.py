@@ -71,6 +71,7 @@ class Node:
             expert_shards=self.adm.shape.expert_shards,
             kv_bytes_per_token=b.mla_kv_bytes_per_token,
             state_bytes_per_request=b.kda_state_bytes_per_slot,  # one live state per running request
+            dcp=self.adm.shape.dcp,
             speed=speed,
             decode_slowdown=faults.value("slow_decode", SLOW_DECODE_DEFAULT) if "slow_decode" in faults else 1.0,
         )

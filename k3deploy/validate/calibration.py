@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from k3deploy.validate.pipeline import Report
 
 MEASURED = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
+REFITS = 3
 
 
 def keep_effort(state_dir: Path, deployment: Deployment, report: Report) -> None:
@@ -48,22 +49,27 @@ def _workload(run: dict[str, Any]) -> Any:
     return Workload(**{k: w[k] for k in Workload._fields if k in w})
 
 
-def _figures(t: Topology, catalog: Catalog, run: dict[str, Any]) -> tuple[Any, list[Figure]]:
-    """The run's workload and its judged figures (TPOT; TTFT when predicted long enough to be the prefill's), each split
-    into its decode and prefill parts: the prediction is linear in the two factors, so two predictions give it."""
+def _figures(t: Topology, catalog: Catalog, run: dict[str, Any], around: tuple[float, float] = (1.0, 1.0)
+             ) -> tuple[Any, list[Figure]]:
+    """The run's workload and its judged figures (TPOT; TTFT when predicted long enough to be the prefill's; judged
+    on the catalog's prediction), each split into its decode and prefill parts at the factors `around`: the
+    prediction is linear in the two factors but for the batch a stand-in's staggered requests see, so two
+    predictions give the split, and `calibrate` refits around its last fit until it settles."""
     from k3deploy.planning.prediction import predict_topology
 
     w = _workload(run)
-    base = predict_topology(t, catalog, w)
-    twice = predict_topology(t, catalog, w, Calibration("split", 2.0, 1.0, 0, 0, 0.0, True, 0.0))
+    a, b = around
+    catalog_ttft = predict_topology(t, catalog, w).ttft_s
+    base = predict_topology(t, catalog, w, Calibration("split", a, b, 0, 0, 0.0, True, 0.0))
+    twice = predict_topology(t, catalog, w, Calibration("split", 2 * a, b, 0, 0, 0.0, True, 0.0))
     m = run["measured"]
     out = []
     for name, key, one, two in (("tpot", "mean_tpot_ms", base.tpot_s, twice.tpot_s),
                                 ("ttft", "mean_ttft_ms", base.ttft_s, twice.ttft_s)):
-        if name == "ttft" and one * 1000 < JUDGED_TTFT_MS:
+        if name == "ttft" and catalog_ttft * 1000 < JUDGED_TTFT_MS:
             continue  # as effort judges it: a TTFT this short is mostly HTTP, tokenizer and scheduling cost
         decode = (two - one) * 1000
-        out.append(Figure(name, float(m[key]), decode, one * 1000 - decode))
+        out.append(Figure(name, float(m[key]), decode / a, (one * 1000 - decode) / b))
     return w, out
 
 
@@ -88,7 +94,10 @@ def calibrate(name: str, state_dir: Path, topology: Topology, catalog: Catalog,
                          hint=f"run `k3deploy validate {name} --only effort` first")
     try:
         split = [_figures(topology, catalog, r) for r in runs]
-        result = fit([figs for _w, figs in split])
+        result = first = fit([figs for _w, figs in split])
+        for _ in range(REFITS):  # the split moves a little with the factors (see _figures): refit around the fit
+            split = [_figures(topology, catalog, r, (result.decode_factor, result.prefill_factor)) for r in runs]
+            result = fit([figs for _w, figs in split])._replace(error_before=first.error_before)
         cal = Calibration(name, result.decode_factor, result.prefill_factor, result.runs, result.figures,
                           result.error_after, result.exact, time.time())
         rows = [{"workload": r["workload"], "measured": {k: r["measured"][k] for k in MEASURED},
@@ -141,4 +150,11 @@ def calibrate_target(target: str, state_dir: str | None, catalog_dirs: list[Path
             raise StateError(f"deployment {found.name} was launched from {file}, which is gone",
                              hint="pass the topology file instead of the name")
         topology = load_topology_file(file)
+    if topology.roles is not None or topology.replicas > 1:
+        what = "prefill/decode roles" if topology.roles is not None else f"{topology.replicas} replicas"
+        raise InputError(f"{found.name} is a service ({what}): calibrating a service is not supported (validate "
+                         f"keeps no effort runs per role or replica, and plan predicts a service per role)",
+                         hint="calibrate one instance of the shape: a topology with its `parallel` and nodes, no "
+                         "roles, replicas 1; launch it, run `k3deploy validate NAME --only effort`, then `k3deploy "
+                         "calibrate NAME`")
     return calibrate(found.name, found.store.directory, topology, catalog_for(catalog_dirs), record)

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from k3deploy.validate.single import run_stages
 from k3deploy.validate.stages import IMPLEMENTED
 from k3deploy.validate.target import RunnerFactory, Target
+from k3deploy.validate.unit import run_stages
 
 if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from k3deploy.errors import InputError, StateError
 from k3deploy.validate.pipeline import Report, select
-from k3deploy.validate.single import run_stages
 from k3deploy.validate.stage import ProgressEvent, StageResult
 from k3deploy.validate.stages import IMPLEMENTED
 from k3deploy.validate.target import RunnerFactory, Target
+from k3deploy.validate.unit import validate_unit
 
 if TYPE_CHECKING:
     from k3deploy.checkpoint.manifest import Manifest
@@ -36,14 +36,9 @@ def resolve_target(target: str, state_dir: str | None = None) -> Target:
 
 def load_manifest(topology: Topology, topology_file: Path, override: Path | None) -> Manifest | None:
     """--manifest, else the topology's validate.manifest (relative to the topology file), else None."""
-    from k3deploy.checkpoint.manifest import Manifest
+    from k3deploy.checkpoint.manifest import topology_manifest
 
-    if override is not None:
-        return Manifest.load(override)
-    if topology.validate_.manifest is None:
-        return None
-    path = Path(topology.validate_.manifest).expanduser()
-    return Manifest.load(path if path.is_absolute() else topology_file.parent / path)
+    return topology_manifest(topology.validate_.manifest, topology_file, override)
 
 
 def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifest | None = None,
@@ -59,13 +54,8 @@ def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifes
     if topology.model.id not in catalog.models:
         raise InputError(f"{target.file}: model.id {topology.model.id!r} is not in the catalog "
                          f"(known: {', '.join(sorted(catalog.models))})")
-    if topology.roles is not None or topology.replicas > 1:
-        from k3deploy.validate.roles import validate_service
-
-        return validate_service(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
-                                not_implemented=missing, progress=progress, on_stage=on_stage)
-    report = run_stages(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
-                        not_implemented=missing, progress=progress, on_stage=on_stage)
+    report = validate_unit(target, runner_factory, stages, catalog, manifest=manifest, fail_fast=fail_fast,
+                           not_implemented=missing, progress=progress, on_stage=on_stage)
     if target.deployment is not None and target.state_dir is not None:
         from k3deploy.validate.calibration import keep_effort
 

@@ -39,6 +39,7 @@ from tests.integration.sim_deployments import (
 from tests.integration.ssh_faults import SecondSshd
 from tests.integration.validate_rig import RigNodes
 from tests.polling import wait_for
+from tests.readme_text import ReadmeInstall, install_as_readme_says
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
 from tests.rig.slurm_cluster import SlurmRig
@@ -188,6 +189,14 @@ def _slurm_jobs(cluster: SlurmRig) -> dict[str, str]:
     """The queue: job ID -> state."""
     rows = cluster.client(["squeue", "-h", "-o", "%i %T"]).stdout.split("\n")
     return dict(row.split(None, 1) for row in rows if row.strip())  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def readme_install(tmp_path_factory: pytest.TempPathFactory) -> ReadmeInstall:
+    """README's install command run once a run (tests/readme_text.py): test_readme_install.py checks what it
+    did, test_core_install.py runs every command from the venv it made (tests/schedule.py puts both modules on
+    one worker)."""
+    return install_as_readme_says(tmp_path_factory.mktemp("readme"))
 
 
 @pytest.fixture

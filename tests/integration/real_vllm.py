@@ -3,15 +3,19 @@ one engine per host, the CLI with that catalog, and what runs on a host (to kill
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from k3deploy.executors.base import exit_record
+from k3deploy.records.store import StateStore
 from tests.integration.sim_deployments import ROOT, SimDeployments, cli
 from tests.polling import wait_for
 from tests.realengine.server import inductor_env
@@ -21,6 +25,10 @@ CATALOG = ROOT / "tests" / "assets" / "catalog"
 # Start-up: 30-80 s per engine (real-engines.md), 7-8 min on the loaded 2-core machine with other tests running.
 READY_TIMEOUT_S = 900
 MODELS = {"llama": "tiny-llama", "llama16": "tiny-llama", "deepseek": "tiny-deepseek-v3"}
+# The issue's bound (39): a failure line names the cause within 10 s of the node's end.
+NAMED_WITHIN_S = 10.0
+# vLLM's log prefix time (vllm/logger.py: "%m-%d %H:%M:%S", local time, no year).
+_VLLM_TIME_RE = re.compile(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,18 @@ def engine_main(rig: HostRig, host: str) -> Proc:
     return found[0]
 
 
+def node_end_s(log_tail: str, line: str) -> float:
+    """When a failed node ended (epoch s): its wrapper's exit record, else (an engine that hangs after a fatal
+    line, stopped by the teardown) the time vLLM printed on that line (to the second)."""
+    rec = exit_record(log_tail)
+    if rec is not None:
+        return rec[1]
+    stamp = _VLLM_TIME_RE.search(line)
+    assert stamp, f"no exit record and no vLLM time on the failure's line: {line!r}"
+    year = time.localtime().tm_year
+    return time.mktime(time.strptime(f"{year}-{stamp.group(1)}", "%Y-%m-%d %H:%M:%S"))
+
+
 def children(rig: HostRig, host: str, pid: int) -> list[Proc]:
     """Direct children of a process of a host."""
     return [p for p in host_procs(rig, host) if p.ppid == pid]
@@ -65,6 +85,14 @@ def kill(rig: HostRig, host: str, pid: int) -> None:
     """SIGKILL one process of a host, by its host-local PID."""
     done = rig.exec(host, ["kill", "-KILL", str(pid)])
     assert done.returncode == 0, done.stderr
+
+
+def kill_worker_child(rig: HostRig, host: str) -> None:
+    """SIGKILL the worker child (VLLM::Worker_TPn) of a host's engine: its main process logs the death, exits 0."""
+    main = engine_main(rig, host)
+    child = [p for p in children(rig, host, main.pid) if "Worker" in p.args]
+    assert child, children(rig, host, main.pid)
+    kill(rig, host, child[0].pid)
 
 
 class RealVllm(SimDeployments):
@@ -112,9 +140,10 @@ class RealVllm(SimDeployments):
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
-    def run(self, *args: str, timeout_s: float = READY_TIMEOUT_S + 300) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout_s: float = READY_TIMEOUT_S + 300,
+            catalog: Path = CATALOG) -> subprocess.CompletedProcess[str]:
         """The CLI with the tier's catalog on the commands that take it."""
-        extra = ("--catalog", str(CATALOG)) if args[0] in ("plan", "launch", "preflight", "validate", "rollout") else ()
+        extra = ("--catalog", str(catalog)) if args[0] in ("plan", "launch", "preflight", "validate", "rollout") else ()
         return cli(*args, *extra, timeout_s=timeout_s, env=self.cli_env)
 
     def validate(self, topo: Path, *more: str) -> dict[str, Any]:
@@ -123,6 +152,133 @@ class RealVllm(SimDeployments):
         assert done.returncode in (0, 1), done.stdout + done.stderr
         report: dict[str, Any] = json.loads(done.stdout)
         return {s["name"]: s for s in report["stages"]}
+
+    def named_failure(self, name: str, signature: str, *texts: str) -> tuple[str, float]:
+        """The failed record's cause ends with the catalog signature's cause and fix (with the texts given: the
+        filled values); (that cause, seconds from the failed node's end to the record naming it)."""
+        failure = StateStore(self.state_dir).require(name).failure
+        assert failure is not None and failure.rank is not None, name
+        cause = failure.cause
+        assert "; cause: " in cause and cause.endswith(f"[{signature}]"), cause
+        for text in texts:
+            assert text in cause, (text, cause)
+        return cause, failure.at - node_end_s(failure.log_tail, cause)
+
+    def killed_worker_named(self, name: str, rank: int) -> float:
+        """After kill_worker_child: the catalog names it, within the bound; seconds from the node's end to the
+        record naming it. Which of two lines vLLM prints depends on whether its executor read the child's exit
+        status before it saw the child gone (both seen here: "died unexpectedly (exit code: -9)", or none)."""
+        failure = StateStore(self.state_dir).require(name).failure
+        read_status = failure is not None and failure.cause.endswith("[worker-killed-sigkill]")
+        signature, cause = (("worker-killed-sigkill", "cause: a worker process was killed by SIGKILL") if read_status
+                            else ("worker-killed-no-status", "cause: a worker process vanished before its executor could read"))
+        _, seconds = self.named_failure(
+            name, signature, cause,
+            f"Fix: look for `Out of memory: Killed process` in `dmesg` on {self.rig.hosts[rank].mgmt_ip}")
+        assert seconds < NAMED_WITHIN_S, seconds
+        return seconds
+
+    def failed_launch(self, topo: Path, name: str, signature: str, *texts: str,
+                      catalog: Path = CATALOG) -> float:
+        """`launch` of a one-host start that fails: exit 4; launch's failure line, `status` and `logs` name the
+        catalog's cause and fix for the node; seconds from its end to the record."""
+        run = self.run("launch", str(topo), "--json", "--skip-preflight", catalog=catalog)
+        assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-4000:]
+        rec = json.loads(run.stdout)
+        assert rec["status"] == "failed" and rec["ready_at"] is None, rec
+        cause, seconds = self.named_failure(name, signature, *texts)
+        host = self.rig.hosts[0].mgmt_ip
+        assert f"rank 0 ({host}): {cause}" in run.stderr, run.stderr[-4000:]  # the failure line
+        assert self.failed_status(topo, name, 0, host)["failure"]["cause"] == cause
+        logs = self.run("logs", str(topo), "-n", "400")
+        named = f"==> rank 0 {host}: {cause.split('; cause: ')[-1]} <=="  # the same cause and fix
+        assert logs.returncode == 0 and named in logs.stderr.splitlines(), (named, logs.stderr[-2000:])
+        return seconds
+
+    def real_failures(self, prefix: str) -> dict[str, float]:
+        """Five real failures of vLLM, each launched here (one host, TP 1 or 2): four before its weights load (a
+        taken port, a missing checkpoint, a checkpoint whose heads TP does not divide, a wrong interface) and a
+        KV cache too small; signature id -> seconds from the failed node's end to its failure being named (each
+        within the bound), and nothing left on a host."""
+        h0 = self.rig.hosts[0]
+        seconds = {}
+        # The engine port taken: sshd listens on port 22 of every host (the asset's taker was a second engine).
+        topo = self._edited(self.real_topology(f"{prefix}-port", tp=1, hosts=1),
+                            lambda d: d["engine"].update(port=22))
+        seconds["http-port-in-use"] = self.failed_launch(
+            topo, f"{prefix}-port", "http-port-in-use", "cause: the engine's HTTP port is already taken on this node",
+            f"Fix: change engine.port, or stop what listens there (`ss -ltnp` on {h0.mgmt_ip}")
+        missing = self.tmp / "no-such-model"
+        topo = self._edited(self.real_topology(f"{prefix}-ckpt", tp=1, hosts=1),
+                            lambda d: d["model"].update(path=str(missing)))
+        seconds["checkpoint-missing"] = self.failed_launch(
+            topo, f"{prefix}-ckpt", "checkpoint-missing", "cause: the model path does not exist on this node",
+            f"Fix: put the checkpoint at {missing} on {h0.mgmt_ip}")
+        # A checkpoint that is not what the plan read: 3 heads (the catalog's tiny-llama has 4, so the planner
+        # passes TP 2); vLLM refuses the layout at configuration. One host of two "GPUs" (one vLLM import, not
+        # one per host). Hidden 96 and one KV head keep transformers' own check (hidden a multiple of the
+        # heads) quiet: it would refuse first.
+        three = self.tmp / "tiny-llama-3-heads"
+        shutil.copytree(self.checkpoints["llama"], three)
+        config = json.loads((three / "config.json").read_text())
+        (three / "config.json").write_text(json.dumps(
+            {**config, "num_attention_heads": 3, "num_key_value_heads": 1, "hidden_size": 96}))
+        def three_heads(doc: dict[str, Any]) -> None:
+            doc["model"]["path"] = str(three)
+            doc["hardware"]["gpus_per_node"] = 2
+
+        topo = self._edited(self.real_topology(f"{prefix}-heads", hosts=1), three_heads)
+        seconds["tp-not-dividing-heads"] = self.failed_launch(
+            topo, f"{prefix}-heads", "tp-not-dividing-heads",
+            "cause: the model's 3 attention heads cannot be split evenly over tensor parallel size 2.",
+            "Fix: set parallel.tp to a divisor of 3 (1, 3)")
+        topo = self._edited(self.real_topology(f"{prefix}-iface", tp=1, hosts=1),
+                            lambda d: d["nodes"][0].update(iface="k3-noiface"))
+        seconds["gloo-iface-unknown"] = self.failed_launch(
+            topo, f"{prefix}-iface", "gloo-iface-unknown",
+            "cause: GLOO_SOCKET_IFNAME names an interface this node does not have",
+            f"Fix: set nodes[0].iface to the interface that carries {h0.priv_ip} on {h0.mgmt_ip}")
+        seconds["kv-cache-too-small-vllm"] = self._kv_too_small(f"{prefix}-kv")
+        assert all(s < NAMED_WITHIN_S for s in seconds.values()), seconds
+        left = self.left_on_hosts()
+        assert not any(left.values()), left
+        return seconds
+
+    def _kv_too_small(self, name: str) -> float:
+        """vLLM's KV cache too small for its context length, launched here (one host, TP 1): the plan reads a
+        catalog that overstates the host (8 GiB, as a hardware entry that does not match the node) and a model of
+        8M positions, so it passes the 8M context the planner would refuse with the true 1 GiB (MEM_KV_CONTEXT);
+        the engine, given 1 GiB (VLLM_CPU_KVCACHE_SPACE), refuses after the weights load and hangs (a fatal
+        line: launch stops it). Seconds from that line to the failure being named."""
+        catalog = self.tmp / "catalog-8g"
+        shutil.copytree(CATALOG, catalog)
+        for file, old, new in (("hardware.yaml", "memory_gib: 1.0", "memory_gib: 8.0"),
+                               ("hardware.yaml", "usable_gib: 1.0", "usable_gib: 8.0"),
+                               ("models.yaml", "max_position_embeddings: 4096", "max_position_embeddings: 8388608")):
+            text = (catalog / file).read_text()
+            assert old in text, (file, old)
+            (catalog / file).write_text(text.replace(old, new, 1))
+        long = self.tmp / "tiny-llama-8m"
+        shutil.copytree(self.checkpoints["llama"], long)
+        config = json.loads((long / "config.json").read_text())
+        (long / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8388608}))
+
+        def change(doc: dict[str, Any]) -> None:
+            doc["model"]["path"] = str(long)
+            doc["serving"]["context_length"] = 8388608
+
+        topo = self._edited(self.real_topology(name, tp=1, hosts=1), change)
+        return self.failed_launch(
+            topo, name, "kv-cache-too-small-vllm", "fatal error in its log: ",
+            "cause: the KV cache left after the weights cannot hold one request of the configured context length "
+            "(8388608 tokens).", "Fix: lower serving.context_length to ", catalog=catalog)
+
+    @staticmethod
+    def _edited(topo: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+        doc = yaml.safe_load(topo.read_text())
+        change(doc)
+        topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return topo
 
     def left_on_hosts(self) -> dict[str, list[str]]:
         """Every process on a host but its sshd (closed SSH sessions and stopping engines get a moment)."""

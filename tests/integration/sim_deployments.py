@@ -22,6 +22,10 @@ from tests.rig.ray_cluster import RAY_ENV, RayRig
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = [sys.executable, "-m", "k3deploy.sim", "serve", "--mimic", "sglang"]
+# One launch per launcher (SSH, Ray, Slurm) runs its stand-ins on torch.distributed over Gloo, as the engines: the
+# rendered rendezvous (address, port, GLOO_SOCKET_IFNAME) held to real Gloo across the rig's hosts. The others
+# use the stand-in's torch-free group (tests/conftest.py says why).
+GLOO = {"K3SIM_GROUP": "gloo"}
 
 
 class SimDeployments:

@@ -2,15 +2,13 @@
 inputs that reach the optional imports: each ends in its documented code, a missing package as exit 6
 naming the package and the exact install, never exit 70 or a traceback.
 
-The venv is cached under ~/.cache/k3deploy-tests (one per checkout, pyproject and Python), so only the
-first run pays for the install; it needs the package index pip is configured with.
+The venv is the one README's install command made in a copy of the checkout (the `readme_install` fixture
+of tests/integration/conftest.py, which test_readme_install.py checks): one install a run serves both
+modules; it needs the package index pip is configured with.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,11 +19,10 @@ import pytest
 import yaml
 
 from k3deploy.errors import EXIT_CODES
+from tests.readme_text import ReadmeInstall
 
 pytestmark = pytest.mark.timeout(900)
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "topologies" / "local-demo.yaml"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "k3deploy-tests"
+DEMO = Path(__file__).resolve().parents[2] / "topologies" / "local-demo.yaml"
 MISSING = 6
 # pyproject's extras, as a user reads them: the package a message must name -> the extra that brings it.
 EXTRA_OF = {"numpy": "sim", "torch": "sim", "safetensors": "sim", "prometheus_client": "sim", "tokenizers": "sim",
@@ -33,34 +30,22 @@ EXTRA_OF = {"numpy": "sim", "torch": "sim", "safetensors": "sim", "prometheus_cl
             "huggingface_hub": "hub"}
 
 
-def _core_venv() -> Path:
-    """A venv with `pip install -e ROOT` and nothing else, made once per checkout and pyproject."""
-    key = hashlib.sha256(f"{ROOT}\n{sys.version}\n".encode() + (ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    venv = CACHE / f"core-{key[:16]}"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / f"core-{key[:16]}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same one
-        if not (venv / "ready").exists():
-            shutil.rmtree(venv, ignore_errors=True)
-            base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-            subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300)
-            run = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                                  "--disable-pip-version-check", "-e", str(ROOT)],
-                                 capture_output=True, text=True, timeout=800, check=False)
-            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-            (venv / "ready").write_text("ok\n")
-    return venv
-
-
 @pytest.fixture(scope="module")
-def core() -> Path:
+def core(readme_install: ReadmeInstall) -> Path:
     """The core-only venv, checked to hold none of the optional packages."""
-    venv = _core_venv()
+    made = readme_install.run
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    venv = readme_install.venv
     check = f"import importlib.util as u; print([m for m in {sorted(EXTRA_OF)!r} if u.find_spec(m)])"
     probe = subprocess.run([str(venv / "bin" / "python"), "-c", check],
                            capture_output=True, text=True, timeout=60, check=True)
     assert probe.stdout.strip() == "[]", f"the core venv holds optional packages: {probe.stdout}"
     return venv
+
+
+def checkout(core: Path) -> Path:
+    """The clone the core venv's editable install is of (what its messages tell the user to `pip install -e`)."""
+    return core.parent
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +90,7 @@ def assert_missing(run: Run, core: Path, *extras: str) -> None:
     assert run.code == MISSING, run.text[-3000:]
     wanted = {dist for dist, extra in EXTRA_OF.items() if extra in extras}
     assert any(d in run.text for d in wanted), run.text
-    assert f"{core}/bin/pip install -e '{ROOT}[{','.join(extras)}]'" in run.text, run.text
+    assert f"{core}/bin/pip install -e '{checkout(core)}[{','.join(extras)}]'" in run.text, run.text
 
 
 def test_core_commands_run_and_missing_extras_are_named(core: Path, work: Path) -> None:
@@ -130,13 +115,13 @@ def test_core_commands_run_and_missing_extras_are_named(core: Path, work: Path) 
 def test_core_launch_of_the_stand_in_names_the_sim_extra(core: Path, work: Path) -> None:
     topo = str(work / "demo.yaml")
     pre = k3(core, work, "preflight", topo)  # the engine check runs the stand-in's interpreter: this one
-    assert pre.code == 1 and f"{core}/bin/pip install -e '{ROOT}[sim]'" in pre.text, pre.text[-3000:]
+    assert pre.code == 1 and f"{core}/bin/pip install -e '{checkout(core)}[sim]'" in pre.text, pre.text[-3000:]
     refused = k3(core, work, "launch", topo)
     assert refused.code == 4 and "preflight failed, nothing was started" in refused.text, refused.text[-3000:]
     assert "[sim]" in refused.text
     started = k3(core, work, "launch", topo, "--skip-preflight")  # the nodes start and exit at once, saying why
     assert started.code == 4 and "exited with status 6" in started.text, started.text[-3000:]
-    assert f"{core}/bin/pip install -e '{ROOT}[sim]'" in started.text, started.text[-3000:]
+    assert f"{core}/bin/pip install -e '{checkout(core)}[sim]'" in started.text, started.text[-3000:]
     assert k3(core, work, "status", topo).code == 4
     assert "this needs" in k3(core, work, "logs", topo, "-n", "5").text
     assert k3(core, work, "stop", topo).code == 0

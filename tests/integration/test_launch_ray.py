@@ -14,6 +14,7 @@ import pytest
 from k3deploy.records.store import StateStore
 from tests import figures
 from tests.integration.sim_deployments import (
+    GLOO,
     RAY_CLI_ENV,
     RayDeployments,
     agents,
@@ -39,7 +40,7 @@ def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(240)
 def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments, rig4: HostRig, ray4: RayRig,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    topo = deployments.topology("ray-e2e", launch={"executor": "ssh", "ray_address": "10.0.0.1:1"})
+    topo = deployments.topology("ray-e2e", env=GLOO, launch={"executor": "ssh", "ray_address": "10.0.0.1:1"})
     t0 = time.monotonic()
     run = cli("launch", str(topo), "--executor", "ray", "--ray-address", ray4.address, "--json")
     launch_s = time.monotonic() - t0
@@ -70,6 +71,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments
     prefixes = {line.split("]")[0] + "]" for line in logs.stdout.splitlines()}
     assert prefixes == {f"[0 {rig4.hosts[0].mgmt_ip}]", f"[2 {rig4.hosts[2].mgmt_ip}]"}
     assert "The server is fired up and ready to roll!" in logs.stdout
+    assert "k3sim: torch.distributed gloo group up" in logs.stdout  # real Gloo across the hosts
 
     follow = start_k3deploy("logs", topo, "--node", "1", "-f", "-n", "5", env=RAY_ENV)
     assert follow.stdout is not None

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from k3deploy.launch.ipc import ipc_dir
+from tests.integration.sim_deployments import GLOO
 from tests.integration.test_sbatch_export_slurm import engines, slurm_topology
 from tests.k3deploy_cli import run_k3deploy
 from tests.polling import wait_for
@@ -51,8 +53,8 @@ def job_state(slurm: SlurmRig, job: int) -> str:
     return found.group(1) if found else ""
 
 
-def launched(slurm: SlurmRig, topo: Path) -> dict[str, Any]:
-    run = cli(slurm, "launch", str(topo), "--json")
+def launched(slurm: SlurmRig, topo: Path, *flags: str) -> dict[str, Any]:
+    run = cli(slurm, "launch", str(topo), "--json", *flags)
     assert run.returncode == 0, run.stderr + run.stdout[-3000:] + slurm.log("slurmctld")
     rec: dict[str, Any] = json.loads(run.stdout)
     return rec
@@ -70,6 +72,9 @@ def ranks_by_host(rig: HostRig) -> dict[str, int]:
 
 @pytest.mark.timeout(420)
 def test_launch_status_logs_validate_stop_on_one_job(slurm: SlurmRig, rig4: HostRig, topo: Path) -> None:
+    doc = yaml.safe_load(topo.read_text())
+    doc["engine"]["env"] = GLOO
+    topo.write_text(yaml.safe_dump(doc, sort_keys=False))
     rec = launched(slurm, topo)
     assert rec["status"] == "ready" and rec["executor"] == "slurm" and rec["preflight"] == "passed", rec
     job = rec["slurm_job"]["job_id"]
@@ -89,6 +94,8 @@ def test_launch_status_logs_validate_stop_on_one_job(slurm: SlurmRig, rig4: Host
     assert logs.returncode == 0, logs.stderr
     for r, h in enumerate(hosts):
         assert f"[{r} {h}] " in logs.stdout, logs.stdout
+    head_log = cli(slurm, "logs", str(topo), "--node", "0", "--lines", "200")
+    assert "k3sim: torch.distributed gloo group up" in head_log.stdout  # real Gloo across the job's nodes
     val = cli(slurm, "validate", str(topo), "--only", "shards,topology,short")
     assert val.returncode == 0, val.stdout[-3000:] + val.stderr
     stop = cli(slurm, "stop", str(topo))
@@ -129,7 +136,8 @@ def test_a_slurm_fault_is_named_by_node_and_leaves_no_engine(slurm: SlurmRig, ri
                                                             tmp_path: Path, topo: Path, fault: str) -> None:
     if fault == "time limit":
         topo = slurm_topology(rig4, checkpoint, tmp_path, "it-slurm", time_limit="1")
-    rec = launched(slurm, topo)
+    # Preflight's probes in the launch's job: test_launch_status_logs_validate_stop_on_one_job (10-20 s each).
+    rec = launched(slurm, topo, "--skip-preflight")
     job = rec["slurm_job"]["job_id"]
     dirs = [ipc_dir(n["handle"]["tag"]) for n in rec["nodes"]]
     assert all(os.path.isdir(d) for d in dirs), dirs  # the engines' own, on the hosts' shared /tmp

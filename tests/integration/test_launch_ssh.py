@@ -15,11 +15,11 @@ import pytest
 
 from k3deploy.records.store import StateStore
 from tests import figures
-from tests.integration.sim_deployments import Deployments, engine_running, hosts_empty
+from tests.integration.sim_deployments import GLOO, Deployments, engine_running, hosts_empty
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
-from tests.rig import HostRig
+from tests.rig import HostRig, RigHost
 from tests.unit.test_launch_support import assert_supervisor_stopped_group
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, r
     hostile = f"$(touch {marker}); `touch {marker}`; touch {marker} #'\""
     nodes = [{"host": h.mgmt_ip, "ip": h.priv_ip, "iface": h.priv_iface} for h in rig4.hosts]
     nodes[1] = {"host": "h02", "ip": rig4.hosts[1].priv_ip, "iface": "ens-priv"}  # via the ssh config alias
-    topo = deployments.topology("it-e2e", nodes=nodes, env={"K3_NOTE": hostile},
+    topo = deployments.topology("it-e2e", nodes=nodes, env={"K3_NOTE": hostile, **GLOO},
                                 launch={"log_dir": str(deployments.tmp / f"logs {hostile}")})
     t0 = time.monotonic()
     run = cli("launch", str(topo), "--ssh-config", str(rig4.ssh_config_path), "--json")
@@ -39,6 +39,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, r
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
     assert rec["status"] == "ready" and rec["owner"]["role"] == "supervisor"
+    assert rec["preflight"] == "passed"  # the launch's own preflight over SSH (the other launches here skip it)
     attempt = rec["attempts"][0]
     with capsys.disabled():
         print(f"\n4 SSH hosts: launch to ready {attempt['ready_at'] - attempt['started_at']:.1f} s "
@@ -58,6 +59,7 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: Deployments, r
     prefixes = {line.split("]")[0] + "]" for line in logs.stdout.splitlines()}
     assert prefixes == {f"[0 {rig4.hosts[0].mgmt_ip}]", f"[2 {rig4.hosts[2].mgmt_ip}]"}
     assert "The server is fired up and ready to roll!" in logs.stdout
+    assert "k3sim: torch.distributed gloo group up" in logs.stdout  # real Gloo across the hosts
 
     t0 = time.monotonic()
     stop = cli("stop", str(topo))
@@ -96,16 +98,23 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
     assert direct.returncode == 3 and f"cannot connect to root@{nodes[0]['host']}:22" in direct.stderr, direct.stderr
     assert "Network is unreachable" in direct.stderr or "timed out" in direct.stderr, direct.stderr
 
+    # The rig is shared by the run: only what the sshd logs from here on is this launch's (the login-route
+    # validate tests connect through the same bastion from the same controller).
+    marks = {h.name: len(rig4.sshd_log(h, 10**6).splitlines()) for h in rig4.hosts}
+
+    def sshd_log_since(host: RigHost) -> str:
+        return "\n".join(rig4.sshd_log(host, 10**6).splitlines()[marks[host.name]:])
+
     run = ctl_cli("launch", str(topo), "--ssh-jump", f"root@{bastion.mgmt_ip}", "--json")
     assert run.returncode == 0, run.stderr
     rec = json.loads(run.stdout)
     assert rec["status"] == "ready" and rec["probe_from"] == "head" and rec["url"] == url
     assert {j["target"]["jump"] for j in rec["jobs"]} == {f"root@{bastion.mgmt_ip}"}
     for host in rig4.hosts[1:]:  # each node's sshd saw the connection come from the jump host
-        assert f"Accepted publickey for root from {bastion.priv_ip}" in rig4.sshd_log(host, 200), host.name
+        assert f"Accepted publickey for root from {bastion.priv_ip}" in sshd_log_since(host), host.name
     # One connection to the bastion per process, shared by all four nodes: launch's, and its supervisor's
     # once that has started (unshared, launch alone would have made four).
-    assert rig4.sshd_log(bastion, 400).count(f"Accepted publickey for root from {rig4.controller_ip} ") in (1, 2)
+    assert sshd_log_since(bastion).count(f"Accepted publickey for root from {rig4.controller_ip} ") in (1, 2)
     st = ctl_cli("status", str(topo), "--json")
     status = json.loads(st.stdout)
     assert status["ready"] is True and status["probe_from"] == "head", st.stdout + st.stderr
@@ -124,7 +133,7 @@ def test_launch_from_a_login_node_through_a_jump_host_checks_readiness_on_rank_0
 def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deployments, rig4: HostRig,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     topo = deployments.topology("it-kill-start", launch={"ready_timeout_s": 600})
-    proc = start_k3deploy("launch", topo)
+    proc = start_k3deploy("launch", topo, "--skip-preflight")  # about supervision
     victim = rig4.hosts[2]
     try:
         assert wait_for(lambda: engine_running(rig4, victim.name), 60)
@@ -152,7 +161,7 @@ def test_worker_killed_during_startup_stops_all_and_names_it(deployments: Deploy
 def test_worker_killed_after_ready_supervisor_stops_all(deployments: Deployments, rig4: HostRig,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     topo = deployments.topology("it-kill-ready")
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), "--skip-preflight")  # about supervision
     assert run.returncode == 0, run.stderr
     store = StateStore(deployments.state_dir)
     supervisor = store.require("it-kill-ready").owner
@@ -177,7 +186,7 @@ def test_control_network_outage_is_not_a_node_failure(deployments: Deployments, 
     """Every node's management link (the one SSH uses) down for a while: the engines keep running on the
     private network, the supervisor keeps watching, and after the outage the deployment is still ready."""
     topo = deployments.topology("it-outage")
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), "--skip-preflight")  # about supervision
     assert run.returncode == 0, run.stderr
     log = deployments.state_dir / "it-outage.supervisor.log"
     for host in rig4.hosts:

@@ -138,7 +138,7 @@ def test_head_killed_after_ready_stops_the_workers_and_names_it(deployments: Dep
     record names rank 0. The workers outlive their head (outlive_head), as real vLLM's headless node does
     (tests/realengine/test_health_peer_gone.py): only supervision can have stopped them."""
     topo = deployments.topology("it-kill-head", env={"K3SIM_FAULT": "outlive_head"})
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), "--skip-preflight")  # about supervision
     assert run.returncode == 0, run.stderr
     supervisor = StateStore(deployments.state_dir).require("it-kill-head").owner
     assert supervisor is not None and supervisor.alive()
@@ -162,7 +162,7 @@ def test_readiness_deadline_passing_stops_every_node(deployments: Deployments, r
     setting's name, stops all four nodes over SSH and exits 4."""
     topo = deployments.topology("it-deadline", env=SLOW_HEAD, launch={"dist_timeout_s": 60, "ready_timeout_s": 8})
     figures.fault_injected()
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), "--skip-preflight")  # about supervision
     assert run.returncode == 4, run.stdout + run.stderr
     assert "not ready after 8 s (launch.ready_timeout_s)" in run.stderr, run.stderr
     assert "every node was stopped" in run.stderr and "Traceback" not in run.stderr, run.stderr
@@ -178,7 +178,7 @@ def test_supervisor_killed_status_says_so_and_stop_still_stops_everything(deploy
     """The supervisor dies (the OOM killer on the launch machine): the engines run on unwatched, `status` says
     nothing would stop them, and `stop` still stops all four over SSH."""
     topo = deployments.topology("it-kill-supervisor")
-    run = cli("launch", str(topo))
+    run = cli("launch", str(topo), "--skip-preflight")  # about supervision
     assert run.returncode == 0, run.stderr
     supervisor = StateStore(deployments.state_dir).require("it-kill-supervisor").owner
     assert supervisor is not None and supervisor.role == "supervisor"

@@ -1,7 +1,8 @@
 """The real vLLM through k3deploy's Ray executor: a Ray cluster on two namespace hosts, the dense model at TP 2
 across them (the same `vllm serve` processes, started by the agent actors), ready only after a completion,
-validated from real log lines; then the headless node's main process killed: every node stopped, the node named,
-no engine and no agent left (Ray's own processes stay)."""
+validated from real log lines; then the headless node's worker child killed: every node stopped, the node named
+with the failure catalog's cause and fix, no engine and no agent left (Ray's own processes stay). Five real
+failures launched through Ray, each named with its cause and fix."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.records.store import StateStore
-from tests.integration.real_vllm import RealVllm, engine_main, host_procs, kill
+from tests.integration.real_vllm import RealVllm, host_procs, kill_worker_child
 from tests.polling import wait_for
 from tests.rig import HostRig
 from tests.rig.ray_cluster import RAY_ENV, RayRig
@@ -62,7 +63,7 @@ def real(ray2: tuple[HostRig, RayRig], vllm: Path, tmp_path: Path, vllm_cache_ro
     assert problems == [], problems
 
 
-def test_dense_tp2_through_ray_serves_and_a_killed_headless_main_stops_the_group(
+def test_dense_tp2_through_ray_serves_and_a_killed_worker_stops_the_group_named(
         real: RayRealVllm, capsys: pytest.CaptureFixture[str]) -> None:
     topo = real.real_topology("rvr-dense")
     t0 = time.monotonic()
@@ -76,14 +77,24 @@ def test_dense_tp2_through_ray_serves_and_a_killed_headless_main_stops_the_group
     assert stages["kernels"]["status"] == "pass" and stages["topology"]["status"] == "pass", stages
     assert [n["detail"] for n in stages["topology"]["nodes"]] == ["DP0 PP0 TP0 EPN/A", "DP0 PP0 TP1 EPN/A"]
 
-    worker = real.rig.hosts[1].name
-    kill(real.rig, worker, engine_main(real.rig, worker).pid)
+    # The headless node's worker child (VLLM::Worker_TP1): its main process logs the death and exits 0 (the
+    # killed main process itself is the SSH DP test's fault).
+    kill_worker_child(real.rig, real.rig.hosts[1].name)
     t0 = time.monotonic()
     store = StateStore(real.state_dir)  # Ray's supervisor polls (no streams); its calls are slow under load
     assert wait_for(lambda: store.require("rvr-dense").status == "failed", 180), store.require("rvr-dense")
-    with capsys.disabled():
-        print(f"Ray: headless main killed, group stopped after {time.monotonic() - t0:.0f} s")
     status = real.failed_status(topo, "rvr-dense", 1, real.rig.hosts[1].mgmt_ip)
-    assert "exited with status" in status["failure"]["cause"] or "gone" in status["failure"]["cause"], status
+    assert status["failure"]["cause"].startswith("exited with status 0 (a serving engine never ends"), status
+    seconds = real.killed_worker_named("rvr-dense", 1)
+    with capsys.disabled():
+        print(f"Ray: worker child killed, group stopped after {time.monotonic() - t0:.0f} s, "
+              f"named {seconds:.1f} s after its node ended")
     left = real.left_on_hosts()
     assert not any(left.values()), left
+
+
+def test_real_failures_through_ray_are_named_with_their_cause_and_fix(
+        real: RayRealVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    seconds = real.real_failures("rvrf")
+    with capsys.disabled():
+        print("\nRay: node end to failure named: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3deploy.records.store import StateStore
-from tests.integration.real_vllm import RealVllm, children, engine_main, kill
+from tests.integration.real_vllm import RealVllm, engine_main, kill, kill_worker_child
 from tests.integration.test_router_tables import needs_routers
 from tests.polling import wait_for
 from tests.rig import HostRig
@@ -105,14 +105,21 @@ def test_dense_tp2_across_hosts_earns_its_verdicts_and_a_lost_worker_child_fails
     assert "hit and cold" in prefix["detail"] or prefix["status"] == "fail", prefix
 
     # The headless node's worker child alone: its main process logs the death and exits 0.
-    head, worker = real.rig.hosts[0].name, real.rig.hosts[1].name
-    main = engine_main(real.rig, worker)
-    child = [p for p in children(real.rig, worker, main.pid) if "Worker" in p.args]  # VLLM::Worker_TP1
-    assert child, children(real.rig, worker, main.pid)
-    kill(real.rig, worker, child[0].pid)
+    kill_worker_child(real.rig, real.rig.hosts[1].name)
     cause = failed_cleanly(real, topo, "rv-dense", 1, r"^exited with status 0 \(a serving engine never ends")
     assert "died unexpectedly" in cause, cause
-    assert head
+    seconds = real.killed_worker_named("rv-dense", 1)
+    with capsys.disabled():
+        print(f"worker child killed: named {seconds:.1f} s after its node ended")
+
+
+def test_real_failures_are_named_with_their_cause_and_fix(real: RealVllm, capsys: pytest.CaptureFixture[str]) -> None:
+    # One test for five launches that fail: four before the weights load (the API server's import of vLLM, and
+    # for the interface its worker's, is what each costs), then a KV cache too small; the killed worker is the
+    # dense test's fault above.
+    seconds = real.real_failures("rvf")
+    with capsys.disabled():
+        print("\nSSH: node end to failure named: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
 
 
 def test_mla_moe_tp2_names_its_cpu_kernels_and_fails_prefix_cache_then_rank0_killed(

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
+import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -17,13 +22,16 @@ import pytest
 import yaml
 
 from k3deploy.records.store import StateStore
+from tests.integration.replica_faults import restart_replica, with_fault
 from tests.integration.test_router_tables import VENV, needs_routers
+from tests.k3deploy_cli import k3deploy_argv
 from tests.k3deploy_cli import run_k3deploy as cli
 from tests.polling import wait_for
 from tests.ports import closed_port
 
 pytestmark = [pytest.mark.integration, needs_routers]
 ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS_ENV = "K3_UPDATE_SCREENSHOTS"  # set: the tests that show a view write its picture under docs/screenshots
 
 
 def _topology(tmp: Path, checkpoint: Path, backoff_s: float = 1) -> tuple[Path, int]:
@@ -176,3 +184,87 @@ def _ppid(proc: Path) -> int:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def _tmux(sock: str, *args: str) -> str:
+    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, check=True,
+                          timeout=30).stdout
+
+
+def _load(port: int, stop: threading.Event) -> None:
+    """Requests through the router until `stop`: long enough answers that each replica's TPOT is measured."""
+    with httpx.Client(timeout=60) as client:
+        while not stop.is_set():
+            try:
+                client.post(f"http://127.0.0.1:{port}/v1/completions", json={
+                    "model": "kimi-k3-tiny", "prompt": uuid.uuid4().hex, "max_tokens": 24, "ignore_eos": True})
+            except httpx.HTTPError:
+                stop.wait(0.2)  # a replica restarting: the router may refuse a request meanwhile
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_top_in_tmux_shows_both_replicas_and_names_the_slowed_one(tmp_path: Path, checkpoint: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`k3deploy top` as a person sees it in a terminal: both replicas' live figures beside the prediction;
+    one replica restarted with slow_decode is named as lagging within two refreshes of its first window; and
+    `--once --json` carries the same figures."""
+    topo, port = _topology(tmp_path, checkpoint)
+    name = yaml.safe_load(topo.read_text())["name"]
+    store = StateStore(tmp_path / "state")
+    parts = [f"{name}-r0", f"{name}-r1", f"{name}-router"]
+    sock, stop = f"k3top-{uuid.uuid4().hex[:8]}", threading.Event()
+    loaders = [threading.Thread(target=_load, args=(port, stop), daemon=True) for _ in range(4)]
+    screen = tmp_path / "screen.txt"
+    try:
+        run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
+        assert run.returncode == 0, run.stderr
+        for t in loaders:
+            t.start()
+        cmd = shlex.join(k3deploy_argv("top", topo, "--interval", "1", "--window", "4"))
+        _tmux(sock, "new-session", "-d", "-x", "200", "-y", "40", "-c", str(ROOT), cmd)
+
+        def pane() -> str:
+            text = _tmux(sock, "capture-pane", "-p", "-J")
+            screen.write_text(text)
+            return text
+
+        def both_live(text: str) -> bool:
+            """Each replica's row has every figure, and the prediction's row follows it."""
+            lines = text.splitlines()
+            at = [next((i for i, ln in enumerate(lines) if ln.startswith(f"│ {p} ")), -1) for p in parts[:2]]
+            return all(i >= 0 and " - " not in lines[i] and lines[i + 1].startswith("│   predicted") for i in at)
+
+        assert wait_for(lambda: both_live(pane()), 60), screen.read_text()
+        text = screen.read_text()
+        assert "predicted for" in text and "router" in text and "LAGS" not in text, text
+
+        run = cli("top", str(topo), "--once", "--json", "--interval", "2")
+        assert run.returncode == 0, run.stderr
+        report = json.loads(run.stdout)
+        live = {r["label"]: r for r in report["rows"]}
+        assert all(live[p]["tpot_ms"] and live[p]["predicted"]["tpot_ms"] > 0 for p in parts[:2]), report
+
+        # Replica 1 restarted with every decode step 10x slower: the view names it, against the other replica.
+        restart_replica(with_fault(topo, "slow_decode"), 1, store)
+        back = time.monotonic()
+        assert wait_for(lambda: "waiting for a second scrape" not in pane()
+                        and f"{name}-r1 LAGS" in screen.read_text(), 60), screen.read_text()
+        lag = next(ln for ln in screen.read_text().splitlines() if "LAGS" in ln)
+        with capsys.disabled():  # refreshes are 1 s apart; its first window needs two scrapes after it is back
+            print(f"\ntop named the slowed replica {time.monotonic() - back:.1f} s after it was back")
+        assert "TPOT" in lag and "the others'" in lag and f"{name}-r0 LAGS" not in screen.read_text(), lag
+        if os.environ.get(SCREENSHOTS_ENV):  # the README's picture of `top`, from this run
+            shot = screen.read_text().replace(name, "svc-readme")  # the same width as the random name
+            (ROOT / "docs/screenshots/top.txt").write_text(shot.rstrip() + "\n")
+        run = cli("top", str(topo), "--once", "--json", "--interval", "2")
+        rows_json = {r["label"]: r for r in json.loads(run.stdout)["rows"]}
+        assert "TPOT" in rows_json[f"{name}-r1"]["lag"] and not rows_json[f"{name}-r0"]["lag"], rows_json
+    finally:
+        stop.set()
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False, timeout=30)
+        pids = _pids(store, parts)
+        stopped = cli("stop", str(topo), timeout_s=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert wait_for(lambda: not any(_alive(p) for p in pids), 20), [p for p in pids if _alive(p)]
+

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from k3deploy.records.store import StateStore
+from tests.integration.replica_faults import restart_replica, with_fault
 from tests.integration.sim_deployments import Deployments, hosts_empty
 from tests.integration.test_router_tables import needs_routers
 from tests.integration.test_service_ssh import _complete, _router_gone, _service, _status
@@ -24,28 +24,6 @@ pytestmark = [pytest.mark.integration, needs_routers]
 NAME = "it-svc-val"
 REPLICAS = (f"{NAME}-r0", f"{NAME}-r1")
 REQUEST_STAGES = ("short", "long", "prefix-cache", "effort")
-
-
-def _with_fault(topo: Path, fault: str) -> Path:
-    """A copy of the topology whose engine runs with K3SIM_FAULT=fault (a new version of the replicas)."""
-    doc = yaml.safe_load(topo.read_text())
-    doc["engine"]["env"] = {**doc["engine"].get("env", {}), "K3SIM_FAULT": fault}
-    out = topo.with_name(f"{topo.stem}-{fault}.yaml")
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return out
-
-
-def _restart_replica(topo: Path, index: int, store: StateStore) -> None:
-    """Replica `index` alone stopped and started again from `topo` (the router keeps its URL and health-checks
-    it back in)."""
-    from k3deploy.launch.prepare import prepare
-    from k3deploy.launch.service import start_replica, stop_deployment
-    from k3deploy.nodeplan.targets import ExecOverrides
-
-    sp = prepare(topo, None, ExecOverrides()).service
-    assert sp is not None
-    stop_deployment(store, f"{NAME}-r{index}")
-    start_replica(sp, index, store, skip_preflight=True, tries=1)
 
 
 def _validate(topo: Path, *more: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -81,7 +59,7 @@ def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Depl
 
     # Replica 1 alone runs the wrong MoE kernel: its kernels stage fails, naming it; replica 0's and the
     # requests through the router pass.
-    _restart_replica(_with_fault(topo, "wrong_kernel"), 1, store)
+    restart_replica(with_fault(topo, "wrong_kernel"), 1, store)
     assert wait_for(lambda: [r["router_healthy"] for r in _status(topo)["replicas"]] == [True, True], 60)
     code, stages = _validate(topo, "--only", "kernels,short")
     assert code == 1, stages
@@ -90,7 +68,7 @@ def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Depl
 
     # A rollout to a version whose tool calls come back unparsed: replica 0 answers completions (ready) but
     # fails `short` straight to it, so it is not put back; the rollout stops there and replica 1 serves.
-    bad = cli("rollout", str(_with_fault(topo, "no_tool_parser")), timeout_s=600)
+    bad = cli("rollout", str(with_fault(topo, "no_tool_parser")), timeout_s=600)
     assert bad.returncode == 4, bad.stderr
     assert f"rollout stopped at {NAME}-r0, stage short" in bad.stderr, bad.stderr
     assert "tool_calls" in bad.stderr, bad.stderr

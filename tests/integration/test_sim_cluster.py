@@ -74,7 +74,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 timeout_s=60,
                 extra=FLAGS,
             )
-            nodes.start(f"node{rank}", argv, node_env("sglang", rank))
+            nodes.start(f"node{rank}", argv, node_env("sglang", rank, K3SIM_GROUP="gloo"))
         nodes.nodes[0].wait_for(r"The server is fired up and ready to roll!", 90)
         ready_s = time.monotonic() - started
         for worker in nodes.nodes[1:]:

@@ -92,11 +92,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimNod
             "--dist-timeout",
             str(IFNAME_TIMEOUT_S),
         ]
-        ns.start("ifname-head", sglang_single(tiny, next(ports), *pair, "--node-rank", "0"), lo)
+        # Gloo's own error for a wrong interface (the tcp group's copy of it is held to this text in
+        # tests/unit/test_sim_socket_group.py)
+        gloo = {"K3SIM_GROUP": "gloo"}
+        ns.start("ifname-head", sglang_single(tiny, next(ports), *pair, "--node-rank", "0"), {**lo, **gloo})
         ns.start(
             "ifname-worker",
             sglang_single(tiny, next(ports), *pair, "--node-rank", "1"),
-            {"GLOO_SOCKET_IFNAME": "nosuch0"},
+            {"GLOO_SOCKET_IFNAME": "nosuch0", **gloo},
         )
         ns.start(
             "unreachable",

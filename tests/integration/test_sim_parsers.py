@@ -88,7 +88,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
             ns.start(
                 f"vllm{rank}",
                 argv + (["--headless"] if rank else []),
-                node_env("vllm", rank, VLLM_ENGINE_READY_TIMEOUT_S="60"),
+                node_env("vllm", rank, VLLM_ENGINE_READY_TIMEOUT_S="60", K3SIM_GROUP="gloo"),
             )
         # Single nodes on 127.0.0.5/6 with the parser and cache flags left out.
         sglang_bare = ns.start(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import socket
 import subprocess
@@ -60,8 +61,9 @@ def sshd_config(ips: list[str], host_key: Path, authorized_keys: Path) -> str:
         "StrictModes no",
         "UseDNS no",
         "MaxStartups 100:30:200",
-        # Stops root's ~/.bashrc from running pyenv init on every command (200 ms -> 118 ms).
-        "SetEnv SHLVL=1",
+        # SHLVL stops root's ~/.bashrc from running pyenv init on every command (200 ms -> 118 ms); stand-ins
+        # join their group without torch unless the topology asks for Gloo (tests/conftest.py says why).
+        f"SetEnv SHLVL=1 K3SIM_GROUP={os.environ.get('K3SIM_GROUP', 'tcp')}",
         "AcceptEnv LANG LC_*",
         "PrintMotd no",
         "Subsystem sftp internal-sftp",

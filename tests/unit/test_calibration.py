@@ -74,18 +74,22 @@ def test_plan_applies_the_calibration_of_its_topologys_name_and_only_then(tmp_pa
     spec = ("--workload", "in=1024,out=128,concurrency=4", "--json")
     plain = json.loads(run_k3deploy("plan", str(path), *spec).stdout)["prediction"]
     assert "calibration" not in plain
-    cal = Calibration("k3-local-demo", 2.0, 1.0, 2, 4, 0.05, False, 0.0)
+    # Both factors alike: every time doubles (one alone would also move the batch the stand-in's staggered
+    # requests see: planning/prediction.py).
+    cal = Calibration("k3-local-demo", 2.0, 2.0, 2, 4, 0.05, False, 0.0)
     stored.save_calibration(tmp_path, "k3-local-demo", {"calibration": cal.as_json()})
     got = json.loads(run_k3deploy("plan", str(path), *spec).stdout)["prediction"]
     assert got["calibration"]["decode_factor"] == 2.0
     assert got["mean_tpot_ms"] == pytest.approx(2 * plain["mean_tpot_ms"])
+    assert got["mean_ttft_ms"] == pytest.approx(2 * plain["mean_ttft_ms"])
     assert got["band"]["kind"] == "calibrated" and got["band"]["rel"] == 0.05
     assert got["band"]["why"].startswith("calibrated on this cluster (k3-local-demo): 2 points, error 5%")
 
 
 def test_validate_keeps_the_effort_run_and_calibrate_fits_and_prints_it(tmp_path: Path) -> None:
-    """A cold run measured at twice the predicted TPOT and three times the predicted TTFT, kept as validate keeps
-    it: `calibrate FILE` fits decode x2 and prefill x3 and prints both runs' errors before and after."""
+    """Cold runs measured as a cluster decoding at half and prefilling at a third of the catalog's pace would run
+    them, kept as validate keeps them: `calibrate FILE` fits decode x2 and prefill x3 and prints both runs' errors
+    before and after."""
     from k3deploy.catalog.loader import load_catalog
     from k3deploy.planning.prediction import predict_topology
     from k3deploy.planning.workload import Workload
@@ -99,10 +103,11 @@ def test_validate_keeps_the_effort_run_and_calibrate_fits_and_prints_it(tmp_path
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(doc))
     t = load_topology_file(path)
+    slow = Calibration("slow", 2.0, 3.0, 0, 0, 0.0, True, 0.0)
     for w in (Workload(4096, 64, 2, num_prompts=4), Workload(8192, 128, 4, num_prompts=8)):
         f = predict_topology(t, load_catalog(), w).bench_fields()
-        cold = {"mean_ttft_ms": 3 * f["mean_ttft_ms"], "mean_tpot_ms": 2 * f["mean_tpot_ms"],
-                "output_throughput": f["output_throughput"] / 2.2, "completed": w.prompts}
+        m = predict_topology(t, load_catalog(), w, slow).bench_fields()
+        cold = {**{k: m[k] for k in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")}, "completed": w.prompts}
         stage = StageResult(name="effort", status="pass", detail="", results={
             "cold": cold, "predicted": {"workload": w.model_dump(), "mean_tpot_ms": f["mean_tpot_ms"]}})
         dep = type("Dep", (), {"name": t.name, "plan_digest": "d1"})()
@@ -111,7 +116,15 @@ def test_validate_keeps_the_effort_run_and_calibrate_fits_and_prints_it(tmp_path
     run = run_k3deploy("calibrate", str(path))
     assert run.returncode == 0, run.stderr
     assert "decode factor x2, prefill factor x3 (both factors fitted by least squares)" in run.stdout
-    assert "c2 4,096 / 64" in run.stdout and "TPOT*" in run.stdout and "-50%" in run.stdout and "+0%" in run.stdout
+    assert "c2 4,096 / 64" in run.stdout and "TPOT*" in run.stdout and "-49%" in run.stdout and "+0%" in run.stdout
     assert "band: calibrated on this cluster (k3-local-demo): 2 points, error 0%" in run.stdout
     shown = json.loads(run_k3deploy("calibrate", str(path), "--show", "--json").stdout)
     assert shown["calibration"]["runs"] == 2 and shown["calibration"]["figures"] == 4
+
+
+@pytest.mark.parametrize("file", ["pd-h200-1p1d-sglang.yaml", "replicas-h200-2x2x8-smg.yaml"])
+def test_calibrating_a_service_says_it_is_not_supported_and_how_to_calibrate_one_instance(tmp_path: Path,
+                                                                                           file: str) -> None:
+    run = run_k3deploy("calibrate", str(Path("topologies") / file), "--state-dir", str(tmp_path))
+    assert run.returncode == 2 and "calibrating a service is not supported" in run.stderr, run.stderr
+    assert "no roles, replicas 1" in run.stderr and "Traceback" not in run.stderr

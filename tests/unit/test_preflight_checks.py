@@ -92,7 +92,7 @@ def judge(ctx: Context, check: str, odd: dict[str, Any]) -> dict[int, tuple[str,
     ("checkpoint", {"checkpoint__revision": ["fff000"]}, "revision fff000 but model.revision pins abc123",
      "--revision abc123"),
     ("checkpoint", {"checkpoint__missing_shards": ["model-00002-of-00004.safetensors"]}, "1 shard(s) listed",
-     "download"),
+     "k3deploy weights sync"),
     ("shm", {"shm": {"total": 2**20, "free": 2**20}}, "/dev/shm is 0.00 GiB", "--shm-size"),
     ("engine", {"engine__out": json.dumps({**ENGINE_OK, "known_archs": []})},
      "no model class for KimiK3ForConditionalGeneration", "K3-enabled"),
@@ -139,6 +139,71 @@ def test_checks_that_skip_here_pass_where_they_apply(ctx: Context, h100_ctx: Con
     for check, c in (("accelerators", h100_ctx), ("driver", h100_ctx), ("ray", on_ray)):
         verdicts = CHECKS[check].run(c).verdicts
         assert len(verdicts) == len(c.nodes) and all(v.status == "pass" for v in verdicts), (check, verdicts)
+
+
+def test_an_a3_node_passes_the_accelerator_checks_and_a_busy_die_fails_it() -> None:
+    """The A3 topology against npu-smi's A3 table (tests/assets/vendor-tools): 16 logical NPUs per node."""
+    cat = catalog_for(None)
+    plan = require_feasible(Path(__file__).parents[2] / "topologies" / "ascend-a3-4x16-vllm.yaml", cat)
+    a3 = (Path(__file__).parents[1] / "assets" / "vendor-tools" / "npu-smi-info-a3.txt").read_text()
+    c = Context(plan=plan, catalog=cat, nodes={j.rank: j for j in jobs_for(plan, None, cat)})
+    c.facts = {r: {**facts(n.ip), "tools": {"huawei": [{"exit": 0, "err": "", "out": a3}]}}
+               for r, n in c.nodes.items()}
+    for check in ("accelerators", "driver"):
+        assert all(v.status == "pass" for v in CHECKS[check].run(c).verdicts), check
+    assert CHECKS["accelerators"].run(c).verdicts[0].detail == "16 x Ascend910"
+    c.facts[1] = {**c.facts[1], "tools": {"huawei": [{"exit": 0, "err": "", "out": a3.replace(
+        "3196 / 65536", "60196 / 65536")}]}}
+    odd = CHECKS["accelerators"].run(c).verdicts[1]
+    assert odd.status == "fail" and "accelerator 1 has 58.8 GiB in use" in odd.detail, odd
+
+
+class ProbeAnswers:
+    """An executor that records each argv and answers as the collective probe does on a node without torch_npu:
+    Gloo measured, HCCL skipped with the probe's own reason (collective_probe.no_torch_npu, run here)."""
+
+    def __init__(self, rank: int, calls: list[list[str]]) -> None:
+        self.rank, self.calls, self.host = rank, calls, f"node-{rank}"
+
+    def run(self, argv: list[str], timeout_s: float = 60.0, **_: object) -> Any:
+        from k3deploy.executors.base import CommandResult
+        from k3deploy.probes import collective_probe
+
+        self.calls.append(list(argv))
+        gloo = {"seconds": 0.05, "bytes": 2**24, "algbw_gbps": 0.33, "busbw_gbps": 0.5, "wrong_elements": 0}
+        skipped = f"no torch_npu in the engine's interpreter ({collective_probe.no_torch_npu()}): HCCL not probed"
+        answer = {"ok": True, "rank": self.rank, "results": {"gloo": gloo, "hccl": {"skipped": skipped}},
+                  "stage": "destroy", "ifname": {}, "elapsed_s": 3.1}
+        return CommandResult(exit_code=0, stdout=json.dumps(answer) + "\n", stderr="")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_rendezvous_probe_asks_for_hccl_on_ascend_and_says_when_it_was_skipped() -> None:
+    from k3deploy.executors.fleet import NodeFleet
+    from k3deploy.preflight import rendezvous
+    from k3deploy.preflight.runner import _backends
+
+    cat = catalog_for(None)
+    plan = require_feasible(Path(__file__).parents[2] / "topologies" / "ascend-a3-4x16-vllm.yaml", cat)
+    jobs = jobs_for(plan, None, cat)
+    c = Context(plan=plan, catalog=cat, nodes={j.rank: j for j in jobs})
+    assert _backends(c) == "gloo,hccl"
+    calls: list[list[str]] = []
+    ranks = iter(range(len(jobs)))
+    fleet = NodeFleet({j.rank: j.target for j in jobs}, lambda _: ProbeAnswers(next(ranks), calls))  # type: ignore[arg-type,return-value]
+    try:
+        verdicts, measured = rendezvous.collective_check(fleet, c.nodes, 13345, nbytes=2**24, timeout_s=20,
+                                                         backends=_backends(c))
+    finally:
+        fleet.close()
+    assert {call[-1] for call in calls} == {"gloo,hccl"} and len(calls) == 4
+    assert all(v.status == "pass" for v in verdicts), verdicts
+    assert verdicts[0].detail == ("gloo all_reduce of 16 MiB correct in 50 ms, busbw 0.50 GB/s; hccl skipped: no "
+                                  "torch_npu in the engine's interpreter (ModuleNotFoundError: No module named "
+                                  "'torch_npu'): HCCL not probed")
+    assert measured[0]["hccl"] == {"skipped": verdicts[0].detail.split("hccl skipped: ")[1]}
 
 
 def test_engine_interpreter_from_the_argv() -> None:

@@ -39,6 +39,13 @@ NPU_SMI = """+------------------------------------------------------------------
 | 0                         | 0000:C2:00.0  | 0           0    / 0          3162 / 65536         |
 +===========================+===============+====================================================+
 """
+# Atlas A3, 8 NPUs of two dies each (16 logical NPUs): vLLM-Ascend issue #2971's collect_env output, verbatim
+# (tests/assets/vendor-tools/README.md).
+NPU_SMI_A3 = (Path(__file__).parents[1] / "assets" / "vendor-tools" / "npu-smi-info-a3.txt").read_text()
+# Process rows in npu-smi's `NPU Chip` layout, from vLLM-Ascend's tests/ut/device_allocator/test_cpu_binding.py.
+NPU_PROCS = ("| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
+             "| 0       0                 | 3428811       | python3.10               | 56600                   |\n"
+             "| 1       0                 | 3428818       | python3.10               | 56474                   |\n")
 
 
 def test_nvidia_smi_csv_apps_and_banner() -> None:
@@ -59,6 +66,22 @@ def test_amd_and_ascend_tools() -> None:
     npu = acc.npu_smi([NPU_SMI])
     assert [g.name for g in npu.gpus] == ["910B3", "910B3"] and npu.driver == "24.1.rc2"
     assert npu.gpus[0].memory_total_bytes == 65536 * 2**20 and npu.gpus[1].memory_used_bytes == 3162 * 2**20
+
+
+def test_npu_smi_on_an_a3_lists_each_die_as_a_logical_npu() -> None:
+    """A3's chip rows carry a Phy-ID (`| 1     1  | 0000:9F:00.0 |`), which the A2 parser took for NPU rows."""
+    a3 = acc.npu_smi([NPU_SMI_A3])
+    assert [g.index for g in a3.gpus] == list(range(16)) and {g.name for g in a3.gpus} == {"Ascend910"}
+    assert a3.driver == "24.1.rc3.7" and a3.processes == ()
+    assert all(g.memory_total_bytes == 65536 * 2**20 for g in a3.gpus)
+    assert a3.gpus[1].memory_used_bytes == 3196 * 2**20 and a3.gpus[15].memory_used_bytes == 3187 * 2**20
+    assert acc.model_matches("ascend-a3", "Huawei Ascend 910C die (Atlas 800 A3) 64GB", a3.gpus[0].name)
+    table = NPU_SMI_A3[:NPU_SMI_A3.index("| NPU     Chip")]
+    busy = acc.npu_smi([table + NPU_PROCS])
+    assert len(busy.gpus) == 16
+    assert busy.processes == ("pid 3428811 (python3.10, 56600 MB)", "pid 3428818 (python3.10, 56474 MB)")
+    with pytest.raises(acc.ParseError, match="no NPU rows"):
+        acc.npu_smi([NPU_SMI_A3.replace("0000:", "xxxx:")])
 
 
 @pytest.mark.parametrize(("cid", "name", "reported", "ok"), [

@@ -1,5 +1,5 @@
-"""tests/schedule.py's groups: every module that uses the run's Ray or Slurm cluster (session fixtures of
-tests/integration/conftest.py, one per xdist worker) is in that cluster's group, so the cluster is built once a
+"""tests/schedule.py's groups: every module that uses the run's Ray or Slurm cluster or README's venv (session
+fixtures of tests/integration/conftest.py, one per xdist worker) is in that fixture's group, so it is built once a
 run; other modules are groups of their own. (schedule.py reads a module's text for its marks, so this file
 spells them in pieces.)"""
 from __future__ import annotations
@@ -12,7 +12,8 @@ from tests import schedule
 INTEGRATION = sorted((schedule.ROOT / "tests" / "integration").glob("test_*.py"))
 # A test or fixture that takes the cluster's fixture, or builds a cluster of its own.
 USES = {"ray-clusters": re.compile(r"\bray4\b|RayRig\("),
-        "slurm-clusters": re.compile(r"\bslurm: SlurmRig\b|SlurmRig\(")}
+        "slurm-clusters": re.compile(r"\bslurm: SlurmRig\b|SlurmRig\("),
+        "readme-venv": re.compile(r"\breadme_install\b")}
 
 
 def module(path: Path) -> str:
@@ -27,7 +28,7 @@ def test_every_module_using_a_cluster_is_in_its_group() -> None:
         if used:
             using += 1
             assert schedule.group_of(module(path)) == used[0], module(path)
-    assert using >= 8, using  # the Ray and Slurm modules were found at all
+    assert using >= 10, using  # the Ray, Slurm and README-venv modules were found at all
 
 
 def test_a_module_of_neither_is_its_own_group() -> None:

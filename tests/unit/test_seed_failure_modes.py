@@ -100,12 +100,73 @@ def test_a_distributed_init_timeout_shorter_than_the_load_warns() -> None:
     assert "DIST_TIMEOUT_SHORT" not in {x.code for x in plan_of(topology_dict()).issues}
 
 
-@pytest.mark.parametrize("args", [{"--speculative-algorithm": "EAGLE3"},
-                                  {"--speculative-algorithm": "DSPARK"}])
-def test_a_draft_the_plan_cannot_size_warns(args: dict[str, object]) -> None:
-    """The technical report's EAGLE-3 draft: no draft memory in the budget, said so with the fix."""
+@pytest.mark.parametrize(("args", "why", "fix"), [
+    ({"--speculative-algorithm": "EAGLE3"}, "no --speculative-num-steps", "set --speculative-num-steps"),
+    ({"--speculative-algorithm": "DSPARK"}, "no --speculative-dspark-block-size", "set --speculative-dspark-block"),
+    ({"--speculative-algorithm": "NGRAM", "--speculative-num-steps": 3}, "the catalog has no ngram draft", "DSPARK"),
+])
+def test_a_draft_the_plan_cannot_size_warns(args: dict[str, object], why: str, fix: str) -> None:
+    """A draft without its token count, or of a method the catalog has no draft for: no draft memory in the
+    budget, said so with the fix."""
     i = issue(plan_of(with_args(args, gpu="b300", per_node=8, nodes=1, tp=8, ep=8)), "SPEC_DRAFT_UNBUDGETED")
-    assert i.severity == "warning" and "counts no draft" in i.message and i.hint and "DSPARK" in i.hint
+    assert i.severity == "warning" and "counts no draft" in i.message and why in i.message
+    assert i.hint and fix in i.hint
+
+
+def test_the_technical_reports_eagle3_draft_is_budgeted_like_dspark() -> None:
+    """The EAGLE-3 draft (seed 002 section 27): its weights per attention-TP rank, its own KV per token and the
+    verify's extra state slots, as DSpark's are; nothing warned."""
+    from k3deploy.catalog.loader import load_catalog
+
+    kw: dict[str, object] = {"gpu": "b300", "per_node": 8, "nodes": 1, "tp": 8, "ep": 8}
+    base = plan_of(with_args({}, **kw)).memory
+    plan = plan_of(with_args({"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3}, **kw))
+    m, draft = plan.memory, load_catalog().model("kimi-k3").eagle3_draft
+    assert base is not None and m is not None and draft is not None
+    assert "SPEC_DRAFT_UNBUDGETED" not in {i.code for i in plan.issues}
+    assert m.draft_weights_bytes == -(-draft.weights_bytes // 8) and m.draft_kv_bytes_per_token == 1152
+    assert m.draft_slots == 4 and m.kv_tokens < base.kv_tokens
+
+
+@pytest.mark.parametrize(("config", "code", "says", "fix"), [
+    ({"method": "dspark", "model": "/models/Kimi-K3-DSpark-Block5", "num_speculative_tokens": 7},
+     "SPEC_DRAFT_TOKENS", "Inferact/Kimi-K3-DSpark-Block5 is trained for 5 draft tokens per step",
+     "set num_speculative_tokens to 5 (seed 004 section 3.1"),
+    ({"method": "eagle3", "model": "/models/Kimi-K3-DSpark", "num_speculative_tokens": 7},
+     "SPEC_DRAFT_METHOD", "RadixArk/Kimi-K3-DSpark is a dspark draft, the flags run it as eagle3",
+     "set the method to dspark"),
+])
+def test_a_draft_run_against_what_its_checkpoint_expects_is_refused(config: dict[str, object], code: str,
+                                                                     says: str, fix: str) -> None:
+    """Seed 004 section 3.1: each DSpark draft with the num_speculative_tokens its checkpoint takes."""
+    import json
+
+    plan = plan_of(with_args({"--speculative-config": json.dumps(config)}, gpu="b300", per_node=8, nodes=1, tp=8,
+                             ep=8, kind="vllm"))
+    i = issue(plan, code)
+    assert i.severity == "error" and says in i.message and i.hint and fix in i.hint
+    assert not plan.valid  # a setting the draft cannot take: exit 2
+
+
+def test_another_models_draft_is_refused_naming_its_tokenizer() -> None:
+    """A draft is the target's (seed 004 FAQ: matching architecture, tokenizer and quantization variant)."""
+    import json
+
+    from k3deploy.catalog.loader import load_catalog
+    from k3deploy.planning.drafts import draft_issues
+
+    cat = load_catalog()
+    k3 = cat.model("kimi-k3")
+    other = k3.model_copy(update={"id": "kimi-k2-demo", "hub_repo": "moonshotai/Kimi-K2-demo", "draft_checkpoints": (
+        k3.draft_checkpoints[0].model_copy(update={"hub_repo": "lightseekorg/kimi-k2.5-eagle3", "method": "eagle3",
+                                                   "num_speculative_tokens": 3}),)})
+    cat = cat.model_copy(update={"models": {**cat.models, other.id: other}})
+    args = {"--speculative-config": json.dumps({"method": "eagle3", "model": "/m/kimi-k2.5-eagle3",
+                                                "num_speculative_tokens": 3})}
+    (i,) = [x for x in draft_issues(args, cat, k3, "vllm") if x.code == "SPEC_DRAFT_TARGET"]
+    assert i.severity == "error" and "lightseekorg/kimi-k2.5-eagle3, kimi-k2-demo's draft: its tokenizer" in i.message
+    assert i.hint == ("use a draft of kimi-k3 (RadixArk/Kimi-K3-DSpark, Inferact/Kimi-K3-DSpark, "
+                      "Inferact/Kimi-K3-DSpark-Block5)")
 
 
 def test_cuda_ipc_feature_transport_across_nodes_is_refused() -> None:

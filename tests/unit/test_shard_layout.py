@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import math
 import re
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k3deploy.probes import shard_names, shard_structure
-from k3deploy.probes.shard_layout import Layout
+from k3deploy.probes.shard_layout import DTYPE_BITS, Layout
 from k3deploy.sim.checkpoint import Manifest
 
 pytestmark = pytest.mark.timeout(120)
@@ -227,3 +229,82 @@ def test_two_tensors_swapped_in_the_index_name_both_shards(tmp_path: Path,
                      f"shard 00001: tensor {a} in shard 00001 but not in the index's weight_map",
                      f"shard 00003: tensor {a} missing from shard 00003",
                      f"shard 00003: tensor {b} in shard 00003 but not in the index's weight_map"], found
+
+
+# A K3-shaped config small enough to write (one dense layer, one MoE layer of two experts), and msModelSlim's
+# quant description of its W4A8 checkpoint: experts W4A8_DYNAMIC, attention W8A8_DYNAMIC, the rest FLOAT.
+W4A8_CONFIG = {"text_config": {"num_hidden_layers": 2, "hidden_size": 16, "vocab_size": 32, "num_experts": 2,
+                               "moe_intermediate_size": 8, "routed_expert_hidden_size": 4, "first_k_dense_replace": 1}}
+MOE = "language_model.model.layers.1.block_sparse_moe.experts"
+ATTN = "language_model.model.layers.1.self_attn.q_proj"
+W4A8_QUANT = {"model_quant_type": "W4A8_DYNAMIC", "group_size": 0, f"{ATTN}.weight": "W8A8_DYNAMIC",
+              "language_model.lm_head.weight": "FLOAT",
+              **{f"{MOE}.{e}.{w}.weight": "W4A8_DYNAMIC" for e in range(2) for w in ("w1", "w2", "w3")}}
+
+
+def w4a8_header(**odd: tuple[str, list[int]]) -> tuple[Header, int]:
+    """The MoE layer's shard as vLLM-Ascend's W4A8 method reads it (w4a8.py): int8 [out // 2, in] experts with F32
+    per-channel scale, offset and scale_bias ([out, 16] for w2); `odd` replaces a tensor's (dtype, shape)."""
+    tensors: dict[str, tuple[str, list[int]]] = {"language_model.lm_head.weight": ("BF16", [32, 16]),
+                                                 f"{ATTN}.weight": ("I8", [16, 16]),
+                                                 f"{ATTN}.weight_scale": ("F32", [16, 1]),
+                                                 f"{ATTN}.weight_offset": ("F32", [16, 1])}
+    for e in range(2):
+        for w, (out, inp) in {"w1": (8, 4), "w2": (4, 8), "w3": (8, 4)}.items():
+            tensors[f"{MOE}.{e}.{w}.weight"] = ("I8", [out // 2, inp])
+            for param in ("weight_scale", "weight_offset"):
+                tensors[f"{MOE}.{e}.{w}.{param}"] = ("F32", [out, 1])
+            tensors[f"{MOE}.{e}.{w}.scale_bias"] = ("F32", [out, 16 if w == "w2" else 1])
+    tensors.update(odd)
+    header, cursor = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        end = cursor + math.prod(shape) * DTYPE_BITS[dtype] // 8
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [cursor, end]}
+        cursor = end
+    return header, cursor
+
+
+def test_a_w4a8_checkpoint_passes_as_vllm_ascend_reads_it_and_each_fault_is_named() -> None:
+    layout = Layout(W4A8_CONFIG, W4A8_QUANT)
+    assert layout.expert_count == 2 * 3 * 4
+    header, data = w4a8_header()
+    fast, slow = verdicts(layout, header, data)
+    assert fast == 24 and slow == ([], 24)
+    faults = {f"{MOE}.1.w2.scale_bias": (("F32", [4, 1]), "shape [4, 1], expected [4, 16]"),
+              f"{MOE}.0.w1.weight": (("U8", [4, 4]), "dtype U8, expected I8 (two int4 values per byte)"),
+              f"{MOE}.0.w3.weight_scale": (("BF16", [8, 1]), "dtype BF16, expected F32 (msModelSlim's"),
+              f"{ATTN}.weight": (("BF16", [16, 16]), ("dtype BF16, expected I8 (quant_model_description.json: "
+                                                      "W8A8_DYNAMIC)")),
+              "language_model.lm_head.weight": (("I8", [32, 16]), "dtype I8, expected BF16")}
+    for name, (odd, says) in faults.items():
+        fast, slow = verdicts(layout, *w4a8_header(**{name: odd}))
+        assert fast is None and not isinstance(slow, str) and slow[0][0].startswith(f"tensor {name}: {says}"), slow
+    mxfp4 = Layout(W4A8_CONFIG)  # the same shard against the MXFP4 layout: every expert tensor refused
+    assert verdicts(mxfp4, header, data)[0] is None
+
+
+def write_single_file(root: Path, header: Header, data: int) -> None:
+    raw = json.dumps(header).encode()
+    root.mkdir()
+    (root / shard_names.CONFIG_FILE).write_text(json.dumps(W4A8_CONFIG))
+    (root / shard_names.SINGLE_FILE).write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(data))
+
+
+def test_the_structure_check_reads_the_quant_description_and_refuses_per_group_w4a8(tmp_path: Path) -> None:
+    root = tmp_path / "w4a8"
+    write_single_file(root, *w4a8_header())
+    from k3deploy.catalog.loader import load_catalog
+    from k3deploy.probes import shards
+    from k3deploy.validate.stages.shards import QUANT_TYPES
+
+    quant_type = QUANT_TYPES[load_catalog().model("kimi-k3-w4a8").weights.expert_format]
+    missing = shards.main({"path": str(root), "hash": False, "workers": 1, "quant_type": quant_type})["problems"]
+    assert missing[0]["file"] == shard_names.QUANT_FILE
+    assert "missing: the W4A8_DYNAMIC checkpoint's per-tensor quantization" in missing[0]["message"]
+    (root / shard_names.QUANT_FILE).write_text(json.dumps(W4A8_QUANT))
+    assert shard_structure.structure(str(root), {}, workers=1, quant_type="W4A8_DYNAMIC") == []
+    (root / shard_names.QUANT_FILE).write_text(json.dumps({**W4A8_QUANT, "group_size": 256}))
+    grouped = shard_structure.structure(str(root), {}, workers=1, quant_type="W4A8_DYNAMIC")
+    assert [p["message"] for p in grouped] == [(
+        "quant_model_description.json: group_size 256: vLLM-Ascend's W4A8 MoE method takes per-channel weights "
+        "only; use the per-channel W4A8 checkpoint (group_size 0)")]

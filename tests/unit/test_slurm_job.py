@@ -2,8 +2,14 @@
 as far as they work without a cluster (the rig tier runs the rest against a real one)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -12,9 +18,10 @@ from pydantic import TypeAdapter
 from k3deploy.engines.exports import export
 from k3deploy.errors import ExecError
 from k3deploy.executors.factory import open_executor
-from k3deploy.executors.slurm import SlurmExecutor, step_argv
+from k3deploy.executors.slurm import STEP_MARKS, SlurmExecutor, bounded, kill_tagged, step_argv
 from k3deploy.executors.target import ExecTarget, SlurmTarget
 from k3deploy.topology.loader import TopologyError, parse_topology
+from tests.polling import wait_for
 from tests.unit.plan_helpers import plan_of, topology_dict
 
 
@@ -81,3 +88,57 @@ def test_without_an_allocation_every_call_is_an_exec_error_naming_the_node() -> 
     with pytest.raises(ExecError) as err:
         ex.run("true")
     assert err.value.host == "gpu01" and "no Slurm allocation" in str(err.value)
+
+
+def test_a_timed_out_step_command_that_left_the_step_is_found_by_its_tag_and_killed(tmp_path: Path) -> None:
+    """What a timed-out run leaves on the node when its `timeout` wrapper was killed first (the step's own
+    kill reached the parent, not the orphaned children): `kill_tagged` finds those by their environment."""
+    marker = tmp_path / "survived"
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(["sh", "-c", bounded(f"sleep 20; touch {marker}", 60, tag)], start_new_session=True)
+    try:
+        kids = wait_for_children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # `timeout` gone: its shell and sleep are orphans now
+        proc.wait(10)
+        assert any(_alive(k) for k in kids)
+        subprocess.run(["sh", "-c", kill_tagged(tag)], check=True, timeout=60)
+        assert wait_for(lambda: not any(_alive(k) for k in kids), 10)
+        assert not marker.exists()
+        late = subprocess.run(["sh", "-c", bounded(f"touch {marker}", 60, tag)], check=False, timeout=60)
+        assert late.returncode == 124 and not marker.exists()  # a start after the kill does not run
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        Path(STEP_MARKS, tag).unlink(missing_ok=True)
+
+
+def wait_for_children(pid: int) -> list[int]:
+    """The processes under `pid` (its shell and the shell's sleep), once both exist."""
+    found: list[int] = []
+
+    def both() -> bool:
+        found[:] = descendants(pid)
+        return len(found) >= 2
+    assert wait_for(both, 10), found
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        out += [int(k) for k in kids]
+        todo += [int(k) for k in kids]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from k3deploy.catalog.specs import Catalog, HardwareSpec
 from k3deploy.engines.kernels import KernelNeeds, kernel_needs
 from k3deploy.engines.kinds import Family, engine_family
-from k3deploy.engines.log_lines import LogLines, log_lines
+from k3deploy.engines.log_lines import LogLines, ascend_graph_lines, log_lines
 from k3deploy.errors import InputError
 from k3deploy.validate import reach
 from k3deploy.validate.logscan import last_match, node_result, row
@@ -86,7 +86,29 @@ def read_kernels(text: str, patterns: LogLines, needs: KernelNeeds, dense: bool 
         problems.append(f"attention backend {att_name}, needs {needs.attention}; evidence: {attention.evidence}")
     moe_words = "no MoE kernel (a dense model)" if dense else f"MoE {moe_name or '?'} ({KIND_WORDS.get(kind, 'unknown')})"
     summary = f"{moe_words}, attention {att_name or 'not logged'}"
+    if needs.graph is not None:
+        graph = read_graph(lines, needs)
+        problems += graph.problems
+        seen += graph.seen
+        summary = f"{summary}, {graph.summary}"
     return NodeKernels(problems, seen, summary)
+
+
+def read_graph(lines: list[str], needs: KernelNeeds) -> NodeKernels:
+    """vLLM-Ascend: decode runs in the ACL graphs the render asks for, not eagerly (a line says so)."""
+    patterns = ascend_graph_lines()
+    fix = ("drop --enforce-eager from engine.args and keep --compilation-config "
+           f"'{{\"cudagraph_mode\":\"{needs.graph}\"}}' (k3deploy renders it)")
+    eager = [line.strip() for line in lines if any(p.search(line) for p in patterns.off)]
+    if eager:
+        return NodeKernels([f"decode runs eagerly, needs {needs.graph} ACL graphs: {eager[-1]}; {fix}"],
+                           [eager[-1]], "ACL graphs off")
+    captured = last_match(lines, (patterns.captured,))
+    if captured is None:
+        missing = (f"no line says the ACL graphs were captured ({len(lines)} log lines read; "
+                   f"{patterns.version} logs 'Graph capturing finished in N secs')")
+        return NodeKernels([missing], [], "ACL graphs ?")
+    return NodeKernels([], [captured.evidence], f"ACL graphs captured in {captured.group('secs')} s")
 
 
 class KernelsStage:
@@ -116,6 +138,8 @@ class KernelsStage:
             rows.append(row(node.rank, node.host, found.problems, found.summary))
             if not evidence and found.seen:
                 evidence = f"node {node.rank} ({node.host}): " + "\n".join(found.seen)
-        wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention) if x) or needs.reason
+        graph = needs.graph and f"{needs.graph} ACL graphs"
+        wanted = " + ".join(x for x in (needs.moe and KIND_WORDS[needs.moe], needs.attention, graph) if x) \
+            or needs.reason
         passed = f"{len(rows)} nodes on {hw.id}: {rows[0].detail if rows else ''} (needs {wanted}; {patterns.version})"
         return node_result(self.name, rows, passed, evidence)

@@ -18,8 +18,9 @@ CONFIG_PATHS = {"model_type": "model_type", "text_model_type": "text_config.mode
                 "kda_num_heads": "text_config.linear_attn_config.num_heads",
                 "kda_head_dim": "text_config.linear_attn_config.head_dim",
                 "short_conv_kernel_size": "text_config.linear_attn_config.short_conv_kernel_size"}
-# Whole-checkpoint hashing is disk-bound; budget this rate before calling a node hung.
-MIN_HASH_BYTES_PER_S = 100_000_000
+# The expert format -> the quant description's model_quant_type its checkpoint carries (msModelSlim's W4A8,
+# seed 004's Eco-Tech/Kimi-K3-w4a8 for vLLM-Ascend's --quantization ascend).
+QUANT_TYPES = {"w4a8": "W4A8_DYNAMIC"}
 STRUCTURE_BUDGET_S = 300.0
 
 
@@ -48,9 +49,10 @@ class ShardsStage:
     def run(self, ctx: ValidateContext) -> StageResult:
         """Run the probe everywhere and turn its answers into node rows."""
         spec = {"path": ctx.topology.model.path, "expect": config_expectations(ctx.model), "hash": True,
+                "quant_type": QUANT_TYPES.get(ctx.model.weights.expert_format),
                 "files": ctx.manifest.expected() if ctx.manifest is not None else None, "progress_s": 1.0}
         timeout_s = ctx.topology.validate_.shards_timeout_s or (
-            STRUCTURE_BUDGET_S + ctx.model.weights.total_bytes / MIN_HASH_BYTES_PER_S)
+            STRUCTURE_BUDGET_S + ctx.model.weights.total_bytes / probe.MIN_HASH_BYTES_PER_S)
 
         def on_line(rank: int, line: str) -> None:
             try:

@@ -1,16 +1,19 @@
-"""`preflight` of a service: every instance's own preflight (each replica's, each prefill's and decode's nodes,
-the same checks launch runs before starting it), all at once as launch starts them, and the router's machine;
-one report naming each instance."""
+"""`preflight` of a unit of deployment: a deployment alone, its nodes' checks; a service, every instance's own
+preflight (each replica's, each prefill's and decode's nodes, the same checks launch runs before starting it), all
+at once as launch starts them, and the router's machine; one report naming each instance."""
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.bringup import fleet_of
 from k3deploy.launch.preflight_gate import router_preflight
-from k3deploy.launch.prepare import held
+from k3deploy.launch.prepare import Prepared, held
 from k3deploy.launch.service import ServicePlan
+from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.planning.plan import Plan
 from k3deploy.preflight.report import Report
 from k3deploy.preflight.runner import run_preflight
 
@@ -22,6 +25,19 @@ def instance_labels(sp: ServicePlan) -> tuple[str, ...]:
     return tuple(f"{role} {sp.roles[:i].count(role)}" for i, role in enumerate(sp.roles))
 
 
+def preflight_unit(prep: Prepared, factory: ExecutorFactory = open_executor) -> Report:
+    """The unit's preflight: its one deployment's, or (behind a router) every instance's and the router's."""
+    if prep.service is None:
+        return _instance(prep.plan, prep.jobs, prep.catalog, factory)
+    return preflight_service(prep.service, factory)
+
+
+def _instance(plan: Plan, jobs: tuple[NodeJob, ...], catalog: Catalog, factory: ExecutorFactory) -> Report:
+    """One instance's checks on its nodes, as their allocation holds them (nothing started on them)."""
+    with held(plan, jobs, catalog) as placed, fleet_of(placed, factory) as fleet:
+        return run_preflight(plan, catalog, placed, fleet)
+
+
 def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor) -> Report:
     """Every instance's preflight and the router's checks, in parallel; one Report with an entry per instance."""
     t0 = time.monotonic()
@@ -29,9 +45,7 @@ def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor)
 
     def instance(i: int) -> Report:
         plan, jobs = sp.replicas[i]
-        with held(plan, jobs, sp.catalog) as placed, fleet_of(placed, factory) as fleet:
-            report = run_preflight(plan, sp.catalog, placed, fleet)
-        return report.model_copy(update={"instance": labels[i]})
+        return _instance(plan, jobs, sp.catalog, factory).model_copy(update={"instance": labels[i]})
 
     with ThreadPoolExecutor(max_workers=len(sp.replicas) + 1, thread_name_prefix="preflight") as pool:
         parts = [pool.submit(instance, i) for i in range(len(sp.replicas))]

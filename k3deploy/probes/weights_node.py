@@ -1,0 +1,146 @@
+"""`k3deploy weights sync` on a node, stdlib only (shipped by source as `python3 -c PROGRAM SPEC_JSON`).
+
+SPEC_JSON's "op":
+- "space": {"path"} -> the free bytes (statvfs) where the checkpoint directory is or will be made;
+- "serve": {"path", "ip"} -> serve the directory's files (final names only) over HTTP with byte ranges on
+  ip, port chosen by the kernel; prints {"type": "serving", "port": N} first, then serves until killed;
+- "fetch": {"path", "name", "size", "sha256", "url" | null} -> the file to a temporary name beside its final
+  one (from `url`, resuming a partial temporary file with a Range request; with no url the temporary file is
+  already there, put by the executor), its sha256 checked against the manifest's, then renamed: a file at its
+  final name is always the manifest's. Prints {"type": "progress", "done", "total"} lines, then the result.
+"""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import sys
+import time
+import urllib.request
+from typing import Any
+
+READ_BUFFER = 8 << 20
+PART_SUFFIX = ".k3part"
+
+
+def temp_name(root: str, name: str) -> str:
+    """The temporary file beside `name`'s final path (a dot file: listings and the server skip it)."""
+    head, base = os.path.split(os.path.join(root, name))
+    return os.path.join(head, f".{base}{PART_SUFFIX}")
+
+
+def inside(root: str, name: str) -> bool:
+    """Whether `name` stays inside `root` once joined and normalised."""
+    real = os.path.realpath(root)
+    return os.path.realpath(os.path.join(real, name)).startswith(real + os.sep)
+
+
+def space(spec: dict[str, Any]) -> dict[str, Any]:
+    """Free bytes at the checkpoint path, or at its nearest existing parent."""
+    at = os.path.abspath(spec["path"])
+    while not os.path.isdir(at) and at != os.path.dirname(at):
+        at = os.path.dirname(at)
+    st = os.statvfs(at)
+    return {"type": "result", "free": st.f_bavail * st.f_frsize, "at": at}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    root = "/"
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        name = urllib.request.url2pathname(self.path.lstrip("/"))
+        path = os.path.join(self.root, name)
+        if not inside(self.root, name) or os.path.basename(path).startswith(".") or not os.path.isfile(path):
+            self.send_error(404)
+            return
+        size = os.path.getsize(path)
+        start = 0
+        rng = self.headers.get("Range", "")
+        if rng.startswith("bytes=") and rng[6:].rstrip("-").isdigit():
+            start = min(int(rng[6:].rstrip("-")), size)
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(size - start))
+        self.end_headers()
+        with open(path, "rb") as f:
+            f.seek(start)
+            for _ in range(1 << 40):
+                chunk = f.read(READ_BUFFER)
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+
+
+def serve(spec: dict[str, Any]) -> None:
+    """Serve the checkpoint directory until killed."""
+    os.makedirs(spec["path"], exist_ok=True)
+    _Handler.root = os.path.realpath(spec["path"])
+    server = http.server.ThreadingHTTPServer((spec["ip"], 0), _Handler)
+    print(json.dumps({"type": "serving", "port": server.server_address[1]}), flush=True)
+    server.serve_forever()
+
+
+def _progress(done: int, total: int, last: list[float]) -> None:
+    now = time.monotonic()
+    if now - last[0] >= 1.0:
+        last[0] = now
+        print(json.dumps({"type": "progress", "done": done, "total": total}), flush=True)
+
+
+def fetch(spec: dict[str, Any]) -> dict[str, Any]:
+    """Download (or take the put) temporary file, check its sha256, rename it to its final name."""
+    root, name, size, want = spec["path"], spec["name"], int(spec["size"]), spec["sha256"]
+    if not inside(root, name):
+        return {"type": "result", "ok": False, "error": f"{name} leaves {root}"}
+    tmp, final = temp_name(root, name), os.path.join(root, name)
+    h, done, last = hashlib.sha256(), 0, [time.monotonic()]
+    try:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        if spec.get("url") and os.path.exists(tmp) and os.path.getsize(tmp) > size:
+            os.unlink(tmp)
+        if os.path.exists(tmp):  # a put file, or a partial download to resume: hash what is there
+            with open(tmp, "rb") as f:
+                for chunk in iter(lambda: f.read(READ_BUFFER), b""):
+                    h.update(chunk)
+                    done += len(chunk)
+        resumed = done
+        if spec.get("url") and done < size:
+            req = urllib.request.Request(spec["url"], headers={"Range": f"bytes={done}-"} if done else {})
+            with urllib.request.urlopen(req, timeout=60) as resp, open(tmp, "ab" if done else "wb") as out:
+                if done and resp.status != 206:
+                    return {"type": "result", "ok": False, "error": f"{spec['url']}: no range support"}
+                for chunk in iter(lambda: resp.read(READ_BUFFER), b""):
+                    out.write(chunk)
+                    h.update(chunk)
+                    done += len(chunk)
+                    _progress(done, size, last)
+                out.flush()
+                os.fsync(out.fileno())
+    except OSError as exc:  # a full disk, a source gone: no file at the final name, the partial one dropped
+        if getattr(exc, "errno", None) == 28 and os.path.exists(tmp):
+            os.unlink(tmp)
+        return {"type": "result", "ok": False, "error": f"{name}: {exc}"}
+    got = h.hexdigest()
+    if done != size or got != want:
+        os.unlink(tmp)
+        return {"type": "result", "ok": False, "corrupt": True,
+                "error": f"{name}: got {done:,} bytes, sha256 {got}; the manifest says {size:,} bytes, sha256 {want}"}
+    os.replace(tmp, final)
+    return {"type": "result", "ok": True, "bytes": done - resumed, "resumed": resumed}
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the op the spec names."""
+    if spec["op"] == "space":
+        return space(spec)
+    if spec["op"] == "serve":
+        serve(spec)
+        return None
+    return fetch(spec)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
