@@ -42,12 +42,16 @@ def test_run_returns_exit_code_stdout_stderr(node: ContractNode) -> None:
 
 
 def test_run_timeout_raises_the_same_error_everywhere_and_kills_the_command(node: ContractNode) -> None:
-    marker = node.scratch / f"survived-{node.kind}"
+    marker, started = node.scratch / f"survived-{node.kind}", node.scratch / f"started-{node.kind}"
     with opened(node) as ex:
+        called = time.time()
         with pytest.raises(CommandTimeout, match=rf"^{node.target.host}: command timed out after 1 s"):
-            ex.run(f"sleep 4; touch {marker}", timeout_s=1)
+            ex.run(f"date +%s.%N >> {started}; sleep 4; touch {marker}", timeout_s=1)
+        raised = time.time()
         time.sleep(4.5)
-        assert not marker.exists()  # the whole command was killed, not just waited out
+        # the whole command was killed, not just waited out (the times say when it started, if it did)
+        starts = [float(t) - called for t in started.read_text().split()] if started.exists() else []
+        assert not marker.exists(), f"started at {starts} s, timed out at {raised - called:.1f} s (from the call)"
         assert ex.run("echo still usable", 30).stdout == "still usable\n"
 
 

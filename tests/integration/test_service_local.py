@@ -213,14 +213,20 @@ def test_top_in_tmux_shows_both_replicas_and_names_the_slowed_one(tmp_path: Path
     name = yaml.safe_load(topo.read_text())["name"]
     store = StateStore(tmp_path / "state")
     parts = [f"{name}-r0", f"{name}-r1", f"{name}-router"]
-    sock, stop = f"k3top-{uuid.uuid4().hex[:8]}", threading.Event()
-    loaders = [threading.Thread(target=_load, args=(port, stop), daemon=True) for _ in range(4)]
+    sock, stops = f"k3top-{uuid.uuid4().hex[:8]}", [threading.Event()]
     screen = tmp_path / "screen.txt"
+
+    def load() -> list[threading.Thread]:
+        """Four request loops through the router, until the newest `stops` event is set."""
+        loaders = [threading.Thread(target=_load, args=(port, stops[-1]), daemon=True) for _ in range(4)]
+        for t in loaders:
+            t.start()
+        return loaders
+
     try:
         run = cli("launch", str(topo), "--skip-preflight", "--json", timeout_s=400)
         assert run.returncode == 0, run.stderr
-        for t in loaders:
-            t.start()
+        loaders = load()
         cmd = shlex.join(k3deploy_argv("top", topo, "--interval", "1", "--window", "4"))
         _tmux(sock, "new-session", "-d", "-x", "200", "-y", "40", "-c", str(ROOT), cmd)
 
@@ -246,7 +252,14 @@ def test_top_in_tmux_shows_both_replicas_and_names_the_slowed_one(tmp_path: Path
         assert all(live[p]["tpot_ms"] and live[p]["predicted"]["tpot_ms"] > 0 for p in parts[:2]), report
 
         # Replica 1 restarted with every decode step 10x slower: the view names it, against the other replica.
+        # The load pauses while it is down: requests the router sent to it then would count as its failures, and
+        # smg's circuit breaker (10 failures) keeps a worker out for --cb-timeout-duration-secs (60 s by default).
+        stops[-1].set()
+        for t in loaders:
+            t.join(timeout=70)
         restart_replica(with_fault(topo, "slow_decode"), 1, store)
+        stops.append(threading.Event())
+        loaders = load()
         back = time.monotonic()
         assert wait_for(lambda: "waiting for a second scrape" not in pane()
                         and f"{name}-r1 LAGS" in screen.read_text(), 60), screen.read_text()
@@ -261,7 +274,8 @@ def test_top_in_tmux_shows_both_replicas_and_names_the_slowed_one(tmp_path: Path
         rows_json = {r["label"]: r for r in json.loads(run.stdout)["rows"]}
         assert "TPOT" in rows_json[f"{name}-r1"]["lag"] and not rows_json[f"{name}-r0"]["lag"], rows_json
     finally:
-        stop.set()
+        for ev in stops:
+            ev.set()
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, check=False, timeout=30)
         pids = _pids(store, parts)
         stopped = cli("stop", str(topo), timeout_s=120)
