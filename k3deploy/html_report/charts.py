@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # Colour-blind-safe (Okabe-Ito) and distinct in greyscale print by lightness.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999", "#000000")
 _RC: dict[Any, Any] = {"svg.fonttype": "none", "svg.hashsalt": "k3deploy", "font.size": 9.0,
-       "font.family": ["DejaVu Sans", "sans-serif"], "axes.spines.top": False, "axes.spines.right": False}
+       "font.family": "sans-serif", "font.sans-serif": ["DejaVu Sans"], "axes.spines.top": False, "axes.spines.right": False}
 
 
 def new_figure(width_in: float, height_in: float) -> Figure:
@@ -34,7 +34,8 @@ def svg(fig: Figure, title: str, desc: str) -> str:
         fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None})
     text = out.getvalue()
     start = text.index("<svg")
-    body = text[start:]
+    # The RDF metadata block names remote vocabularies (never fetched, but no page of ours names any URL).
+    body = re.sub(r"<metadata>.*?</metadata>\s*", "", text[start:], flags=re.DOTALL)
     # The standalone file's DOCTYPE and XML header go; the root gains the accessible name and description.
     digest = hashlib.sha1(f"{title}\n{desc}".encode()).hexdigest()[:8]
     slug = (re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:32] or "chart") + f"-{digest}"

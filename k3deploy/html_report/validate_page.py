@@ -15,6 +15,7 @@ from k3deploy.validate.stage import StageResult
 _LABELLED = re.compile(r"^(?P<stage>[\w-]+)\[(?P<label>[^\]]+)\]$")
 WORKLOADS = (("cold", "cold"), ("prefix_hit", "prefix hit"))
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"))
+PREDICTED_FOR = "cold"  # validate holds the cold run (every prompt unique) against the prediction
 
 
 def _group(name: str) -> str:
@@ -62,17 +63,19 @@ def distribution_svg(stage: StageResult) -> str:
             for y, (name, s) in enumerate(runs):
                 p50, p90, p99, mean = (s.get(f"{k}_{key}_ms", 0.0) for k in ("median", "p90", "p99", "mean"))
                 colour = charts.PALETTE[y]
-                ax.barh([y], [max(p90 - p50, 0.0)], left=p50, height=0.45, color=colour, alpha=0.85)
+                ax.barh([y], [max(p90 - p50, 0.0)], left=p50, height=0.45, color=colour)
                 ax.plot([p90, p99], [y, y], color=colour, linewidth=1.6)
                 ax.plot([p99], [y], marker="|", markersize=12, color=colour)
                 ax.plot([mean], [y], marker="D", markersize=5.5, color="#222222", linestyle="none")
                 top = max(top, p99)
             got = pred[key]
-            if got is not None:
+            rows = [y for y, (name, _) in enumerate(runs) if name == PREDICTED_FOR]
+            if got is not None and rows:  # the prediction is of the cold run: drawn on its row alone
                 x, lo, hi = got
+                y = rows[0]
                 if hi > lo:
-                    ax.axvspan(lo, hi, color="#999999", alpha=0.22, linewidth=0)
-                ax.axvline(x, color="#222222", linestyle="--", linewidth=1.1)
+                    ax.fill_betweenx([y - 0.4, y + 0.4], lo, hi, color="#dddddd", linewidth=0, zorder=0)
+                ax.plot([x, x], [y - 0.4, y + 0.4], color="#222222", linestyle="--", linewidth=1.1)
                 top = max(top, hi)
             ax.set_xlim(0, top * 1.08 if top > 0 else 1)
             ax.set_yticks(range(len(runs)), [name for name, _ in runs])
@@ -87,7 +90,7 @@ def distribution_svg(stage: StageResult) -> str:
                             Line2D([], [], color=charts.PALETTE[0], marker="|", markersize=10, label="to p99"),
                             Line2D([], [], color="#222222", marker="D", linestyle="none", label="measured mean"),
                             Line2D([], [], color="#222222", linestyle="--", label="predicted mean"),
-                            Patch(color="#999999", alpha=0.3, label="prediction band")],
+                            Patch(color="#dddddd", label="prediction band")],
                    loc="outside lower center", ncol=5, frameon=False, fontsize=8)
     return charts.svg(fig, f"{stage.name} latency distributions", _distribution_desc(runs, pred))
 
@@ -100,7 +103,7 @@ def _distribution_desc(runs: list[tuple[str, dict[str, Any]]],
         said = [f"{name} p50 {s.get(f'median_{key}_ms', 0.0):,.1f}, p90 {s.get(f'p90_{key}_ms', 0.0):,.1f}, "
                 f"p99 {s.get(f'p99_{key}_ms', 0.0):,.1f}, mean {s.get(f'mean_{key}_ms', 0.0):,.1f} ms"
                 for name, s in runs]
-        expected = ("; predicted mean " + f"{got[0]:,.1f} ms" + (f" (band {got[1]:,.1f}-{got[2]:,.1f})"
+        expected = ("; cold's predicted mean " + f"{got[0]:,.1f} ms" + (f" (band {got[1]:,.1f}-{got[2]:,.1f})"
                                                                   if got[2] > got[1] else "")
                     if got is not None else "; not predicted")
         parts.append(f"{label}: " + "; ".join(said) + expected)
@@ -116,8 +119,9 @@ def distribution_table(stage: StageResult) -> str:
         for name, s in _measured(stage.results):
             rows.append((label, name, *(f"{s.get(f'{k}_{key}_ms', 0.0):,.2f}" for k in ("mean", "median", "p90", "p99",
                                                                                        "std")),
-                         f"{got[0]:,.2f}" if got is not None else "-",
-                         f"{got[1]:,.2f}-{got[2]:,.2f}" if got is not None and got[2] > got[1] else "-"))
+                         f"{got[0]:,.2f}" if got is not None and name == PREDICTED_FOR else "-",
+                         f"{got[1]:,.2f}-{got[2]:,.2f}" if got is not None and got[2] > got[1]
+                         and name == PREDICTED_FOR else "-"))
     return table(f"{stage.name}: latency distributions (ms)", ("metric", "workload", "mean", "p50", "p90", "p99", "std",
                                                               "predicted mean", "band"), rows,
                  numeric=(2, 3, 4, 5, 6, 7, 8))
@@ -144,8 +148,9 @@ def _stage_html(stage: StageResult) -> str:
     results = dict(stage.results)
     if _measured(results):
         parts.append(figure(distribution_svg(stage), "Per workload: the box spans p50 to p90, the whisker reaches p99, "
-                            "the diamond is the mean; the dashed line is the predicted mean, the grey band the "
-                            "prediction's band (TPOT and ITL)."))
+                            "the diamond is the mean; on the cold run's row (the one validate holds against the "
+                            "prediction) the dashed line is the predicted mean, the grey band the prediction's band "
+                            "(TPOT and ITL)."))
         parts.append(distribution_table(stage))
         for key, _ in WORKLOADS:
             summary = results.pop(key, None)
