@@ -197,6 +197,9 @@ def test_validate_html_shows_each_instance_and_effort_against_the_prediction(tmp
     row = (f"TPOT cold {cold['mean_tpot_ms']:,.2f} {cold['median_tpot_ms']:,.2f} {cold['p90_tpot_ms']:,.2f} "
            f"{cold['p99_tpot_ms']:,.2f} {cold['std_tpot_ms']:,.2f} {tpot:,.2f} {tpot / (1 + rel):,.2f}-{tpot * (1 + rel):,.2f}")
     assert row in seen.page, seen.page
+    hit = effort["prefix_hit"]  # the prediction is the cold run's: the prefix-hit run is not held against it
+    assert f"TPOT prefix hit {hit['mean_tpot_ms']:,.2f} {hit['median_tpot_ms']:,.2f} {hit['p90_tpot_ms']:,.2f} " \
+        f"{hit['p99_tpot_ms']:,.2f} {hit['std_tpot_ms']:,.2f} - -" in seen.page
     assert f"cold p50 {cold['median_ttft_ms']:,.1f}, p90 {cold['p90_ttft_ms']:,.1f}" in " ".join(seen.alt)
     assert colour_pixels(shot.png, hex_rgb(BLUE)) > 500  # cold's boxes
     assert colour_pixels(shot.png, hex_rgb(ORANGE)) > 500  # prefix hit's
@@ -262,3 +265,20 @@ def test_plan_without_html_never_imports_matplotlib() -> None:
 def test_search_html_without_a_workload_is_exit_2(tmp_path: Path) -> None:
     done = run_k3deploy("plan", "--search", "--hardware", "b300", "--gpus", "8", "--html", tmp_path / "s.html")
     assert done.returncode == 2 and "it needs --workload" in done.stderr, done.stderr
+
+
+def test_plan_html_of_roles_and_of_an_invalid_file(tmp_path: Path) -> None:
+    """Prefill/decode roles: each role's budget drawn; a file that does not load: its issues, exit 2 as ever."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: {id: nope}\n")
+    out = tmp_path / "roles.html"
+    done = run_k3deploy("plan", "topologies/pd-h200-1p1d-sglang.yaml", bad, "--html", out)
+    assert done.returncode == 2, done.stderr
+    text = _html(out)
+    for role in ("prefill", "decode"):
+        assert f">{role}: per-GPU memory budget</title>" in text
+    assert f"{bad}: <span class=\"fail\">INVALID</span>" in text
+    from k3deploy.html_report.page import esc
+
+    issues = plan_path(bad, load_catalog()).issues
+    assert issues and all(esc(i.render(str(bad))) in text for i in issues)  # every issue, as the terminal says it
