@@ -217,19 +217,19 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
     engine, model = default_pairing(cat, hardware, engine_opt, model_opt)
     if engine not in FLAVOURS:
         raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
-    rows = rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
-                       engine_id=engine, workload=load, objective=objective,  # type: ignore[arg-type]
-                       tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
+    def rank_at(concurrency: int) -> "list[RankedShape]":
+        """The search ranked for the workload, or for it at another concurrency (--html's Pareto sweep)."""
+        w = load if concurrency == load.concurrency else load._replace(concurrency=concurrency, num_prompts=None)
+        assert hardware is not None and gpus is not None
+        return rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
+                           engine_id=engine, workload=w, objective=objective,  # type: ignore[arg-type]
+                           tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
+
+    rows = rank_at(load.concurrency)
     why = why_top(rows, objective)  # type: ignore[arg-type]
     if html is not None:
         from k3deploy.html_report.page import write_page
         from k3deploy.html_report.search_page import search_page
-
-        def rank_at(concurrency: int) -> "list[RankedShape]":
-            return rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
-                               engine_id=engine, workload=load._replace(concurrency=concurrency, num_prompts=None),
-                               objective=objective,  # type: ignore[arg-type]
-                               tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
 
         write_page(html, search_page(hardware, gpus, engine, model, load, objective, tpot_max, rows, why, rank_at))
     if as_json:
