@@ -282,3 +282,35 @@ def test_plan_html_of_roles_and_of_an_invalid_file(tmp_path: Path) -> None:
 
     issues = plan_path(bad, load_catalog()).issues
     assert issues and all(esc(i.render(str(bad))) in text for i in issues)  # every issue, as the terminal says it
+
+
+def test_validate_html_of_roles_holds_ttft_to_the_prefill_role_and_tpot_to_the_decode_role() -> None:
+    """Behind a PD router the effort stage predicts per role (validate/role_effort.py): the page draws TTFT against
+    the prefill role's prediction, TPOT and ITL against the decode role's, with its band."""
+    from k3deploy.html_report.validate_page import predicted_ms, validate_page
+    from k3deploy.validate.pipeline import Report
+    from k3deploy.validate.role_effort import RoleEffortStage
+    from k3deploy.validate.stage import NodeRef, StageResult, ValidateContext
+
+    plan = plan_path(ROOT / "topologies/pd-h200-1p1d-sglang.yaml", load_catalog()).plan
+    assert plan is not None
+    t = plan.topology
+    ctx = ValidateContext(name=t.name, topology=t, model=plan.model, nodes=[NodeRef(0, "h0")],  # type: ignore[arg-type]
+                          fleet=None)  # type: ignore[arg-type]
+    cold = {"completed": 8, "total_input_tokens": 8 * 4000, "total_output_tokens": 8 * 500, "mean_ttft_ms": 900.0,
+            "median_ttft_ms": 850.0, "p90_ttft_ms": 1200.0, "p99_ttft_ms": 1400.0, "std_ttft_ms": 200.0,
+            "mean_tpot_ms": 30.0, "median_tpot_ms": 29.0, "p90_tpot_ms": 35.0, "p99_tpot_ms": 40.0,
+            "std_tpot_ms": 4.0, "mean_itl_ms": 30.0, "median_itl_ms": 28.0, "p90_itl_ms": 45.0, "p99_itl_ms": 80.0,
+            "std_itl_ms": 9.0}
+    _problems, results, _evidence = RoleEffortStage(t).judge(ctx, cold, 8)
+    roles = results["predicted_per_role"]
+    got = predicted_ms({"cold": cold, **results})
+    rel = roles["band"]["rel"]
+    assert got["tpot"] == pytest.approx((roles["decode"]["mean_tpot_ms"], roles["decode"]["mean_tpot_ms"] / (1 + rel),
+                                         roles["decode"]["mean_tpot_ms"] * (1 + rel)))
+    assert got["itl"] == got["tpot"]
+    assert got["ttft"] is not None and got["ttft"][0] == roles["prefill"]["mean_ttft_ms"]
+    page = validate_page(Report(deployment=t.name, passed=True, exit_code=0, stages=[
+        StageResult(name="effort", status="pass", detail="d", results={"cold": cold, **results})]))
+    assert f"TPOT cold 30.00 29.00 35.00 40.00 4.00 {got['tpot'][0]:,.2f} " in " ".join(
+        re.sub(r"<[^>]+>", " ", page).split())
