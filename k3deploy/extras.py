@@ -26,6 +26,7 @@ OPTIONAL = {
     "junitparser": ("junitparser", "validate"),
     "jsonschema": ("jsonschema", "validate"),
     "huggingface_hub": ("huggingface_hub", "hub"),
+    "matplotlib": ("matplotlib", "report"),
 }
 # Dependencies of the core install: missing, the install itself is broken.
 CORE = ("httpx", "typer", "pydantic", "yaml", "rich", "typing_extensions")

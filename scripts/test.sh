@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the suite needs on a fresh Debian or Ubuntu machine (as root), then run every test
-# tier (the Slurm rig needs slurm-wlm's slurmctld, slurmd and clients, and munge). Python packages go into
+# tier (the Slurm rig needs slurm-wlm's slurmctld, slurmd and clients, and munge; the --html reports' tests open
+# their pages in headless Chromium, chromium-headless-shell). Python packages go into
 # the project venv .venv (made here when missing): Debian's own pip refuses to install outside a venv
 # ("externally-managed-environment"). Used by the README's test command and .ci/run.
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   missing=""
   for bin in /usr/sbin/sshd /usr/bin/shellcheck /usr/sbin/ip /usr/bin/nsenter /usr/bin/pgrep \
-      /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/srun; do
+      /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/bin/srun /usr/bin/chromium-headless-shell; do
     [ -x "$bin" ] || missing=1
   done
   # Debian ships venv's pip bootstrap (ensurepip) separately, in python3-venv.
@@ -18,7 +19,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       openssh-server openssh-client iproute2 shellcheck util-linux procps python3-venv \
-      slurmctld slurmd slurm-client munge >/dev/null
+      slurmctld slurmd slurm-client munge chromium-headless-shell >/dev/null
   fi
 fi
 

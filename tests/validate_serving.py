@@ -62,9 +62,11 @@ def launched(topology: Path) -> Iterator[Path]:
         cli("stop", str(topology))
 
 
-def validate_json(topology: Path, *stages: str) -> dict[str, Any]:
-    """`validate --json` of the given stages (all implemented when none), as parsed JSON."""
-    args = ["validate", str(topology), "--json", *(["--only", ",".join(stages)] if stages else [])]
+def validate_json(topology: Path, *stages: str, html: Path | None = None) -> dict[str, Any]:
+    """`validate --json` of the given stages (all implemented when none), as parsed JSON (and, given `html`, its
+    `--html` report written there)."""
+    args = ["validate", str(topology), "--json", *(["--only", ",".join(stages)] if stages else []),
+            *(["--html", str(html)] if html is not None else [])]
     done = cli(*args, timeout_s=240)
     assert done.returncode in (0, 1), done.stdout + done.stderr
     report: dict[str, Any] = json.loads(done.stdout)

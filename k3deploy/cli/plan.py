@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from k3deploy.catalog.specs import Catalog
     from k3deploy.planning.files import FileResult
     from k3deploy.planning.prediction import Prediction
+    from k3deploy.planning.ranking import RankedShape
     from k3deploy.planning.workload import Workload
 
 
@@ -39,6 +40,9 @@ def plan(
     speculation: Annotated[bool, typer.Option(
         "--speculation", help="also rank each shape with DSpark drafting, at every draft length the catalog has "
         "an acceptance length for (with --search --workload)")] = False,
+    html: Annotated[Path | None, typer.Option(
+        "--html", help="also write a self-contained HTML report here: the budget drawn, the prediction with its "
+        "band; with --search --workload, the Pareto front (needs the 'report' extra)")] = None,
     catalog: CatalogOpt = None,
 ) -> None:
     """Check legality and the per-GPU memory budget of topology files. Exit 0 feasible, 1 infeasible, 2 invalid."""
@@ -50,10 +54,18 @@ def plan(
         raise InputError("--speculation ranks shapes with and without drafting: it needs --search and --workload",
                          hint="e.g. --search --hardware b300 --gpus 8 --workload in=8192,out=1024,concurrency=16 "
                          "--speculation")
+    if html is not None:
+        from k3deploy.extras import require
+
+        if search and load is None:
+            raise InputError("--html with --search draws the Pareto front of a prediction: it needs --workload",
+                             hint="e.g. --search --hardware b300 --gpus 8 --workload in=8192,out=1024,concurrency=16 "
+                             "--html search.html")
+        require("report", what="--html")
     if search:
         if load is not None:
             _ranked(cat, hardware, gpus, gpus_per_node, engine, model, as_json, load, objective, tpot_max,
-                    speculation)
+                    speculation, html)
         else:
             _search(cat, hardware, gpus, gpus_per_node, engine, model, as_json)
         return
@@ -61,6 +73,11 @@ def plan(
         raise InputError("no topology files given", hint="k3deploy plan topologies/*.yaml, or --search")
     results = [plan_path(f, cat) for f in files]
     predictions = _predictions(results, cat, load)
+    if html is not None:
+        from k3deploy.html_report.page import write_page
+        from k3deploy.html_report.plan_page import plan_page
+
+        write_page(html, plan_page(results, predictions, load is not None))
     if as_json:
         from k3deploy.planning.document import invalid_json, plan_json
 
@@ -190,7 +207,7 @@ def _search(cat: "Catalog", hardware: str | None, gpus: int | None, per_node: in
 
 def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node: "int | None",
             engine_opt: "str | None", model_opt: "str | None", as_json: bool, load: "Workload", objective: str,
-            tpot_max: "float | None", speculation: bool) -> None:
+            tpot_max: "float | None", speculation: bool, html: "Path | None") -> None:
     from k3deploy.engines.kinds import FLAVOURS, engine_family
     from k3deploy.planning.ranking import rank_shapes, why_top
     from k3deploy.planning.search import default_pairing
@@ -200,10 +217,21 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
     engine, model = default_pairing(cat, hardware, engine_opt, model_opt)
     if engine not in FLAVOURS:
         raise InputError(f"--engine {engine}: expected {', '.join(FLAVOURS)}")
-    rows = rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
-                       engine_id=engine, workload=load, objective=objective,  # type: ignore[arg-type]
-                       tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
+    def rank_at(concurrency: int) -> "list[RankedShape]":
+        """The search ranked for the workload, or for it at another concurrency (--html's Pareto sweep)."""
+        w = load if concurrency == load.concurrency else load._replace(concurrency=concurrency, num_prompts=None)
+        assert hardware is not None and gpus is not None
+        return rank_shapes(cat, model_id=model, hardware_id=hardware, gpus=gpus, family=engine_family(engine),
+                           engine_id=engine, workload=w, objective=objective,  # type: ignore[arg-type]
+                           tpot_max_ms=tpot_max, gpus_per_node=per_node, speculation=speculation)
+
+    rows = rank_at(load.concurrency)
     why = why_top(rows, objective)  # type: ignore[arg-type]
+    if html is not None:
+        from k3deploy.html_report.page import write_page
+        from k3deploy.html_report.search_page import search_page
+
+        write_page(html, search_page(hardware, gpus, engine, model, load, objective, tpot_max, rows, why, rank_at))
     if as_json:
         print(json.dumps({"hardware": hardware, "gpus": gpus, "engine": engine, "model": model,
                           "workload": load.model_dump(),

@@ -24,6 +24,9 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON (contract in README)")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here (one testcase per stage "
                                                "and node)")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="also write a self-contained HTML report here: every "
+                                              "stage with its evidence, the load's distributions against the "
+                                              "prediction (needs the 'report' extra)")] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="deployment records (default: the "
                                                    "topology's launch.state_dir, else $XDG_STATE_HOME/k3deploy)")] = None,
     catalog: CatalogOpt = None,
@@ -38,6 +41,10 @@ def validate(
     from k3deploy.validate.run import load_manifest, resolve_target
     from k3deploy.validate.run import validate as run_validate
 
+    if html is not None:
+        from k3deploy.extras import require
+
+        require("report", what="--html")
     found = resolve_target(target, str(state_dir) if state_dir else None)
     pinned = load_manifest(found.topology, found.file, manifest)
     with live_progress(Console(stderr=True, highlight=False)) as live:
@@ -46,6 +53,11 @@ def validate(
                               on_stage=live.stage)
     if junit is not None:
         write_junit(report, junit)
+    if html is not None:
+        from k3deploy.html_report.page import write_page
+        from k3deploy.html_report.validate_page import validate_page
+
+        write_page(html, validate_page(report))
     if as_json:
         print(report.model_dump_json(indent=2))
     else:

@@ -37,9 +37,8 @@ def simple_table(title: str, columns: Sequence[tuple[str, Literal["left", "right
     return t
 
 
-def budget_table(plan: Plan, role: str = "") -> Table:
-    """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
-    broken at phrase boundaries so the table reads at 80 columns."""
+def budget_rows(plan: Plan) -> list[tuple[str, int, list[str]]]:
+    """The per-GPU memory budget's line items (name, bytes, how in phrases); they sum to usable memory."""
     m = plan.memory
     assert m is not None
     s = plan.shape
@@ -55,7 +54,7 @@ def budget_table(plan: Plan, role: str = "") -> Table:
                f"{fmt_gib(m.engine_static_bytes - m.engine_preload_bytes)} at it (buffers,", "workspaces)"]
               if m.engine_preload_bytes else ["held in the static share", "when the pools are sized"]
               ) if m.engine_static_bytes else []
-    rows = [
+    rows: list[tuple[str, int, list[str]]] = [
         ("weights: routed experts", m.routed_weights_bytes,
          [f"routed / {s.expert_shards}", f"({s.experts_per_rank} experts per EP rank)"]),
         ("weights: non-expert", m.non_expert_weights_bytes, [f"non-expert / attn_tp {s.attn_tp}"]),
@@ -74,8 +73,16 @@ def budget_table(plan: Plan, role: str = "") -> Table:
           "(activations, CUDA graphs)", f"leaves {fmt_gib(m.headroom_bytes)}"])
         if static else ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
+    return rows
+
+
+def budget_table(plan: Plan, role: str = "") -> Table:
+    """The per-GPU memory budget, every line item; the lines sum to usable memory. The "how" cells are
+    broken at phrase boundaries so the table reads at 80 columns."""
+    m = plan.memory
+    assert m is not None
     cells: list[tuple[str | Text, ...]] = [(name, Text(gib_cell(n), style="red" if n < 0 else ""), f"{n:,}",
-                                            "\n".join(how)) for name, n, how in rows]
+                                            "\n".join(how)) for name, n, how in budget_rows(plan)]
     cells.append((Text("usable", style="bold"), Text(gib_cell(m.usable_bytes), style="bold"), f"{m.usable_bytes:,}", ""))
     return simple_table(f"{role}Per-GPU memory ({plan.hardware.name if plan.hardware else ''})",
                         (("line item", "left"), ("GiB", "right"), ("bytes", "right"), ("how", "left")), cells)

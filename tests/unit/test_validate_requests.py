@@ -30,7 +30,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> Iterato
     tmp = tmp_path_factory.mktemp("clean")
     topo = sim_topology(tmp, "vr-clean", checkpoint)
     with launched(topo):
-        yield topo, validate_json(topo, *STAGES)
+        yield topo, validate_json(topo, *STAGES, html=tmp / "report.html")
 
 
 def stage(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def stage(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_a_clean_deployment_passes_every_request_stage(clean: tuple[Path, dict[str, Any]]) -> None:
-    _, report = clean
+    topo, report = clean
     assert statuses(report) == dict.fromkeys(STAGES, "pass"), report
     long = stage(report, "long")
     assert long["results"]["retrieved"] == {"10%": True, "50%": True, "90%": True}
@@ -66,6 +66,11 @@ def test_a_clean_deployment_passes_every_request_stage(clean: tuple[Path, dict[s
     assert predicted["bounds"]["tpot"] == "the decode step, bound by HBM reads"
     assert min(results["share_of_predicted"]["decode"], results["share_of_predicted"]["output_throughput"]) >= 0.2
     assert re.search(r"predicted for cold \([\d,]+ in / \d+ out, concurrency 4\): [\d,]+ tok/s out", effort["evidence"])
+    # --html of the same run: every stage, and the effort stage's distributions drawn against the prediction
+    page = (topo.parent / "report.html").read_text()
+    assert all(f"<h3>{name} <span class=\"pass\">PASS</span>" in page for name in STAGES)
+    assert ">effort latency distributions</title>" in page and ">TPOT ms</text>" in page
+    assert f"{results['cold']['p99_tpot_ms']:,.2f}" in page and f"{predicted['mean_tpot_ms']:,.2f}" in page
 
 
 def test_thresholds_from_the_topology_decide_the_effort_stage(clean: tuple[Path, dict[str, Any]]) -> None:

@@ -1,0 +1,1 @@
+"""Self-contained HTML reports (`plan --html`, `plan --search --workload --html`, `validate --html`)."""
