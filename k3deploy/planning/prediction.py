@@ -39,7 +39,7 @@ from k3deploy.planning.perf_model import (
     require_timeable,
 )
 from k3deploy.planning.plan_model import Plan
-from k3deploy.planning.workload import Workload
+from k3deploy.planning.workload import Workload, with_images
 from k3deploy.topology.schema import Topology
 
 
@@ -191,8 +191,11 @@ def calibrated(inp: PerfInputs, calibration: Calibration | None) -> PerfInputs:
 
 def predict_plan(plan: Plan, catalog: Catalog, w: Workload, calibration: Calibration | None = None) -> Prediction:
     """`predict` for a planned topology, capped by its caches (a plan that sized none predicts uncapped), with
-    the cluster's own factors when it has them."""
+    the cluster's own factors when it has them; a workload's images cost the tokens the model's processor gives
+    them."""
     cap = plan.capacity
+    if plan.model is not None:
+        w = with_images(w, plan.model)
     p = predict(calibrated(perf_inputs(plan, catalog), calibration), w,
                 max_running=cap.max_running_requests if cap else None, kv_tokens=cap.kv_tokens if cap else None)
     return p._replace(calibration=calibration)
