@@ -212,12 +212,16 @@ class ChatService(EngineCore):
         gen = self._generation(body, len(prompt.ids))
         asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
         facts, transferred = self._received(body, prompt.ids, prompt.text, asked)
+        # A response_format grammar applies from the first token unless a reasoning parser marks where the
+        # reasoning ends (vLLM's structured outputs and SGLang's grammar backend then start after it).
+        thinks = structured is None or self.cfg.reasoning_parser is not None
 
         def decide(cached: int) -> Completion:
             """The completion as the KDA state after a hit of `cached` tokens lets the model read its context."""
             view = state_view(self.faults, len(prompt.ids), cached)
             answer = [structured] if structured is not None else recall_answer(prompt.text, asked, view, facts)
-            return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag, **gen)
+            return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag,
+                            thinks=thinks, **gen)
 
         done = decide(0)
         # A required or named tool_choice runs guided decoding, which returns the call structured

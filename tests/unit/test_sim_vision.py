@@ -136,3 +136,15 @@ def test_a_json_schema_response_format_is_answered_valid_against_it(mimic: str) 
         json.loads(ignored["choices"][0]["message"]["content"])
     with pytest.raises(ApiError, match="json_schema.schema: a JSON Schema object is required"):
         svc.chat({**body, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})
+
+
+def test_without_a_reasoning_parser_the_grammar_holds_from_the_first_token() -> None:
+    """vLLM applies a response_format grammar after the reasoning only when a reasoning parser says where it ends;
+    without one the whole output is the JSON, no think block before it."""
+    body = {"messages": [{"role": "user", "content": "Plan a trip"}], "max_tokens": 12,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}}
+    reply = engine("vllm").chat(body).body
+    assert reply is not None
+    content = reply["choices"][0]["message"]["content"]
+    assert "<|" not in content and not list(Draft202012Validator(SCHEMA).iter_errors(json.loads(content))), content
+    assert reply["choices"][0]["finish_reason"] == "stop"
