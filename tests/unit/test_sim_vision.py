@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from k3deploy.sim.faults import Faults
 from k3deploy.sim.images import image_size
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.serve_config import resolve_config
-from k3deploy.validate.image import png_bytes, png_data_url
+from k3deploy.validate.image import png_bytes, png_data_url, served_png
 
 pytestmark = pytest.mark.timeout(30)
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "minLength": 12},
@@ -58,28 +56,8 @@ def with_image(url: str, text: str = "What is in the picture?") -> list[dict[str
 @pytest.fixture
 def loopback_png() -> Iterator[str]:
     """An http URL on 127.0.0.1 serving a 1000 x 700 PNG."""
-    data = png_bytes(1000, 700)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("content-type", "image/png")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/chart.png"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with served_png(1000, 700) as url:
+        yield url
 
 
 @pytest.mark.parametrize("mimic", ["sglang", "vllm"])

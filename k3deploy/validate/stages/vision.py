@@ -11,12 +11,13 @@ rules, shows as a growth outside that band."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from k3deploy.engines.image_tokens import image_tokens
 from k3deploy.executors.http import NodeHttp
 from k3deploy.validate import reach
-from k3deploy.validate.image import png_data_url
+from k3deploy.validate.image import png_data_url, served_png
 from k3deploy.validate.stage import StageResult, ValidateContext
 from k3deploy.validate.stages.short import CHAT_PATH, served_model
 
@@ -35,6 +36,9 @@ def _prompt_tokens(http: NodeHttp, body: dict[str, Any], timeout_s: float) -> in
     if isinstance(count, int):
         return count
     raise ValueError(f"no usage.prompt_tokens in the answer: {json.dumps(usage)[:200]}")
+
+
+REFUSED = "refused by http URL"
 
 
 class VisionStage:
@@ -59,27 +63,39 @@ class VisionStage:
         with reach.rank0_http(ctx, timeout_s) as http:
             base = {"model": served_model(http, ctx.topology.model.id), "max_tokens": MAX_TOKENS, "temperature": 0,
                     "reasoning_effort": "low"}
-            image = {"type": "image_url", "image_url": {"url": png_data_url(width, height)}}
+
+            def ask(url: str | None) -> int:
+                parts = [{"type": "image_url", "image_url": {"url": url}}] if url else []
+                content: Any = [*parts, {"type": "text", "text": QUESTION}] if parts else QUESTION
+                return _prompt_tokens(http, {**base, "messages": [{"role": "user", "content": content}]}, timeout_s)
+
             try:
-                without = _prompt_tokens(http, {**base, "messages": [{"role": "user", "content": QUESTION}]},
-                                         timeout_s)
+                without = ask(None)
             except (ValueError, KeyError) as exc:
                 return StageResult(name=self.name, status="fail", detail=f"the text-only request: {exc}")
             try:
-                with_image = _prompt_tokens(http, {**base, "messages": [{"role": "user", "content": [
-                    image, {"type": "text", "text": QUESTION}]}]}, timeout_s)
+                with_image = ask(png_data_url(width, height))
             except (ValueError, KeyError) as exc:
                 return StageResult(name=self.name, status="fail", detail=f"a {width}x{height} PNG as a data URL was "
                                    f"refused: {exc}", evidence=f"prompt_tokens without the image: {without}")
+            by_url, url_note = self._by_url(ctx, ask, width, height)
         grew = with_image - without
         results = {"image_px": [width, height], "predicted_image_tokens": pads, "prompt_tokens_text": without,
-                   "prompt_tokens_with_image": with_image, "grew_by": grew}
+                   "prompt_tokens_with_image": with_image, "grew_by": grew,
+                   "prompt_tokens_with_image_url": by_url}
         evidence = (f"prompt_tokens {without:,} without, {with_image:,} with a {width}x{height} PNG (data URL): "
-                    f"+{grew:,}; K3's processor: {pads:,} pads, + at most {vision.wrapper_tokens_max} marker tokens")
-        if band[0] <= grew <= band[1]:
+                    f"+{grew:,}; K3's processor: {pads:,} pads, + at most {vision.wrapper_tokens_max} marker tokens; "
+                    + (f"by http URL: {by_url:,}" if by_url is not None else url_note))
+        url_ok = by_url == with_image or (by_url is None and not url_note.startswith(REFUSED))
+        if band[0] <= grew <= band[1] and url_ok:
+            url = " and by an http URL" if by_url is not None else f" ({url_note})"
             return StageResult(name=self.name, status="pass", results=results, evidence=evidence,
-                               detail=f"a {width}x{height} PNG accepted as a data URL: prompt_tokens +{grew:,} "
+                               detail=f"a {width}x{height} PNG accepted as a data URL{url}: prompt_tokens +{grew:,} "
                                f"({pads:,} image tokens predicted, {grew - pads} for the media markers)")
+        if band[0] <= grew <= band[1]:
+            said = f"prompt_tokens {by_url:,}, against {with_image:,} as a data URL" if by_url is not None else url_note
+            return StageResult(name=self.name, status="fail", results=results, evidence=evidence,
+                               detail=f"the same PNG by an http URL on this machine: {said}")
         if grew < pads:
             why = ("the image was accepted but is not in the prompt (dropped before the model)" if grew <= 0 else
                    "fewer than K3's processor gives: the engine prices images by other rules")
@@ -88,3 +104,16 @@ class VisionStage:
         return StageResult(name=self.name, status="fail", results=results, evidence=evidence,
                            detail=f"prompt_tokens grew by {grew:,} with a {width}x{height} image, {pads:,} predicted "
                            f"(+ up to {vision.wrapper_tokens_max} for the markers): {why}")
+
+    @staticmethod
+    def _by_url(ctx: ValidateContext, ask: Callable[[str | None], int], width: int, height: int
+                ) -> tuple[int | None, str]:
+        """(prompt_tokens, "") of the image sent by an http URL served on this machine, or (None, why not: rank 0
+        elsewhere could not reach a server here; or the engine refused it)."""
+        if not ctx.topology.launch.nodes_are_here:
+            return None, "not sent by URL: rank 0 is not this machine, it could not reach a server here"
+        with served_png(width, height) as url:
+            try:
+                return ask(url), ""
+            except (ValueError, KeyError) as exc:
+                return None, f"{REFUSED} {url}: {exc}"
