@@ -23,6 +23,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.errors import InputError
 from k3deploy.planning.calibration import Calibration
 from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.instance_plan import memory_inputs, perf_inputs_for
@@ -194,6 +195,10 @@ def predict_plan(plan: Plan, catalog: Catalog, w: Workload, calibration: Calibra
     the cluster's own factors when it has them; a workload's images cost the tokens the model's processor gives
     them."""
     cap = plan.capacity
+    limit = plan.topology.serving.images_per_request
+    if w.images and limit is not None and w.images > limit:
+        raise InputError(f"{plan.file}: --workload images={w.images}: serving.images_per_request is {limit}, so the "
+                         "engine refuses such requests", hint="send fewer images, or raise serving.images_per_request")
     if plan.model is not None:
         w = with_images(w, plan.model)
     p = predict(calibrated(perf_inputs(plan, catalog), calibration), w,

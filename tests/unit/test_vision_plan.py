@@ -116,3 +116,15 @@ def test_cuda_ipc_across_nodes_exits_2_naming_the_line(tmp_path: Path) -> None:
     assert run.returncode == 2, run.stdout
     assert f"{path}:{line}" in run.stdout and "MM_CUDA_IPC_MULTINODE" in run.stdout
     assert "use --mm-feature-transport cpu on a multi-node deployment" in run.stdout
+
+
+def test_a_workload_with_more_images_than_the_deployment_takes_is_refused(tmp_path: Path) -> None:
+    doc = topology_dict(images_per_request=1)
+    path = tmp_path / "one-image.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    run = k3deploy("plan", str(path), "--workload", "in=1024,out=256,concurrency=4,images=2,image_px=448x448")
+    assert run.returncode == 2, run.stdout
+    said = " ".join((run.stdout + run.stderr).split())
+    assert "--workload images=2: serving.images_per_request is 1, so the engine refuses such requests" in said
+    assert k3deploy("plan", str(path), "--workload", "in=1024,out=256,concurrency=4,images=1,image_px=448x448"
+                    ).returncode == 0
