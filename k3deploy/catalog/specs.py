@@ -19,7 +19,7 @@ from k3deploy.catalog.spec_base import DTYPE_BYTES, GIB, Sourced, Spec
 
 __all__ = ["DTYPE_BYTES", "GIB", "Architecture", "CacheDtypes", "Catalog", "ChatParsers", "DraftSpec",
            "EngineDefaults", "EnginePerformance", "FamilyPerformance", "HardwareSpec", "ModelSpec", "PlannerDefaults", "ReplayRing",
-           "Sourced", "Spec", "VendorSpec", "Weights"]
+           "Sourced", "Spec", "VendorSpec", "VisionSpec", "Weights"]
 
 
 class Architecture(Sourced):
@@ -146,6 +146,24 @@ class ChatParsers(Spec):
     tool_call_parser: str | None = Field(None, description="--tool-call-parser: reads tool calls from the text")
 
 
+class VisionSpec(Sourced):
+    """The vision encoder and its image processor: what an image costs in weights and in context tokens."""
+
+    encoder: str = Field(description="the encoder's name (MoonViT-V2)")
+    params: int = Field(description="the tower's and projector's parameters (0: the checkpoint has no tower)")
+    num_layers: int = Field(description="encoder layers")
+    num_heads: int = Field(description="encoder attention heads (vLLM shards the tower over TP only when TP "
+                           "divides them)")
+    dtype: Literal["bf16"] = Field("bf16", description="the tower's weight dtype (quantized checkpoints keep it "
+                                   "BF16)")
+    patch_size: int = Field(description="pixels per patch side")
+    merge_kernel_size: int = Field(description="patches per side merged into one token (pixel shuffle)")
+    in_patch_limit: int = Field(description="most patches an image keeps before it is scaled down")
+    patch_limit_on_one_side: int = Field(description="most patches along one side")
+    wrapper_tokens_max: int = Field(description="most prompt tokens around an image's pads (its begin, size "
+                                    "text, content and end markers, less the placeholder they replace)")
+
+
 class ModelSpec(Sourced):
     """A model checkpoint the planner can size."""
 
@@ -166,6 +184,7 @@ class ModelSpec(Sourced):
                                            "as an EAGLE-3 head) whose memory speculative decoding adds")
     draft_checkpoints: tuple[DraftCheckpoint, ...] = Field((), description="published drafts for this model, each "
                                                            "with the token count its checkpoint expects")
+    vision: VisionSpec | None = Field(None, description="the vision encoder (none: a text-only model)")
     served_model_name: str | None = Field(
         None, description="the name clients call the model by (--served-model-name; none given: the model id)")
     load_dist_timeout_s: int | None = Field(

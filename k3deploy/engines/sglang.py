@@ -1,6 +1,8 @@
 """SGLang 0.5.23 (`sglang serve MODEL ...`): the flags one node gets, before the user's engine.args."""
 from __future__ import annotations
 
+import json
+
 from k3deploy.engines.argv_opts import Opt, decimal
 from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place, host_port
@@ -52,6 +54,8 @@ def sglang_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
         o.append(_o("--mamba-full-memory-ratio", decimal(inp.pool_ratio)))
     o += sglang_kernel_opts(inp.hardware, shape.dcp)
     o += parser_opts(inp)
+    if s.images_per_request is not None:
+        o.append(_o("--limit-mm-data-per-request", json.dumps({"image": s.images_per_request})))
     o += [_o("--enable-cache-report"), _o("--enable-metrics")]
     o += sglang_pd_opts(inp)
     return tuple(o)

@@ -1,6 +1,8 @@
 """vLLM 0.33.0 and vLLM-Ascend (`vllm serve MODEL ...`): the flags one node gets, before engine.args."""
 from __future__ import annotations
 
+import json
+
 from k3deploy.engines.argv_opts import Opt, decimal
 from k3deploy.engines.argv_opts import opt as _o
 from k3deploy.engines.context import Inputs, Place
@@ -75,6 +77,8 @@ def vllm_opts(inp: Inputs, place: Place) -> tuple[Opt, ...]:
     if inp.model.parsers.tokenizer_mode:
         o.append(_o("--tokenizer-mode", inp.model.parsers.tokenizer_mode))
     o += parser_opts(inp)
+    if s.images_per_request is not None:  # 0: the vision tower is not even built (SupportsMultiModal._mark_tower_model)
+        o.append(_o("--limit-mm-per-prompt", json.dumps({"image": s.images_per_request})))
     if inp.model.parsers.tool_call_parser:
         o.append(_o("--enable-auto-tool-choice"))  # the tool parser is used only with auto tool choice
     o += vllm_kernel_opts(inp.hardware)

@@ -38,6 +38,11 @@ def prediction_renderable(p: Prediction) -> Any:
          ("output tok/s", f"{p.output_throughput:,.0f}", _span(p.band, p.output_throughput, ""), p.bound("tpot")),
          ("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", "", f"over {p.gpus} GPUs")))
     parts: list[Any] = [head, Text(band_line(p.band), style="dim")]
+    if w.images and w.image_px is not None and w.text_tokens is not None:
+        wpx, hpx = w.image_px
+        parts.append(Text(f"{w.input_tokens:,} in = {w.text_tokens:,} text + {w.images} image(s) of {wpx}x{hpx} px "
+                          f"x {w.image_tokens:,} tokens each (its pads by the model's image processor, "
+                          "plus the media markers around them)"))
     if p.capped_by:
         parts.append(Text(f"{p.running} requests run at once (capped by {p.capped_by}); the rest wait",
                           style="yellow"))

@@ -32,6 +32,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "pool": plan.pool.model_dump() if plan.pool else None,
         "router": plan.router.model_dump() if plan.router else None,
         "roles": plan.pd.model_dump() if plan.pd else None,
+        "vision": plan.vision.model_dump() if plan.vision else None,
     }
     if m is not None:
         doc["memory_per_gpu"] = {f: getattr(m, f) for f in _MEM_FIELDS} | {

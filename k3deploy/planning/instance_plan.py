@@ -20,6 +20,7 @@ from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, 
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.pool import policy_issues, pool, router_plan
 from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
+from k3deploy.planning.vision import vision_plan
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
@@ -172,8 +173,9 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                                             longest_prefill(t, catalog, model, hw, shape, family))
         issues += router_issues
     located = tuple(locate(i, loaded) for i in issues)
+    vision = vision_plan(t, model, family, shape) if model is not None and shape is not None else None
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
-                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router)
+                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router, vision=vision)
 
 
 def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,

@@ -13,6 +13,7 @@ from k3deploy.errors import InfeasibleError
 from k3deploy.planning.capacity import Capacity
 from k3deploy.planning.memory import MemoryBudget
 from k3deploy.planning.pool import Pool, RouterPlan
+from k3deploy.planning.vision import VisionPlan
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
 
@@ -42,6 +43,7 @@ class Plan(NamedTuple):
     pool: Pool | None = None  # with replicas or a router: what all replicas hold together
     router: RouterPlan | None = None
     pd: PdPlan | None = None  # with roles: each role's plan (the fields above are decode's)
+    vision: VisionPlan | None = None  # the vision tower per GPU (None: a text-only model, or no shape)
 
     @property
     def valid(self) -> bool:

@@ -23,6 +23,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.errors import InputError
 from k3deploy.planning.calibration import Calibration
 from k3deploy.planning.draft_cost import draft_cost, with_draft
 from k3deploy.planning.instance_plan import memory_inputs, perf_inputs_for
@@ -39,7 +40,7 @@ from k3deploy.planning.perf_model import (
     require_timeable,
 )
 from k3deploy.planning.plan_model import Plan
-from k3deploy.planning.workload import Workload
+from k3deploy.planning.workload import Workload, with_images
 from k3deploy.topology.schema import Topology
 
 
@@ -191,8 +192,15 @@ def calibrated(inp: PerfInputs, calibration: Calibration | None) -> PerfInputs:
 
 def predict_plan(plan: Plan, catalog: Catalog, w: Workload, calibration: Calibration | None = None) -> Prediction:
     """`predict` for a planned topology, capped by its caches (a plan that sized none predicts uncapped), with
-    the cluster's own factors when it has them."""
+    the cluster's own factors when it has them; a workload's images cost the tokens the model's processor gives
+    them."""
     cap = plan.capacity
+    limit = plan.topology.serving.images_per_request
+    if w.images and limit is not None and w.images > limit:
+        raise InputError(f"{plan.file}: --workload images={w.images}: serving.images_per_request is {limit}, so the "
+                         "engine refuses such requests", hint="send fewer images, or raise serving.images_per_request")
+    if plan.model is not None:
+        w = with_images(w, plan.model)
     p = predict(calibrated(perf_inputs(plan, catalog), calibration), w,
                 max_running=cap.max_running_requests if cap else None, kv_tokens=cap.kv_tokens if cap else None)
     return p._replace(calibration=calibration)

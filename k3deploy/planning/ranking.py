@@ -13,7 +13,7 @@ from k3deploy.planning.perf_model import PerfInputs, PerfUnknown
 from k3deploy.planning.prediction import Prediction, predict
 from k3deploy.planning.search import Candidate, candidates
 from k3deploy.planning.speculation import acceptance
-from k3deploy.planning.workload import Workload
+from k3deploy.planning.workload import Workload, with_images
 from k3deploy.topology.settings import Serving
 
 Objective = Literal["throughput", "latency"]
@@ -62,9 +62,11 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     if perf is None:
         raise InputError(f"the catalog has no performance entry for engine '{engine_id}'",
                          hint="add one under `performance:` with --catalog DIR")
+    model, hw = catalog.models.get(model_id), catalog.hardware.get(hardware_id)
+    if model is not None:
+        workload = with_images(workload, model)
     context = workload.input_tokens + workload.output_tokens
     serving = Serving(max_running_requests=workload.concurrency, context_length=max(context, 1))
-    model, hw = catalog.models.get(model_id), catalog.hardware.get(hardware_id)
     drafts = [0, *sorted(model.draft_acceptance_length)] if speculation and model is not None else [0]
     eng = catalog.engines.get(engine_id)
     draft_kv = (eng.draft_kv_bytes_per_token or 0) if eng is not None else 0

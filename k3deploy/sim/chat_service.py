@@ -11,9 +11,11 @@ from typing import Any
 
 from k3deploy.sim.engine_core import STALL_S, EngineCore, Job
 from k3deploy.sim.generation import Completion, complete
+from k3deploy.sim.images import ImageError, image_limit, resolve_images
 from k3deploy.sim.peer_loss import DEAD_MESSAGE, engine_death
 from k3deploy.sim.recall import Facts, recall_answer, state_view
 from k3deploy.sim.stream import ChatParser, Frame, stream_flags
+from k3deploy.sim.structured import FormatError, structured_answer
 from k3deploy.sim.tokens import message_text, render_prompt, token_ids
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens default in the OpenAI API and both engines
@@ -191,20 +193,35 @@ class ChatService(EngineCore):
         """A decode's transferred state: the facts it holds and the prompt tokens it got (None, 0: computed here)."""
         return None, 0
 
+    def _inputs(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+        """The messages with their images read and priced (the image_dropped fault leaves them out), and the JSON
+        the answer must be under response_format (the schema_ignored fault: none)."""
+        try:
+            seen, _ = resolve_images(messages, self.vision, image_limit(self.cfg.args), drop="image_dropped" in self.faults)
+            structured = structured_answer(body)
+        except (ImageError, FormatError) as exc:
+            raise ApiError(400, str(exc)) from None
+        return seen, None if "schema_ignored" in self.faults else structured
+
     def chat(self, body: Any) -> Reply:
         """Answer one /v1/chat/completions request (raises ApiError like the engine would)."""
         self._check_alive()
         messages, tools, choice = self._validate(body)
+        messages, structured = self._inputs(body, messages)
         prompt = render_prompt(messages, tools if choice != "none" else None)
         gen = self._generation(body, len(prompt.ids))
         asked = message_text(messages[-1].get("content")) if messages[-1].get("role") == "user" else ""
         facts, transferred = self._received(body, prompt.ids, prompt.text, asked)
+        # A response_format grammar applies from the first token unless a reasoning parser marks where the
+        # reasoning ends (vLLM's structured outputs and SGLang's grammar backend then start after it).
+        thinks = structured is None or self.cfg.reasoning_parser is not None
 
         def decide(cached: int) -> Completion:
             """The completion as the KDA state after a hit of `cached` tokens lets the model read its context."""
             view = state_view(self.faults, len(prompt.ids), cached)
-            answer = recall_answer(prompt.text, asked, view, facts)
-            return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag, **gen)
+            answer = [structured] if structured is not None else recall_answer(prompt.text, asked, view, facts)
+            return complete(messages, tools=tools, tool_choice=choice, answer=answer, state_tag=view.tag,
+                            thinks=thinks, **gen)
 
         done = decide(0)
         # A required or named tool_choice runs guided decoding, which returns the call structured

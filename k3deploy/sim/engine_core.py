@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from k3deploy.catalog.specs import VisionSpec
 from k3deploy.sim.admission import Admission
 from k3deploy.sim.faults import Faults
 from k3deploy.sim.generation import Completion, Piece
@@ -63,8 +64,10 @@ class EngineCore:
         log: EngineLog,
         perf: PerfModel | None = None,
         faults: Faults | None = None,
+        vision: VisionSpec | None = None,
     ) -> None:
         self.cfg = cfg
+        self.vision = vision  # the model's image processor (None: text only)
         self.faults = faults or Faults()
         self.admission = admission
         self.log = log

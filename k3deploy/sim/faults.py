@@ -16,6 +16,9 @@ FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel",
           # what the validate stages long, prefix-cache and effort must catch
           "no_prefix_cache", "no_cache_report", "wrong_cache_state", "short_context", "slow_decode",
           "kda_state_zeroed", "kda_state_lost_beyond",
+          # what the validate stages vision and short must catch: an image accepted and left out of the prompt, a
+          # response_format JSON schema answered with free text
+          "image_dropped", "schema_ignored",
           # prefill/decode disaggregation: the prefill sends the MLA KV but a zeroed KDA state, or none; the
           # prefill process dies while a decode is reading its KV
           "transfer_kda_zeroed", "transfer_kda_dropped", "prefill_dies_mid_transfer",

@@ -177,9 +177,11 @@ def complete(
     ignore_eos: bool = False,
     answer: Sequence[str] | None = None,
     state_tag: bytes = b"",
+    thinks: bool = True,
 ) -> Completion:
     """The completion for a conversation: past its natural end with ignore_eos or min_tokens, cut at max_tokens;
-    `answer` replaces the answer's words (recalled facts), `state_tag` names a wrong KDA state (other words)."""
+    `answer` replaces the answer's words (recalled facts), `state_tag` names a wrong KDA state (other words); without
+    `thinks` there is no think block (guided decoding constrains the output from its first token)."""
     seed = json.dumps([messages, tools, tool_choice, effort], sort_keys=True, default=str).encode() + state_tag
     last = messages[-1] if messages else {}
     asked = message_text(last.get("content"))
@@ -187,14 +189,8 @@ def complete(
     verb = "The tool returned:" if last.get("role") == "tool" else "The user asks:"
     reasoning = _fit([*verb.split(), *_words(asked)[:12]], words, seed + b"r")
     fn = wanted_tool(messages, tools, tool_choice)
-    pieces = _pieces(
-        [
-            ("think", THINK_OPEN),
-            ("reasoning", f" {reasoning}"),
-            ("think", f" {THINK_CLOSE}"),
-            *_tail(fn, asked, seed, answer),
-        ]
-    )
+    think: list[tuple[Kind, str]] = [("think", THINK_OPEN), ("reasoning", f" {reasoning}"), ("think", f" {THINK_CLOSE}")]
+    pieces = _pieces([*(think if thinks else []), *_tail(fn, asked, seed, answer)])
     wanted = max(min_tokens, max_tokens if ignore_eos and max_tokens is not None else 0)
     if wanted > len(pieces):  # EOS suppressed: the answer goes on
         pieces += [Piece("content", f" {w}") for w in _filler(seed + b"x", wanted - len(pieces))]

@@ -103,7 +103,7 @@ class Node:
 
     def _bind(self) -> bool:
         kind = {"nixl": NixlChatService, None: ChatService}.get(self.cfg.pd_mode, PdChatService)
-        self.service = kind(self.cfg, self.adm, self.log, self.perf, faults=self.faults)
+        self.service = kind(self.cfg, self.adm, self.log, self.perf, faults=self.faults, vision=self.model.vision)
         if isinstance(self.service, (PdChatService, NixlChatService)) and not self.service.start_role(self.env):
             return False
         try:

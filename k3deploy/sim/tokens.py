@@ -78,6 +78,14 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
+def prompt_text(content: Any) -> str:
+    """A message's content as the chat template renders it: its text parts and its images' media text, in order."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content
+                        if isinstance(p, dict) and p.get("type") in ("text", "media"))
+    return message_text(content)
+
+
 def render_tool_calls(calls: Sequence[dict[str, Any]]) -> str:
     """K3's raw tool-call section for calls in OpenAI form."""
     body = ""
@@ -90,7 +98,7 @@ def render_tool_calls(calls: Sequence[dict[str, Any]]) -> str:
 
 def _message_block(message: dict[str, Any]) -> str:
     role = str(message.get("role", "user"))
-    text = message_text(message.get("content"))
+    text = prompt_text(message.get("content"))
     if message.get("tool_calls"):
         text += render_tool_calls(message["tool_calls"])
     return f"<|im_{role}|>{role}<|im_middle|>{text}<|im_end|>"

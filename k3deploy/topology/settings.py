@@ -40,6 +40,10 @@ class Serving(Strict):
     reasoning_effort: Literal["low", "high", "max"] = Field(
         "max", description="the reasoning effort your traffic asks for: validate's effort stage measures at it "
         "(requests carry it; nothing is rendered, K3 itself defaults to max)")
+    images_per_request: int | None = Field(
+        None, ge=0, le=1024, description="most images a request may carry: rendered as vLLM --limit-mm-per-prompt / "
+        "SGLang --limit-mm-data-per-request; 0 serves text only (vLLM then skips the vision tower: no memory for "
+        "it); unset: the engine's default, nothing rendered")
     reserve_gib: float | None = Field(
         None, ge=0, description="runtime reserve per GPU (activations, graphs, buffers); default 8 GiB"
     )

@@ -211,3 +211,22 @@ def test_a_dropped_connection_leaves_no_traceback(engines: tuple[Engine, Engine]
         # The server still answers, and has said nothing of the reset.
         assert side.get("/health").status_code == 200
         assert "Traceback" not in side.log() and "ConnectionResetError" not in side.log(), side.name
+
+
+def test_a_json_schema_response_format_is_taken_by_both(engines: tuple[Engine, Engine]) -> None:
+    """The short stage's structured-output request (its own schema and response_format): both answer 200 in the
+    chat shape; real vLLM's guided decoding holds even random weights to the schema's grammar, so its content
+    (cut at max_tokens) opens a JSON object, and the stand-in's, complete, is valid against the schema."""
+    from jsonschema import Draft202012Validator
+
+    from k3deploy.validate.stages.short import RESPONSE_FORMAT, SCHEMA
+
+    body = {**CHAT, "response_format": RESPONSE_FORMAT}
+    real, sim = (e.post("/v1/chat/completions", body) for e in engines)
+    assert real.status_code == sim.status_code == 200, (real.text, sim.text)
+    found = differences(shape(real.json()), shape(sim.json()), REAL_ONLY_FIELDS["chat"])
+    assert found == [], (found, real.json(), sim.json())
+    content = real.json()["choices"][0]["message"]["content"] or ""
+    assert content.lstrip().startswith("{"), content
+    answer = json.loads(sim.json()["choices"][0]["message"]["content"])
+    assert not list(Draft202012Validator(SCHEMA).iter_errors(answer)), answer

@@ -16,7 +16,7 @@ from tests.validate_serving import launched, sim_topology, statuses, validate_js
 
 # The stand-in nodes rendezvous over Gloo: torch (skipped in the 3.10 run).
 pytestmark = [pytest.mark.timeout(240), pytest.mark.torch]
-STAGES = ("short", "long", "prefix-cache", "effort")
+STAGES = ("short", "vision", "long", "prefix-cache", "effort")
 Expect = dict[str, dict[str, str]]  # stage -> {dialect or "*": pattern searched in its detail and evidence}
 
 # fault -> the stage it must fail and what that stage must show (the rig's grid used the same patterns)
@@ -41,6 +41,11 @@ FAULTS: dict[str, Expect] = {
     # cold resend loses, token for token: not the cache's doing)
     "kda_state_zeroed": {"long": {"*": r"^facts lost at 10%, 50%, 90% \(retrieved at none\)"}},
     "kda_state_lost_beyond:1000": {"long": {"*": r"^facts lost at 10%, 50% \(retrieved at 90%\)"}},
+    # an image accepted and left out of the prompt; a response_format JSON schema answered with free text
+    "image_dropped": {"vision": {"*": r"prompt_tokens grew by 0 with a 448x336 image, 192 predicted \(\+ up to 16 for "
+                                     r"the markers\): the image was accepted but is not in the prompt"}},
+    "schema_ignored": {"short": {"*": r"structured output \(not streamed\): content is not JSON \(.*: the "
+                                      r"response_format JSON schema was not applied"}},
 }
 # A missing parser is caught both ways (streamed and not), and the answer's raw markers are shown.
 PARSER_MARKERS = {"no_reasoning_parser": "<|open|>think", "no_tool_parser": "<|tool_calls_section_begin|>"}
@@ -50,8 +55,8 @@ SAID = {("no_reasoning_parser", "sglang"): "no reasoning in `reasoning_content`:
         ("no_tool_parser", "vllm"): "no structured tool_calls: the tool-call parser did not run"}
 # One launch per group: its faults fail different stages.
 GROUPS = (("no_reasoning_parser", "no_prefix_cache", "kda_state_zeroed"),
-          ("no_tool_parser", "no_cache_report", "short_context:2600"),
-          ("wrong_cache_state", "kda_state_lost_beyond:1000", "slow_decode"))
+          ("no_tool_parser", "no_cache_report", "short_context:2600", "image_dropped"),
+          ("wrong_cache_state", "kda_state_lost_beyond:1000", "slow_decode", "schema_ignored"))
 
 
 def expected(group: tuple[str, ...]) -> Expect:
@@ -89,5 +94,8 @@ def test_each_fault_fails_exactly_its_stage_on_both_dialects(tmp_path: Path, che
         assert "raw markers in content (" in short and PARSER_MARKERS[fault] in short, short
         for way in ("streamed", "not streamed"):
             assert f"({way}): {SAID[fault, mimic]}" in short, short
+    if "vision" not in want:  # the stand-in runs here: the image goes by data URL and by an http URL served here
+        assert "a 448x336 PNG accepted as a data URL and by an http URL: prompt_tokens +197 (192 image tokens " \
+               "predicted, 5 for the media markers)" == stages["vision"]["detail"], stages["vision"]
     if "slow_decode" in group:
         assert stages["effort"]["results"]["share_of_predicted"]["decode"] < 0.2

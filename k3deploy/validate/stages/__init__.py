@@ -9,8 +9,9 @@ from k3deploy.validate.stages.prefix_cache import PrefixCacheStage
 from k3deploy.validate.stages.shards import ShardsStage
 from k3deploy.validate.stages.short import ShortStage
 from k3deploy.validate.stages.topology import TopologyStage
+from k3deploy.validate.stages.vision import VisionStage
 
-_STAGES: list[Stage] = [ShardsStage(), KernelsStage(), TopologyStage(), ShortStage(), LongStage(), PrefixCacheStage(),
-                        EffortStage()]
+_STAGES: list[Stage] = [ShardsStage(), KernelsStage(), TopologyStage(), ShortStage(), VisionStage(), LongStage(),
+                        PrefixCacheStage(), EffortStage()]
 # In the checklist's order whatever order they are listed in above.
 IMPLEMENTED: dict[str, Stage] = {s.name: s for s in sorted(_STAGES, key=lambda s: STAGE_NAMES.index(s.name))}

@@ -1,6 +1,8 @@
-"""Stage `short`: a chat request and a tool-call request, each streamed and not, through rank 0's API: reasoning
-split from content (the reasoning parser ran), structured tool_calls whose arguments validate against the
-tool's JSON Schema (the tool parser ran), and finish_reason as the OpenAI API defines it."""
+"""Stage `short`: a chat request, a tool-call request and a structured-output request, each streamed and not,
+through rank 0's API: reasoning split from content (the reasoning parser ran), structured tool_calls whose
+arguments validate against the tool's JSON Schema (the tool parser ran), content valid against the
+`response_format` JSON schema (the engine's guided decoding ran: vLLM's structured outputs and SGLang's grammar
+backend apply it to the answer after the reasoning), and finish_reason as the OpenAI API defines it."""
 from __future__ import annotations
 
 import json
@@ -32,6 +34,15 @@ TOOL = {
         },
     },
 }
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "minLength": 1}, "country": {"type": "string", "minLength": 1},
+                   "population_millions": {"type": "number", "minimum": 0}},
+    "required": ["city", "country", "population_millions"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}
+STRUCTURED_QUESTION = "Name one large city, its country and its population in millions."
 CHAT_QUESTION = "In one sentence, what does a prefix cache save?"
 TOOL_QUESTION = "Use the get_weather tool: what is the weather in Paris, in celsius?"
 
@@ -133,8 +144,26 @@ def tool_problems(answer: Answer, key: str | None, tool: dict[str, Any]) -> list
     return out
 
 
+def structured_problems(answer: Answer, key: str | None, schema: dict[str, Any]) -> list[str]:
+    """A response_format answer: content that is JSON valid against the schema, finish_reason stop."""
+    from jsonschema import Draft202012Validator
+
+    out = reasoning_problems(answer, key) if key else []
+    try:
+        value = json.loads(answer.content)
+    except ValueError as exc:
+        out.append(f"content is not JSON ({exc}): {answer.content[:200]!r}: the response_format JSON schema was not "
+                   "applied (is the engine's structured output / grammar backend on?)")
+    else:
+        errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+        out += [f"content {json.dumps(value)[:200]} breaks the response_format schema: {e.message}" for e in errors]
+    if answer.finish_reason != "stop":
+        out.append(f"finish_reason {answer.finish_reason!r}, expected 'stop'")
+    return out
+
+
 class ShortStage:
-    """A chat and a tool call, streamed and not."""
+    """A chat, a tool call and a structured output, streamed and not."""
 
     name = "short"
     needs_deployment = True
@@ -144,7 +173,7 @@ class ShortStage:
         parsers = ctx.model.parsers
         # A model whose catalog entry names no parser is rendered without it: nothing to split or structure.
         key = REASONING_KEY[family_of(ctx)] if parsers.reasoning_parser else None
-        asks = ("chat", "tool call") if parsers.tool_call_parser else ("chat",)
+        asks = ("chat", "tool call", "structured output") if parsers.tool_call_parser else ("chat", "structured output")
         timeout_s = ctx.topology.validate_.request_timeout_s
         problems: list[str] = []
         seen: list[str] = []
@@ -155,7 +184,9 @@ class ShortStage:
             chat = {**base, "messages": [{"role": "user", "content": CHAT_QUESTION}]}
             tool = {**base, "messages": [{"role": "user", "content": TOOL_QUESTION}], "tools": [TOOL],
                     "tool_choice": "auto"}
-            for what, body in ((w, {"chat": chat, "tool call": tool}[w]) for w in asks):
+            structured = {**base, "messages": [{"role": "user", "content": STRUCTURED_QUESTION}],
+                          "response_format": RESPONSE_FORMAT}
+            for what, body in ((w, {"chat": chat, "tool call": tool, "structured output": structured}[w]) for w in asks):
                 for stream in (False, True):
                     label = f"{what} ({'streamed' if stream else 'not streamed'})"
                     try:
@@ -163,7 +194,9 @@ class ShortStage:
                     except (ValueError, KeyError, IndexError) as exc:
                         problems.append(f"{label}: {exc}")
                         continue
-                    found = chat_problems(answer, key, budget) if what == "chat" else tool_problems(answer, key, TOOL)
+                    found = (chat_problems(answer, key, budget) if what == "chat" else
+                             tool_problems(answer, key, TOOL) if what == "tool call" else
+                             structured_problems(answer, key, SCHEMA))
                     problems += [f"{label}: {p}" for p in found]
                     if found or not seen:
                         seen.append(f"{label}: {excerpt}")
@@ -176,13 +209,15 @@ class ShortStage:
 
 def _passed(key: str | None, asks: tuple[str, ...]) -> str:
     """What a passing run showed, and what the model's catalog entry left out."""
-    if key and len(asks) == 2:
-        return (f"chat and tool call, streamed and not: reasoning in `{key}`, tool_calls valid per the schema, "
-                "finish_reason stop / tool_calls")
-    shown = "chat and tool call" if len(asks) == 2 else "chat"
+    tools = "tool call" in asks
+    if key and tools:
+        return (f"chat, tool call and structured output, streamed and not: reasoning in `{key}`, tool_calls valid "
+                "per the schema, content valid per the response_format schema, finish_reason stop / tool_calls")
+    shown = "chat, tool call and structured output" if tools else "chat and structured output"
     return (f"{shown}, streamed and not: " + (f"reasoning in `{key}`, " if key else "")
-            + ("tool_calls valid per the schema, " if len(asks) == 2 else "") + "finish_reason as expected; not "
-            + " nor ".join(w for w, on in (("the reasoning split", not key), ("tool calls", len(asks) < 2)) if on)
+            + ("tool_calls valid per the schema, " if tools else "") + "content valid per the response_format "
+            "schema, finish_reason as expected; not "
+            + " nor ".join(w for w, on in (("the reasoning split", not key), ("tool calls", not tools)) if on)
             + ": the model's catalog entry names no such parser")
 
 

@@ -1,0 +1,130 @@
+"""K3's vision in the plan: the image tokens an image costs (the engine's processor arithmetic), the tower's weights
+per GPU where each engine keeps them, images in --workload, the multimodal flags rendered, and a single-node
+feature transport refused across nodes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from k3deploy.catalog.loader import load_catalog
+from k3deploy.engines.image_tokens import image_tokens
+from k3deploy.errors import InputError
+from k3deploy.planning.workload import parse_workload, with_images
+from tests.unit.plan_helpers import plan_of, topology_dict
+
+pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def k3deploy(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it, 200 columns wide."""
+    return subprocess.run([sys.executable, "-m", "k3deploy", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                                                        "COLUMNS": "200"})
+
+
+def test_image_tokens_follow_the_processor_arithmetic_for_three_sizes() -> None:
+    """vLLM's Kimi-K3 preprocessing (vllm/models/kimi_k3/common/mm_preprocess.py, navit_resize_image) with K3's
+    media_proc_cfg (patch p = 14, merge 2, in_patch_limit 65536, patch_limit_on_one_side 512):
+    scale = min(1, sqrt(65536 / ((w // 14) (h // 14))), 512 x 14 / w, 512 x 14 / h); w' = int(w x scale),
+    h' = int(h x scale); each padded up to a multiple of 28 (2 x 14); tokens = (h'' / 28) x (w'' / 28).
+
+    448 x 448: 32 x 32 = 1,024 patches, sqrt(65536 / 1024) = 8, so scale 1; 448 = 16 x 28, no padding:
+    16 x 16 = 256 tokens.
+    1000 x 700: 71 x 50 = 3,550 patches, scale 1; 1000 = 35 x 28 + 20, padded by 8 to 1008 = 36 x 28; 700 = 25 x 28:
+    36 x 25 = 900 tokens.
+    8000 x 6000: 571 x 428 = 244,388 patches, scale = sqrt(65536 / 244388) = 256 / 494.356 = 0.517845 (below 7168 /
+    8000 = 0.896); w' = int(4142.76) = 4142 = 147 x 28 + 26, padded by 2 to 4144 = 148 x 28; h' = int(3107.07) =
+    3107 = 110 x 28 + 27, padded by 1 to 3108 = 111 x 28: 148 x 111 = 16,428 tokens."""
+    v = load_catalog().model("kimi-k3").vision
+    assert v is not None
+    assert image_tokens(v, 448, 448) == (448, 448, 448, 448, 0, 0, 256)
+    assert image_tokens(v, 1000, 700) == (1000, 700, 1000, 700, 8, 0, 900)
+    assert image_tokens(v, 8000, 6000) == (8000, 6000, 4142, 3107, 2, 1, 16428)
+
+
+def test_a_workloads_images_grow_each_requests_context_by_their_tokens() -> None:
+    cat = load_catalog()
+    w = parse_workload("in=2048,out=512,concurrency=8,images=2,image_px=1000x700")
+    grown = with_images(w, cat.model("kimi-k3"))
+    # 900 pads each (above) and at most 16 marker tokens around them (the catalog's wrapper_tokens_max)
+    assert (grown.text_tokens, grown.image_tokens, grown.input_tokens) == (2048, 916, 2048 + 2 * 916)
+    assert with_images(grown, cat.model("kimi-k3")) == grown  # resolved once
+    assert with_images(parse_workload("in=2048,out=512,concurrency=8"), cat.model("kimi-k3")).input_tokens == 2048
+
+
+@pytest.mark.parametrize("text, said", [
+    ("in=1,out=2,concurrency=1,images=2", "images=N and image_px=WxH go together"),
+    ("in=1,out=2,concurrency=1,image_px=10x10", "images=N and image_px=WxH go together"),
+    ("in=1,out=2,concurrency=1,images=1,image_px=10by10", "is not WIDTHxHEIGHT in pixels"),
+    ("in=1,out=2,concurrency=1,images=2000,image_px=10x10", "images='2000': expected a whole number from 0"),
+])
+def test_a_malformed_image_workload_is_named(text: str, said: str) -> None:
+    with pytest.raises(InputError, match=said):
+        parse_workload(text)
+
+
+def test_plan_shows_the_image_tokens_and_the_vision_tower() -> None:
+    run = k3deploy("plan", "topologies/h100-4x8-sglang.yaml", "--workload",
+                   "in=2048,out=512,concurrency=8,images=2,image_px=1000x700")
+    assert run.returncode == 0, run.stderr
+    assert "3,880 in = 2,048 text + 2 image(s) of 1000x700 px x 916 tokens each" in run.stdout
+    assert "Predicted for 3,880 in / 512 out" in run.stdout
+    assert "vision tower (MoonViT-V2, 401M BF16, 0.75 GiB): replicated, 0.75 GiB per GPU" in run.stdout
+    doc = json.loads(k3deploy("plan", "topologies/h100-4x8-sglang.yaml", "--json").stdout)
+    assert doc["vision"]["tower_bytes"] == 802_000_000 and doc["vision"]["placement"] == "replicated"
+
+
+@pytest.mark.parametrize("tp, args, serving, placement, per_gpu", [
+    (4, {}, {}, "sharded", 802_000_000 // 4),  # 12 heads divide over TP 4
+    (8, {}, {}, "replicated", 802_000_000),  # 12 heads do not divide over TP 8: data parallel fallback
+    (4, {"--mm-encoder-tp-mode": "data"}, {}, "replicated", 802_000_000),
+    (8, {}, {"images_per_request": 0}, "skipped", 0),  # limit 0: vLLM does not build the tower
+])
+def test_vllm_keeps_the_tower_where_its_rules_say(tp: int, args: dict[str, str], serving: dict[str, int],
+                                                   placement: str, per_gpu: int) -> None:
+    doc = topology_dict(gpu="b300", per_node=8, nodes=1, kind="vllm", tp=tp, ep=tp, **serving)
+    doc["engine"]["args"] = args
+    v = plan_of(doc).vision
+    assert v is not None and (v.placement, v.per_gpu_bytes) == (placement, per_gpu)
+    assert v.counted_bytes == -(-802_000_000 // tp) and v.extra_bytes == max(0, per_gpu - v.counted_bytes)
+
+
+@pytest.mark.parametrize("kind, flag", [("vllm", "--limit-mm-per-prompt"), ("sglang", "--limit-mm-data-per-request")])
+def test_images_per_request_renders_each_engines_limit(kind: str, flag: str) -> None:
+    from k3deploy.engines.render import render_nodes
+
+    doc = topology_dict(gpu="b300", per_node=8, nodes=1, kind=kind, tp=8, ep=8, images_per_request=3)
+    argv = render_nodes(plan_of(doc).render_inputs())[0].argv
+    assert argv[argv.index(flag) + 1] == '{"image": 3}'
+    doc = topology_dict(gpu="b300", per_node=8, nodes=1, kind=kind, tp=8, ep=8)
+    assert flag not in render_nodes(plan_of(doc).render_inputs())[0].argv
+
+
+def test_cuda_ipc_across_nodes_exits_2_naming_the_line(tmp_path: Path) -> None:
+    doc = topology_dict()
+    doc["engine"]["args"] = {"--mm-feature-transport": "cuda_ipc"}
+    path = tmp_path / "mm.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "--mm-feature-transport" in text)
+    run = k3deploy("plan", str(path))
+    assert run.returncode == 2, run.stdout
+    assert f"{path}:{line}" in run.stdout and "MM_CUDA_IPC_MULTINODE" in run.stdout
+    assert "use --mm-feature-transport cpu on a multi-node deployment" in run.stdout
+
+
+def test_a_workload_with_more_images_than_the_deployment_takes_is_refused(tmp_path: Path) -> None:
+    doc = topology_dict(images_per_request=1)
+    path = tmp_path / "one-image.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    run = k3deploy("plan", str(path), "--workload", "in=1024,out=256,concurrency=4,images=2,image_px=448x448")
+    assert run.returncode == 2, run.stdout
+    said = " ".join((run.stdout + run.stderr).split())
+    assert "--workload images=2: serving.images_per_request is 1, so the engine refuses such requests" in said
+    assert k3deploy("plan", str(path), "--workload", "in=1024,out=256,concurrency=4,images=1,image_px=448x448"
+                    ).returncode == 0
