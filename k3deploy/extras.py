@@ -26,6 +26,8 @@ OPTIONAL = {
     "junitparser": ("junitparser", "validate"),
     "jsonschema": ("jsonschema", "validate"),
     "huggingface_hub": ("huggingface_hub", "hub"),
+    "lm_eval": ("lm-eval", "accuracy"),
+    "tenacity": ("lm-eval", "accuracy"),
 }
 # Dependencies of the core install: missing, the install itself is broken.
 CORE = ("httpx", "typer", "pydantic", "yaml", "rich", "typing_extensions")
