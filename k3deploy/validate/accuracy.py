@@ -62,6 +62,7 @@ def run_accuracy(base_url: str, model: str, task: str, dataset: Path, *, max_tok
                  timeout_s: float, limit: int | None = None) -> AccuracyRun:
     """Evaluate `model` at `base_url` (an OpenAI-compatible server reachable from here) on the dataset file."""
     import lm_eval
+    import tenacity  # noqa: F401 - lm-eval's API models need it (lm-eval[api]); missing, name it before the run
 
     logging.getLogger("lm-eval").setLevel(logging.WARNING)
     digest = sha256_of(dataset)
