@@ -33,8 +33,18 @@ def demo_topology(workdir: Path, http_port: int, dist_port: int) -> dict[str, An
         "serving": {"context_length": 32768, "max_running_requests": 16, "reasoning_effort": "high"},
         "launch": {"executor": "local", "port": dist_port, "dist_timeout_s": 60, "ready_timeout_s": 120,
                    "stop_grace_s": 3, "log_dir": str(workdir / "logs"), "state_dir": str(workdir / "state")},
-        "validate": {"long_request_tokens": 16384, "concurrency": 4},
+        "validate": {"long_request_tokens": 16384, "concurrency": 4, **accuracy_settings()},
     }
+
+
+def accuracy_settings() -> dict[str, Any]:
+    """The shipped recall dataset for the accuracy stage, when lm-eval (the `accuracy` extra) is here to run it;
+    without it the stage skips, saying it has no dataset."""
+    import importlib.util
+
+    from k3deploy.validate.accuracy import BUILTIN_DATASET
+
+    return {"accuracy_dataset": str(BUILTIN_DATASET)} if importlib.util.find_spec("lm_eval") else {}
 
 
 def prepare(workdir: Path) -> Path:

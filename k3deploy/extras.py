@@ -27,6 +27,8 @@ OPTIONAL = {
     "jsonschema": ("jsonschema", "validate"),
     "huggingface_hub": ("huggingface_hub", "hub"),
     "matplotlib": ("matplotlib", "report"),
+    "lm_eval": ("lm-eval", "accuracy"),
+    "tenacity": ("lm-eval", "accuracy"),
 }
 # Dependencies of the core install: missing, the install itself is broken.
 CORE = ("httpx", "typer", "pydantic", "yaml", "rich", "typing_extensions")

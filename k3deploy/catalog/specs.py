@@ -17,7 +17,7 @@ from k3deploy.catalog.platform_specs import (
 )
 from k3deploy.catalog.spec_base import DTYPE_BYTES, GIB, Sourced, Spec
 
-__all__ = ["DTYPE_BYTES", "GIB", "Architecture", "CacheDtypes", "Catalog", "ChatParsers", "DraftSpec",
+__all__ = ["DTYPE_BYTES", "GIB", "AccuracyReference", "Architecture", "CacheDtypes", "Catalog", "ChatParsers", "DraftSpec",
            "EngineDefaults", "EnginePerformance", "FamilyPerformance", "HardwareSpec", "ModelSpec", "PlannerDefaults", "ReplayRing",
            "Sourced", "Spec", "VendorSpec", "VisionSpec", "Weights"]
 
@@ -164,6 +164,15 @@ class VisionSpec(Sourced):
                                     "text, content and end markers, less the placeholder they replace)")
 
 
+class AccuracyReference(Sourced):
+    """The score a model should reach on an accuracy task, for the `accuracy` stage to compare against."""
+
+    score: float = Field(ge=0, le=1, description="the reference exact-match score (0..1)")
+    tolerance: float = Field(ge=0, le=1, description="how far below the reference a deployment may score")
+    dataset_sha256: str | None = Field(None, description="the dataset file's sha256 the score is for (its pinned "
+                                       "revision; none: any file)")
+
+
 class ModelSpec(Sourced):
     """A model checkpoint the planner can size."""
 
@@ -185,6 +194,8 @@ class ModelSpec(Sourced):
     draft_checkpoints: tuple[DraftCheckpoint, ...] = Field((), description="published drafts for this model, each "
                                                            "with the token count its checkpoint expects")
     vision: VisionSpec | None = Field(None, description="the vision encoder (none: a text-only model)")
+    accuracy_references: dict[str, AccuracyReference] = Field(
+        default_factory=dict, description="accuracy task name -> the score the model should reach on it")
     served_model_name: str | None = Field(
         None, description="the name clients call the model by (--served-model-name; none given: the model id)")
     load_dist_timeout_s: int | None = Field(

@@ -21,6 +21,9 @@ def validate(
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="skip the remaining stages after one fails")] = False,
     manifest: Annotated[Path | None, typer.Option(help="checkpoint manifest (default: the topology's "
                                                   "validate.manifest)")] = None,
+    accuracy_dataset: Annotated[Path | None, typer.Option(
+        "--accuracy-dataset", help="the accuracy stage's dataset file (default: the topology's "
+        "validate.accuracy_dataset)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON (contract in README)")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="also write JUnit XML here (one testcase per stage "
                                                "and node)")] = None,
@@ -38,14 +41,14 @@ def validate(
     from k3deploy.validate.live import live_progress
     from k3deploy.validate.nodes import fleet_runner
     from k3deploy.validate.report import report_table, write_junit
-    from k3deploy.validate.run import load_manifest, resolve_target
+    from k3deploy.validate.run import load_manifest, resolve_target, with_accuracy_dataset
     from k3deploy.validate.run import validate as run_validate
 
     if html is not None:
         from k3deploy.extras import require
 
         require("report", what="--html")
-    found = resolve_target(target, str(state_dir) if state_dir else None)
+    found = with_accuracy_dataset(resolve_target(target, str(state_dir) if state_dir else None), accuracy_dataset)
     pinned = load_manifest(found.topology, found.file, manifest)
     with live_progress(Console(stderr=True, highlight=False)) as live:
         report = run_validate(found, fleet_runner, manifest=pinned, only=only or (), start=start, skip=skip or (),

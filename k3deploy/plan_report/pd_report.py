@@ -6,7 +6,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.plan_report.report_tables import budget_table, capacity_table, quantity_table
+from k3deploy.plan_report.report_tables import budget_table, capacity_table, quantity_table, vision_line
 from k3deploy.planning.plan_model import Plan
 
 # What each role's cache is for: prefill keeps a request's KV and KDA state only until decode has fetched it.
@@ -56,6 +56,7 @@ def pd_parts(plan: Plan) -> list[Any]:
         parts.append(Text(line, style="bold"))
         if p.memory is not None:
             parts.append(budget_table(p, f"{r.role}: "))
+            parts += vision_line(p)
         if p.capacity is not None:
             parts.append(capacity_table(p, f"{r.role}: "))
     parts.append(pd_table(plan))

@@ -9,13 +9,17 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from k3deploy.catalog.specs import VisionSpec
-from k3deploy.diagnostics import Issue, fmt_gib
+from k3deploy.diagnostics import Issue
 from k3deploy.plan_report.pd_report import pd_parts
-from k3deploy.plan_report.report_tables import budget_table, capacity_table, gib_cell, quantity_table
+from k3deploy.plan_report.report_tables import (
+    budget_table,
+    capacity_table,
+    gib_cell,
+    quantity_table,
+    vision_line,
+)
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.search import ShapeRow
-from k3deploy.planning.vision import VisionPlan
 
 
 def issue_lines(file: str, issues: tuple[Issue, ...] | list[Issue]) -> Group:
@@ -65,28 +69,12 @@ def plan_renderable(plan: Plan) -> Group:
         return Group(head, *parts[2 if s is not None else 1:], *pd_parts(plan))
     if plan.memory is not None:
         parts.append(budget_table(plan))
-        if plan.vision is not None and plan.model is not None and plan.model.vision is not None:
-            parts.append(vision_line(plan.vision, plan.model.vision, plan.memory.engine_static_bytes > 0))
+        parts += vision_line(plan)
     if plan.capacity is not None:
         parts.append(capacity_table(plan))
     if plan.pool is not None:
         parts.append(pool_table(plan))
     return Group(*parts)
-
-
-def vision_line(v: VisionPlan, spec: VisionSpec, engine_static: bool) -> Text:
-    """Where the engine keeps the vision tower, and what it holds beyond the budget's non-expert share."""
-    head = f"vision tower ({spec.encoder}, {spec.params / 1e6:,.0f}M {spec.dtype.upper()}, {fmt_gib(v.tower_bytes)}): "
-    if v.placement == "absent":
-        return Text(head + v.why, style="dim")
-    text = f"{v.placement}, {fmt_gib(v.per_gpu_bytes)} per GPU: {v.why}"
-    if v.extra_bytes and engine_static:
-        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, and the engine static memory "
-                 f"line, calibrated on measured K3 deployments, holds what the engine keeps beyond that")
-    elif v.extra_bytes:
-        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, the other "
-                 f"{fmt_gib(v.extra_bytes)} per GPU comes out of the KV cache (not subtracted above)")
-    return Text(head + text, style="yellow" if v.extra_bytes and not engine_static else "")
 
 
 def search_table(hardware: str, gpus: int, engine: str, rows: list[ShapeRow], model: str | None = None) -> Group:

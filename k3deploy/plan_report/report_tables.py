@@ -97,3 +97,23 @@ def capacity_table(plan: Plan, role: str = "") -> Table:
     t.add_row("max concurrent requests", f"{c.max_running_requests:,}")
     t.add_row("longest context at that concurrency", f"{c.max_context_tokens:,}")
     return t
+
+
+def vision_line(plan: Plan) -> list[Text]:
+    """Where the engine keeps the vision tower, and what it holds beyond the budget's non-expert share (none for
+    a text-only model)."""
+    v, spec = plan.vision, plan.model.vision if plan.model is not None else None
+    if v is None or spec is None or plan.memory is None:
+        return []
+    engine_static = plan.memory.engine_static_bytes > 0
+    head = f"vision tower ({spec.encoder}, {spec.params / 1e6:,.0f}M {spec.dtype.upper()}, {fmt_gib(v.tower_bytes)}): "
+    if v.placement == "absent":
+        return [Text(head + v.why, style="dim")]
+    text = f"{v.placement}, {fmt_gib(v.per_gpu_bytes)} per GPU: {v.why}"
+    if v.extra_bytes and engine_static:
+        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, and the engine static memory "
+                 f"line, calibrated on measured K3 deployments, holds what the engine keeps beyond that")
+    elif v.extra_bytes:
+        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, the other "
+                 f"{fmt_gib(v.extra_bytes)} per GPU comes out of the KV cache (not subtracted above)")
+    return [Text(head + text, style="yellow" if v.extra_bytes and not engine_static else "")]

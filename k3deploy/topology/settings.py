@@ -134,5 +134,13 @@ class ValidateSettings(Strict):
     request_timeout_s: float = Field(600.0, gt=0, description="per-request timeout")
     manifest: str | None = Field(None, description="checkpoint manifest (`k3deploy manifest create/from-hub`) the "
                                  "shards stage checks every node against; relative to the topology file")
+    accuracy_dataset: str | None = Field(None, max_length=PATH_MAX, description="the accuracy stage's dataset: JSON "
+                                         "lines of {question, answer: A..D}, relative to the topology file "
+                                         "(`validate --accuracy-dataset` overrides it; none: the stage skips)")
+    accuracy_task: str = Field("k3deploy-recall-mc", min_length=1, description="the task's name: the catalog's "
+                               "reference score for the model is looked up under it")
+    accuracy_max_tokens: int = Field(16384, ge=16, description="max_tokens of each accuracy request (K3 reasons "
+                                     "first, at serving.reasoning_effort; at most half of serving.context_length)")
+    accuracy_limit: int | None = Field(None, ge=1, description="evaluate only the first N samples (none: all)")
     shards_timeout_s: float | None = Field(None, gt=0, description="bound on the shards stage per node (default: "
                                            "300 s + checkpoint bytes at 100 MB/s)")

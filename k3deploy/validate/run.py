@@ -41,6 +41,24 @@ def load_manifest(topology: Topology, topology_file: Path, override: Path | None
     return topology_manifest(topology.validate_.manifest, topology_file, override)
 
 
+def with_accuracy_dataset(target: Target, override: Path | None) -> Target:
+    """The target with the accuracy stage's dataset made absolute: --accuracy-dataset, else the topology's
+    validate.accuracy_dataset (relative to the topology file); InputError naming a file that is not there."""
+    import dataclasses
+
+    given = target.topology.validate_.accuracy_dataset
+    path = override if override is not None else (target.file.parent / given if given else None)
+    if path is None:
+        return target
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        where = "--accuracy-dataset" if override is not None else f"{target.file}: validate.accuracy_dataset"
+        raise InputError(f"{where} {path}: no such file",
+                         hint="give a JSON lines file of {\"question\": ..., \"answer\": \"A\"..\"D\"}")
+    settings = target.topology.validate_.model_copy(update={"accuracy_dataset": str(path)})
+    return dataclasses.replace(target, topology=target.topology.model_copy(update={"validate_": settings}))
+
+
 def validate(target: Target, runner_factory: RunnerFactory, *, manifest: Manifest | None = None,
              only: Sequence[str] = (), start: str | None = None, skip: Sequence[str] = (), fail_fast: bool = False,
              catalog_dirs: Sequence[Path] = (), progress: Callable[[ProgressEvent], None] = lambda e: None,

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from k3deploy.validate.routed import Routed
 
 # The deployment guides' checklist, in order (k3deploy.validate.stages implements each).
-STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "vision", "long", "prefix-cache", "effort")
+STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "vision", "long", "prefix-cache", "effort",
+                                 "accuracy")
 
 
 class StageResult(BaseModel):

@@ -128,3 +128,11 @@ def test_a_workload_with_more_images_than_the_deployment_takes_is_refused(tmp_pa
     assert "--workload images=2: serving.images_per_request is 1, so the engine refuses such requests" in said
     assert k3deploy("plan", str(path), "--workload", "in=1024,out=256,concurrency=4,images=1,image_px=448x448"
                     ).returncode == 0
+
+
+def test_each_role_of_a_prefill_decode_plan_shows_where_it_keeps_the_tower() -> None:
+    run = k3deploy("plan", "topologies/pd-h200-1p1d-vllm.yaml")
+    assert run.returncode == 0, run.stdout
+    said = " ".join(run.stdout.split())
+    assert said.count("vision tower (MoonViT-V2, 401M BF16, 0.75 GiB): replicated, 0.75 GiB per GPU: 12 encoder "
+                      "heads do not divide over TP 8") == 2, said

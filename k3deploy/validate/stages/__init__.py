@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from k3deploy.validate.stage import STAGE_NAMES, Stage
+from k3deploy.validate.stages.accuracy import AccuracyStage
 from k3deploy.validate.stages.effort import EffortStage
 from k3deploy.validate.stages.kernels import KernelsStage
 from k3deploy.validate.stages.long import LongStage
@@ -12,6 +13,6 @@ from k3deploy.validate.stages.topology import TopologyStage
 from k3deploy.validate.stages.vision import VisionStage
 
 _STAGES: list[Stage] = [ShardsStage(), KernelsStage(), TopologyStage(), ShortStage(), VisionStage(), LongStage(),
-                        PrefixCacheStage(), EffortStage()]
+                        PrefixCacheStage(), EffortStage(), AccuracyStage()]
 # In the checklist's order whatever order they are listed in above.
 IMPLEMENTED: dict[str, Stage] = {s.name: s for s in sorted(_STAGES, key=lambda s: STAGE_NAMES.index(s.name))}
