@@ -16,6 +16,7 @@ from k3deploy.planning.pool import Pool, RouterPlan
 from k3deploy.planning.vision import VisionPlan
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
+from k3deploy.topology.settings import Serving, ValidateSettings
 
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
@@ -27,6 +28,12 @@ INPUT_CODES = frozenset({"UNKNOWN_MODEL", "UNKNOWN_HARDWARE", "RANKS_PARTIAL", "
                          "CONTEXT_OVER_MODEL", "ROPE_OVERRIDE_NOPE", "MM_CUDA_IPC_MULTINODE", "VLLM_MAX_NUM_SEQS",
                          "SPEC_DRAFT_TOKENS", "SPEC_DRAFT_METHOD", "SPEC_DRAFT_TARGET"})
 
+
+# Topology fields added after deployments were recorded: at their defaults they stay out of the digest, so a
+# record made before them still matches its topology (vision and the accuracy stage, session 14).
+LATER_FIELDS = (("serving", Serving, ("images_per_request",)),
+                ("validate", ValidateSettings, ("accuracy_dataset", "accuracy_task", "accuracy_max_tokens",
+                                                "accuracy_limit")))
 
 class Plan(NamedTuple):
     """Everything later stages need: the topology, catalog entries, shape, budget and verdict."""
@@ -80,6 +87,10 @@ class Plan(NamedTuple):
         for key, unset in (("replicas", 1), ("replica_nodes", None), ("router", None), ("roles", None)):
             if doc.get(key) == unset:
                 doc.pop(key)
+        for section, model, keys in LATER_FIELDS:  # and so do fields added later, at their defaults
+            for key in keys:
+                if isinstance(doc.get(section), dict) and doc[section].get(key) == model.model_fields[key].default:
+                    doc[section].pop(key, None)
         slurm = doc.get("launch", {}).get("slurm")
         if isinstance(slurm, dict) and not any(v is not None for v in slurm.values()):
             doc["launch"].pop("slurm")

@@ -23,7 +23,7 @@ from tests.rig import HostRig
 pytestmark = [pytest.mark.integration, needs_routers]
 NAME = "it-svc-val"
 REPLICAS = (f"{NAME}-r0", f"{NAME}-r1")
-REQUEST_STAGES = ("short", "long", "prefix-cache", "effort")
+REQUEST_STAGES = ("short", "vision", "long", "prefix-cache", "effort")
 
 
 def _validate(topo: Path, *more: str) -> tuple[int, dict[str, dict]]:  # type: ignore[type-arg]
@@ -43,7 +43,7 @@ def test_validate_and_rollout_short_of_two_replicas_behind_smg(deployments: Depl
     code, stages = _validate(topo)
     assert code == 0, stages
     assert list(stages) == [f"{s}[r{i}]" for i in (0, 1) for s in ("shards", "kernels", "topology")] + [
-        *REQUEST_STAGES], list(stages)
+        *REQUEST_STAGES, "accuracy"], list(stages)
     assert all(s["status"] in ("pass", "skip") for s in stages.values()), stages
     assert all(stages[f"{s}[r{i}]"]["status"] == "pass" for i in (0, 1) for s in ("kernels", "topology")), stages
     for name in REQUEST_STAGES:
