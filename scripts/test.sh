@@ -122,8 +122,10 @@ if [ "$#" -gt 0 ]; then  # the tests asked for, in one run
   exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 fi
 # A full run: the real-engine tier (two runs at once, scripts/real_tier.sh says why), then every other test as
-# two xdist workers, each module one group, the longest first (tests/schedule.py); the status is the worse of
-# the two. Each lists its slowest tests, so each tier's cost in CI can be read off the log.
+# three xdist workers, each module one group, the longest first (tests/schedule.py); the status is the worse of
+# the two. Three workers on two cores: with two, a clean-clone main run kept 1.2 of the 2 cores busy (1,166 s of
+# wall for about 1,375 s of CPU: its tests wait on engines starting, rigs, timeouts), so a third overlaps those
+# waits with the others' work. Each lists its slowest tests, so each tier's cost in CI can be read off the log.
 # K3DEPLOY_TIER_BESIDE=1 runs the tier in the background beside the main run instead (one after the other, the
 # clean-clone run spent 975 s on the tier and 1,606 s on the main run, each leaving cores idle in its waits);
 # not the default yet: beside the tier, the main run's timing-based tests (validate's effort stage in the demo,
@@ -147,7 +149,7 @@ if [ -n "$vllm_install_pid" ]; then  # else (K3DEPLOY_SKIP_REAL_ENGINE) the main
 fi
 main=0
 phase "the main run"
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --no-loadscope-reorder --durations=60 \
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 3 --no-loadscope-reorder --durations=60 \
   ${K3DEPLOY_JUNIT:+--junitxml="$K3DEPLOY_JUNIT"} ${leave_out[@]+"${leave_out[@]}"} || main=$?
 if [ -n "$tier_pid" ]; then
   phase "the main run ended (exit $main); waiting for the real-engine tier"

@@ -1,8 +1,8 @@
 """The order of a run and how its tests are shared between xdist workers (scripts/test.sh runs the main tier as
-`-n 2 --no-loadscope-reorder`, with `scheduler` below): every module is one group (its module-scoped fixtures, a rig or
+`-n 3 --no-loadscope-reorder`, with `scheduler` below): every module is one group (its module-scoped fixtures, a rig or
 a deployment, are made once, on one worker; the modules that use a Ray cluster are one group together, and those that use a Slurm cluster another), and
 groups go out longest first, as measured
-(tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the two workers end
+(tests/durations.json, written by scripts/test_durations.py from a run's JUnit XML), so the workers end
 together instead of one waiting on the last long module. A module the file does not know counts as a typical
 one of its tier."""
 from __future__ import annotations
