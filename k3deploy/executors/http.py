@@ -122,11 +122,20 @@ class NodeHttp:
         import httpx  # loaded by _open already
 
         t0 = time.monotonic()
-        try:
-            resp = self._client.request(method, self._url(path), json=body, timeout=timeout,
-                                        headers={"host": f"{self._host}:{self._port}"})
-        except httpx.HTTPError as exc:
-            raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
+        for attempt in (1, 2):
+            try:
+                resp = self._client.request(method, self._url(path), json=body, timeout=timeout,
+                                            headers={"host": f"{self._host}:{self._port}"})
+                break
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
+                # The connection dropped before any answer (a pooled keep-alive connection the server or a
+                # tunnel closed as it was reused: "Connection reset by peer"): sent once more, on a fresh one.
+                # A server that is really gone fails the second time too, and says so.
+                if attempt == 2:
+                    raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)} (twice)",
+                                      host=self._where()) from None
+            except httpx.HTTPError as exc:
+                raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
         self._on_reply(path, resp.headers)
         return HttpReply(resp.status_code, resp.content, dict(resp.headers), time.monotonic() - t0)
 
