@@ -60,7 +60,7 @@ def test_a_reset_before_any_answer_is_sent_once_more() -> None:
 
 
 def test_a_server_that_resets_every_time_is_named() -> None:
-    with server(resets=10) as (url, seen), NodeHttp(url) as http:
-        with pytest.raises(HttpFailure, match=r"POST http://127\.0\.0\.1:\d+/v1/chat/completions: .* \(twice\)"):
-            http.post("/v1/chat/completions", {"messages": []})
+    named = r"POST http://127\.0\.0\.1:\d+/v1/chat/completions: .* \(twice\)"
+    with server(resets=10) as (url, seen), NodeHttp(url) as http, pytest.raises(HttpFailure, match=named):
+        http.post("/v1/chat/completions", {"messages": []})
     assert seen[0] == 2
