@@ -1,13 +1,17 @@
-"""A manifest from the Hugging Face hub: LFS files carry their sha256; small files are fetched and hashed."""
+"""The Hugging Face hub as a checkpoint's origin: a manifest from it (LFS files carry their sha256; small files are
+fetched and hashed), and a pinned revision's files downloaded to a directory here, each verified against the
+manifest before anything is sent on (`weights sync --from hub`)."""
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from k3deploy.checkpoint.manifest import CONFIG_FILE, INDEX_FILE, FileDigest, Manifest
-from k3deploy.errors import ExecError, InputError
+from k3deploy.errors import ExecError, InputError, K3Error
 
 
 class HubApi(Protocol):
@@ -17,8 +21,9 @@ class HubApi(Protocol):
         """ModelInfo with siblings[].lfs (size, sha256) when files_metadata is set."""
         ...
 
-    def hf_hub_download(self, repo_id: str, filename: str, *, revision: str | None = None) -> str:
-        """Local path of one downloaded file."""
+    def hf_hub_download(self, repo_id: str, filename: str, *, revision: str | None = None,
+                        local_dir: str | None = None) -> str:
+        """Local path of one downloaded file (under `local_dir` when given)."""
         ...
 
 
@@ -28,15 +33,28 @@ def _default_api() -> HubApi:
     return api
 
 
+def _endpoint() -> str:
+    """The hub this process talks to (huggingface_hub reads HF_ENDPOINT once, at import)."""
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT)
+
+
 def _translated(exc: Exception, repo: str, revision: str) -> Exception:
-    """Hub and network failures as K3Errors: a wrong repo or revision is input (2), no answer is a host error (3)."""
+    """Hub and network failures as K3Errors: a wrong repo, revision or file is input (2), no answer is a host error
+    (3, naming the hub it asked)."""
     name = type(exc).__name__
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
         return InputError(f"hub repo {repo}: not found or not accessible ({exc})",
                           hint="check the name; gated repos need `hf auth login` or HF_TOKEN")
-    if name in ("RevisionNotFoundError", "EntryNotFoundError"):
+    if name == "RevisionNotFoundError":
         return InputError(f"hub repo {repo} has no revision {revision} ({exc})", hint="pass a commit sha of the repo")
-    return ExecError(f"{name}: {exc}", host="huggingface.co", hint="check the network, proxy and HF_ENDPOINT")
+    if name in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+        return InputError(f"hub repo {repo}@{revision} lacks a file the manifest lists ({exc})",
+                          hint=f"make the manifest from that revision: k3deploy manifest from-hub {repo} "
+                          f"--revision {revision}")
+    return ExecError(f"{name}: {exc}", host=_endpoint(), hint="check the network, proxy and HF_ENDPOINT "
+                     "(HF_HUB_OFFLINE=1 forbids any download)")
 
 
 def _call(where: tuple[str, str], fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,3 +90,77 @@ def manifest_from_hub(repo: str, revision: str, api: HubApi | None = None) -> Ma
     return Manifest(revision=info.sha or revision, source=f"hub:{repo}", files=files,
                     config_sha256=files[CONFIG_FILE].sha256 if CONFIG_FILE in files else None,
                     weight_map=weight_map)
+
+
+class HubFileRejected(K3Error):
+    """A hub download that must not go on: a file that is not the manifest's bytes, or no room here (exit 1)."""
+
+    exit_code = 1
+
+
+class HubFetch(NamedTuple):
+    """What `fetch_revision` did: the directory now holding every manifest file, and the files it downloaded
+    and found already verified there."""
+
+    directory: Path
+    downloaded: int
+    skipped: int
+    bytes: int
+
+
+def _verified(path: Path, want: FileDigest) -> bool:
+    """Whether `path` holds exactly the manifest's bytes (size first: a cheap miss)."""
+    try:
+        if path.stat().st_size != want.size:
+            return False
+    except OSError:
+        return False
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest() == want.sha256
+
+
+def _free_bytes(directory: Path) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path, *, api: HubApi | None = None,
+                   free_bytes: Callable[[Path], int] = _free_bytes,
+                   on_file: Callable[[str, int, bool], None] | None = None) -> HubFetch:
+    """Every manifest file of `repo` at `revision` into `directory` (on this machine), each checked by sha256
+    against the manifest: files already verified there are skipped (a rerun resumes), the room for the rest is
+    checked before any byte moves, and a downloaded file that is not the manifest's bytes is removed and refused
+    (HubFileRejected), so nothing of it reaches a node. `on_file(name, size, downloaded)` after each file."""
+    if manifest.revision and manifest.revision != revision:
+        raise InputError(f"the manifest is for revision {manifest.revision}, model.revision is {revision}",
+                         hint=f"make the manifest for the pinned revision: k3deploy manifest from-hub {repo} "
+                         f"--revision {revision} -o FILE")
+    directory.mkdir(parents=True, exist_ok=True)
+    todo = {name: d for name, d in sorted(manifest.files.items()) if not _verified(directory / name, d)}
+    need = sum(d.size for d in todo.values())
+    room = free_bytes(directory)
+    if room < need:
+        raise HubFileRejected(f"this machine: {room:,} bytes free at {directory}, the hub download needs "
+                              f"{need:,} more; nothing was downloaded",
+                              hint=f"free {need - room:,} bytes, or pass --staging DIR on a larger disk, or download "
+                              f"on a node (huggingface-cli download {repo} --revision {revision} --local-dir DIR) "
+                              "and sync --from HOST:DIR")
+    hub = api if api is not None else _default_api()
+    for name in manifest.files:
+        if name not in todo and on_file is not None:
+            on_file(name, manifest.files[name].size, False)
+    for name, want in todo.items():
+        local = Path(_call((repo, revision), hub.hf_hub_download, repo, name, revision=revision,
+                           local_dir=str(directory)))
+        if not _verified(local, want):
+            local.unlink(missing_ok=True)
+            raise HubFileRejected(f"hub repo {repo}@{revision}: {name} is not the manifest's bytes (size {want.size:,}, "
+                                  f"sha256 {want.sha256[:12]}...): removed, sent to no node",
+                                  hint=f"check that the manifest is for this revision (k3deploy manifest from-hub "
+                                  f"{repo} --revision {revision}); rerun to download it again")
+        if on_file is not None:
+            on_file(name, want.size, True)
+    return HubFetch(directory=directory, downloaded=len(todo), skipped=len(manifest.files) - len(todo), bytes=need)

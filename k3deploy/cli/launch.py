@@ -40,7 +40,8 @@ def launch(
         "--skip-preflight", help="start without running `k3deploy preflight` first (recorded in the "
         "deployment record)")] = False,
     sync_weights: Annotated[str | None, typer.Option(
-        "--sync-weights", metavar="DIR|HOST:DIR", help="first run `k3deploy weights sync FILE --from DIR|HOST:DIR` "
+        "--sync-weights", metavar="DIR|HOST:DIR|hub", help="first run `k3deploy weights sync FILE --from "
+        "DIR|HOST:DIR|hub` "
         "(validate.manifest); a sync that does not complete starts nothing")] = None,
     state_dir: StateDirOpt = None,
     catalog: CatalogOpt = None,

@@ -78,10 +78,6 @@ def _source(spec: str, prep: Any) -> Any:
         if not directory.startswith("/"):
             raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
         return Source(directory, rank=-1, ip=jobs[host].ip), jobs[host].target
-    if spec == "hub":
-        raise InputError("--from hub: this version cannot pull from the hub; download the revision to one "
-                         "directory first", hint="huggingface-cli download REPO --revision SHA --local-dir DIR, "
-                         "then --from DIR (or --from HOST:DIR on the node that has it)")
     if sep and not Path(spec).is_dir():
         raise InputError(f"--from {spec}: {host} is not a node of this topology",
                          hint=f"nodes: {', '.join(jobs)}; or a directory on this machine")
@@ -90,13 +86,49 @@ def _source(spec: str, prep: Any) -> Any:
     return Source(str(Path(spec).resolve())), None
 
 
-def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool) -> Any:
+def _hub_directory(prep: Any, man: Any, staging: Path | None, quiet: bool) -> str:
+    """`--from hub`: the catalog's hub repo of the model at model.revision, downloaded to `staging` here (default
+    under $XDG_CACHE_HOME/k3deploy/hub), every file verified against the manifest; the directory it is in."""
+    import os
+    import sys
+
+    from k3deploy.checkpoint.hub import fetch_revision
+    from k3deploy.errors import InputError
+    from k3deploy.extras import require
+
+    t, model = prep.plan.topology, prep.plan.model
+    if not t.model.revision:
+        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
+                         hint=f"set model.revision: SHA (the manifest's revision; `k3deploy manifest from-hub "
+                         f"{model.hub_repo} --revision SHA` makes a manifest for it)")
+    require("hub", what="weights sync --from hub")
+    if staging is None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        staging = cache / "k3deploy" / "hub" / model.hub_repo.replace("/", "--") / t.model.revision
+    if quiet:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+    def said(name: str, size: int, downloaded: bool) -> None:
+        if not quiet:
+            print(f"hub: {name} ({size:,} bytes) {'downloaded and verified' if downloaded else 'already verified'}"
+                  f" in {staging}", file=sys.stderr)
+
+    return str(fetch_revision(model.hub_repo, t.model.revision, man, staging, on_file=said).directory.resolve())
+
+
+def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool, staging: Path | None = None) -> Any:
     """`weights sync` of a prepared unit (also `launch --sync-weights`): its report."""
     from k3deploy.launch.weights import checkpoint_nodes, load_manifest
-    from k3deploy.launch.weights_sync import run_sync
+    from k3deploy.launch.weights_sync import Source, check_paths, run_sync
 
     man = load_manifest(prep, manifest)
-    src, src_target = _source(source, prep)
+    if source == "hub":
+        check_paths(man, str(manifest or prep.plan.topology.validate_.manifest))
+        src, src_target = Source(_hub_directory(prep, man, staging, quiet)), None
+    else:
+        src, src_target = _source(source, prep)
     return run_sync(prep, checkpoint_nodes(prep), man, src, src_target,
                     str(manifest or prep.plan.topology.validate_.manifest), quiet)
 
@@ -104,9 +136,13 @@ def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool) ->
 @with_connection_options
 def sync(
     file: FileArg,
-    source: Annotated[str, typer.Option("--from", help="DIR on this machine, or HOST:DIR on a node of the "
-                                        "topology", show_default=False)],
+    source: Annotated[str, typer.Option("--from", help="DIR on this machine, HOST:DIR on a node of the "
+                                        "topology, or hub (the model's hub repo at model.revision, downloaded "
+                                        "here first)", show_default=False)],
     manifest: ManifestOpt = None,
+    staging: Annotated[Path | None, typer.Option("--staging", help="with --from hub: where the download goes on "
+                                                 "this machine (default: $XDG_CACHE_HOME/k3deploy/hub/REPO/REVISION)")
+                       ] = None,
     executor: ExecutorOpt = None,
     as_json: JsonOpt = False,
     catalog: CatalogOpt = None,
@@ -115,13 +151,16 @@ def sync(
     """Make model.path on every node (every instance's nodes) hold exactly the manifest's files: verified
     files are skipped (a rerun resumes), free space is checked first on every node, then the nodes form a
     chain, each pulling a file from the one before once it is verified there (the source's link carries each
-    byte once); every file lands at a temporary name, is checked by sha256, then renamed. Exit 0 done; 1 a
-    node lacks room or a source file is corrupt (nothing of it kept); 2 invalid input; 3 a node could not be
-    reached or was lost (named; the others finish: rerun to complete it)."""
+    byte once); every file lands at a temporary name, is checked by sha256, then renamed. `--from hub` first
+    downloads the model's hub repo at model.revision to --staging here (huggingface_hub; HF_TOKEN or `hf auth
+    login` for gated repos), each file verified against the manifest, then syncs from there. Exit 0 done; 1 a
+    node (or, from the hub, this machine) lacks room, or a source file is corrupt (nothing of it kept); 2 invalid
+    input; 3 a node or the hub could not be reached, or a node was lost (named; the others finish: rerun to
+    complete it); 6 --from hub without huggingface_hub (the `hub` extra)."""
     from k3deploy.launch.prepare import prepare
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report = sync_prepared(prep, source, manifest, as_json)
+    report = sync_prepared(prep, source, manifest, as_json, staging)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     raise typer.Exit(report.exit_code)
