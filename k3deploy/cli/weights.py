@@ -28,7 +28,8 @@ def _table(report: "WeightsReport") -> Any:
         if n.error is not None:
             t.add_row(n.host, n.path, "[red]unreachable[/]", "", "", "", n.error)
             continue
-        t.add_row(n.host, n.path, str(len(n.verified) + len(n.wrong)), str(len(n.verified)),
+        where = f"{n.path}\n(the storage of {n.shared_with})" if n.shared_with else n.path
+        t.add_row(n.host, where, str(len(n.verified) + len(n.wrong)), str(len(n.verified)),
                   str(len(n.wrong)), str(len(n.missing)), f"{n.bytes_to_go:,}")
     return t
 
@@ -42,8 +43,8 @@ def status(
     catalog: CatalogOpt = None,
     **connection: Any,
 ) -> None:
-    """Per node: manifest files present, verified (sha256, hashed on every node at once), wrong, missing, and
-    the bytes still to go. Exit 0 when every node holds every file, 1 when one lacks a file or holds a wrong
+    """Per node: manifest files present, verified (sha256, hashed on every node at once; once for nodes whose
+    directory is one shared filesystem), wrong, missing, and the bytes still to go. Exit 0 when every node holds every file, 1 when one lacks a file or holds a wrong
     one, 3 when a node cannot be reached, 2 with no manifest."""
     from rich.console import Console
 
@@ -149,7 +150,8 @@ def sync(
     **connection: Any,
 ) -> None:
     """Make model.path on every node (every instance's nodes) hold exactly the manifest's files: verified
-    files are skipped (a rerun resumes), free space is checked first on every node, then the nodes form a
+    files are skipped (a rerun resumes), nodes whose directory is one shared filesystem get one copy (found by
+    a mark one leaves and the others see), free space is checked first on every node, then the nodes form a
     chain, each pulling a file from the one before once it is verified there (the source's link carries each
     byte once); every file lands at a temporary name, is checked by sha256, then renamed. `--from hub` first
     downloads the model's hub repo at model.revision to --staging here (huggingface_hub; HF_TOKEN or `hf auth

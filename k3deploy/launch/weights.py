@@ -1,9 +1,12 @@
 """`k3deploy weights status`: what each node of a unit (every instance's nodes) holds of the manifest's files at
-`model.path`: present, verified by sha256 (the shards probe, on every node at once), missing, bytes still to go."""
+`model.path`: present, verified by sha256 (the shards probe, on every node at once), missing, bytes still to go.
+Nodes whose checkpoint directory is one shared filesystem (NFS, Lustre, ...: found by a mark one node leaves and
+the others see) are hashed once, by the first of them, and synced once."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.prepare import Prepared
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.probes import shards as probe
+from k3deploy.probes import weights_node
 
 BASE_TIMEOUT_S = 120.0
 
@@ -31,6 +35,7 @@ class NodeWeights:
     bytes_to_go: int = 0
     error: str | None = None
     ranks: tuple[str, ...] = field(default=())  # the instance ranks it serves (r0:0, prefill0:1, or 0)
+    shared_with: str = ""  # host:path of the node whose copy this is (one shared filesystem), "" its own
 
     @property
     def complete(self) -> bool:
@@ -42,7 +47,7 @@ class NodeWeights:
         return {"host": self.host, "path": self.path, "ranks": list(self.ranks), "error": self.error,
                 "present": len(self.verified) + len(self.wrong), "verified": len(self.verified),
                 "wrong": list(self.wrong), "missing": list(self.missing), "bytes_to_go": self.bytes_to_go,
-                "complete": self.complete}
+                "complete": self.complete, "shared_with": self.shared_with or None}
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ class WeightsReport:
         """The whole report for `--json`."""
         return {"revision": self.manifest.revision, "files": len(self.manifest.files),
                 "bytes": sum(d.size for d in self.manifest.files.values()),
-                "bytes_to_go": sum(n.bytes_to_go for n in self.nodes), "exit_code": self.exit_code,
+                "bytes_to_go": sum(n.bytes_to_go for n in self.nodes if not n.shared_with),
+                "exit_code": self.exit_code,
                 "nodes": [n.as_json() for n in self.nodes]}
 
 
@@ -115,16 +121,71 @@ def hash_copies(fleet: NodeFleet, ranks: list[int], paths: dict[int, str], manif
             for r, o in out.items()}
 
 
+@dataclass(frozen=True)
+class SharedStorage:
+    """Which nodes' checkpoint directories are one filesystem: each rank's owner (the first rank of its group,
+    itself when alone) and the filesystem type each rank's directory is on."""
+
+    owner: dict[int, int]
+    fs: dict[int, str]
+
+    @property
+    def owners(self) -> list[int]:
+        """The ranks whose copies are their own (one per storage)."""
+        return sorted(set(self.owner.values()))
+
+
+def shared_storage(fleet: NodeFleet, ranks: list[int], paths: dict[int, str]) -> SharedStorage:
+    """Every node leaves a mark in its checkpoint directory (or the deepest one above it that exists: nothing is
+    made), then lists the marks it sees there: nodes that see each other's marks share storage. A node that
+    cannot leave one (read-only, unreachable) is its own."""
+    run = uuid.uuid4().hex[:12]
+    name = {r: f".k3deploy-shared-{run}-{r}" for r in ranks}
+
+    def ask(op: str, extra: Any) -> dict[int, Any]:
+        out = fleet.run_probe(weights_node, ranks=ranks, timeout_s=BASE_TIMEOUT_S,
+                              args_for=lambda r: [json.dumps({"op": op, "path": paths[r], **extra(r)})])
+        return {r: (o.value if o.ok and isinstance(o.value, dict) else {}) for r, o in out.items()}
+
+    marked = ask("mark", lambda r: {"name": name[r]})
+    try:
+        seen = ask("marks", lambda r: {"prefix": f".k3deploy-shared-{run}-"})
+    finally:
+        ask("unmark", lambda r: {"name": name[r], "at": marked[r].get("at", paths[r])})
+    by_name = {n: r for r, n in name.items() if marked[r].get("ok")}
+    owner = {r: r for r in ranks}
+    for r in sorted(ranks):
+        if not marked[r].get("ok"):
+            continue
+        for n in seen[r].get("names", ()):  # r sees s's mark: one storage; the lower rank owns it
+            s = by_name.get(n)
+            if s is not None and s != r:
+                a, b = _root(owner, r), _root(owner, s)
+                owner[max(a, b)] = min(a, b)
+    return SharedStorage(owner={r: _root(owner, r) for r in ranks},
+                         fs={r: str(marked[r].get("fs", "unknown")) for r in ranks})
+
+
+def _root(owner: dict[int, int], r: int) -> int:
+    while owner[r] != r:
+        r = owner[r]
+    return r
+
+
 def weights_status(prep: Prepared, manifest: Manifest, factory: ExecutorFactory = open_executor) -> WeightsReport:
-    """Hash every node's copy at once and sort its files against the manifest."""
+    """Hash every node's copy at once (once per shared filesystem) and sort its files against the manifest."""
     nodes = checkpoint_nodes(prep)
     keys = list(nodes)
+    paths = {i: k[1] for i, k in enumerate(keys)}
     with NodeFleet({i: nodes[k][0].target for i, k in enumerate(keys)}, factory) as fleet:
-        copies = hash_copies(fleet, list(range(len(keys))), {i: k[1] for i, k in enumerate(keys)}, manifest)
+        shared = shared_storage(fleet, list(paths), paths)
+        copies = hash_copies(fleet, shared.owners, paths, manifest)
     out = []
     for i, (host, path) in enumerate(keys):
         ranks = tuple(str(j.rank) for j in nodes[(host, path)])
-        c = copies[i]
-        out.append(NodeWeights(host, path, error=c, ranks=ranks) if isinstance(c, str)
-                   else dataclasses.replace(c, ranks=ranks))
+        owner = shared.owner[i]
+        c = copies[owner]
+        with_ = "" if owner == i else f"{keys[owner][0]}:{keys[owner][1]} ({shared.fs[i]})"
+        out.append(NodeWeights(host, path, error=c, ranks=ranks, shared_with=with_) if isinstance(c, str)
+                   else dataclasses.replace(c, host=host, path=path, ranks=ranks, shared_with=with_))
     return WeightsReport(manifest, tuple(out))

@@ -25,7 +25,7 @@ from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import ExecError, InputError, K3Error
 from k3deploy.executors.base import Executor, ProcessHandle
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
-from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, hash_copies
+from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, hash_copies, shared_storage
 from k3deploy.probes import weights_node
 
 MIN_COPY_BYTES_PER_S = 10_000_000  # a file's transfer gets this rate at worst before the node is called hung
@@ -57,11 +57,12 @@ class NodeSync:
     sent: int = 0
     bytes: int = 0
     error: str | None = None
+    shared_with: str = ""  # host:path (fs) whose storage this node's directory is; "" its own
 
     def as_json(self) -> dict[str, Any]:
         """The node's line of `--json`."""
         return {"host": self.host, "path": self.path, "skipped": self.skipped, "sent": self.sent,
-                "bytes": self.bytes, "error": self.error}
+                "bytes": self.bytes, "error": self.error, "shared_with": self.shared_with or None}
 
 
 @dataclass
@@ -288,8 +289,11 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
     bars = Progress("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=console, disable=quiet)
     with NodeFleet(fleet_targets) as fleet, bars:
-        total = bars.add_task("total", total=need * len(keys))
-        per = {r: bars.add_task(fleet.host(r), total=need) for r in targets}
+        shared = shared_storage(fleet, list(targets), {r: p for r, (_, p) in targets.items()})
+        followers = {r: o for r, o in shared.owner.items() if o != r}
+        owners = {r: targets[r] for r in shared.owners}
+        total = bars.add_task("total", total=need * len(owners))
+        per = {r: bars.add_task(fleet.host(r), total=need) for r in owners}
         seen: dict[tuple[int, str], int] = {}
         lock = threading.Lock()
 
@@ -302,11 +306,15 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
                 bars.advance(total, step)
 
         log_dir = prep.plan.topology.launch.log_dir
-        report = sync(fleet, targets, manifest, source, log_dir=log_dir, manifest_file=manifest_file,
+        report = sync(fleet, owners, manifest, source, log_dir=log_dir, manifest_file=manifest_file,
                       progress=tick)
+    for r, o in followers.items():  # one shared filesystem: the owner's copy is theirs, nothing to send
+        report.nodes[r] = NodeSync(fleet.host(r), targets[r][1], shared_with=f"{fleet.host(o)}:{targets[o][1]} "
+                                   f"({shared.fs[r]})", error=report.nodes[o].error)
     if not quiet:
         for n in report.nodes.values():
             what = f"error: {n.error} (rerun to complete it)" if n.error else \
+                f"the same storage as {n.shared_with}: synced there" if n.shared_with else \
                 f"{n.sent} files, {n.bytes:,} bytes copied, {n.skipped} already verified"
             console.print(f"{n.host}:{n.path}: {what}")
     return report

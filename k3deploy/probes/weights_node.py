@@ -8,6 +8,11 @@ SPEC_JSON's "op":
   one (from `url`, resuming a partial temporary file with a Range request; with no url the temporary file is
   already there, put by the executor), its sha256 checked against the manifest's, then renamed: a file at its
   final name is always the manifest's. Prints {"type": "progress", "done", "total"} lines, then the result.
+- "mark": {"path", "name"} -> an empty file of that (dot) name in the checkpoint directory, or in the deepest
+  directory above it that exists (nothing is made), where it was left ("at") and the type of the filesystem
+  holding it (from /proc/mounts): nodes that see it share this storage;
+- "marks": {"path", "prefix"} -> the names there that start with `prefix` (the marks this node sees);
+- "unmark": {"at", "name"} -> the mark removed.
 """
 from __future__ import annotations
 
@@ -132,10 +137,67 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     return {"type": "result", "ok": True, "bytes": done - resumed, "resumed": resumed}
 
 
+def fs_type(path: str) -> str:
+    """The type of the filesystem holding `path` (the longest mount point above it in /proc/mounts)."""
+    real, best, kind = os.path.realpath(path), "", "unknown"
+    try:
+        with open("/proc/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                point = parts[1].replace("\\040", " ")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def existing(path: str) -> str:
+    """The checkpoint directory, or the deepest directory above it that exists (nothing is made)."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def mark(spec: dict[str, Any]) -> dict[str, Any]:
+    """Leave an empty dot-file in the checkpoint directory (or the deepest one above it that exists) for the other
+    nodes to look for."""
+    at = existing(spec["path"])
+    try:
+        with open(os.path.join(at, spec["name"]), "xb"):
+            pass
+    except OSError as exc:  # a read-only mount: this node cannot tell whom it shares storage with
+        return {"type": "result", "ok": False, "error": str(exc), "at": at, "fs": fs_type(at)}
+    return {"type": "result", "ok": True, "at": at, "fs": fs_type(at)}
+
+
+def marks(spec: dict[str, Any]) -> dict[str, Any]:
+    """The marks this node sees where it would leave its own."""
+    try:
+        names = [n for n in os.listdir(existing(spec["path"])) if n.startswith(spec["prefix"])]
+    except OSError:
+        names = []
+    return {"type": "result", "ok": True, "names": sorted(names)}
+
+
+def unmark(spec: dict[str, Any]) -> dict[str, Any]:
+    """Remove this node's mark (from where `mark` left it)."""
+    try:
+        os.unlink(os.path.join(spec["at"], spec["name"]))
+    except OSError:
+        pass
+    return {"type": "result", "ok": True}
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Run the op the spec names."""
     if spec["op"] == "space":
         return space(spec)
+    if spec["op"] in ("mark", "marks", "unmark"):
+        return {"mark": mark, "marks": marks, "unmark": unmark}[spec["op"]](spec)
     if spec["op"] == "serve":
         serve(spec)
         return None
