@@ -64,9 +64,9 @@ def launch(
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
     if sync_weights is not None and not dry_run:
-        from k3deploy.cli.weights import sync_prepared
+        from k3deploy.launch.weights_unit import sync_unit
 
-        synced = sync_prepared(prep, sync_weights, None, as_json)
+        synced = sync_unit(prep, sync_weights, None, as_json)
         if synced.exit_code:
             lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
             print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",

@@ -69,71 +69,6 @@ def status(
     raise typer.Exit(report.exit_code)
 
 
-def _source(spec: str, prep: Any) -> Any:
-    from k3deploy.errors import InputError
-    from k3deploy.launch.weights_sync import Source
-
-    host, sep, directory = spec.partition(":")
-    jobs = {j.target.host: j for j in prep.jobs}
-    if sep and host in jobs:
-        if not directory.startswith("/"):
-            raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
-        return Source(directory, rank=-1, ip=jobs[host].ip), jobs[host].target
-    if sep and not Path(spec).is_dir():
-        raise InputError(f"--from {spec}: {host} is not a node of this topology",
-                         hint=f"nodes: {', '.join(jobs)}; or a directory on this machine")
-    if not Path(spec).is_dir():
-        raise InputError(f"--from {spec}: no such directory on this machine")
-    return Source(str(Path(spec).resolve())), None
-
-
-def _hub_directory(prep: Any, man: Any, staging: Path | None, quiet: bool) -> str:
-    """`--from hub`: the catalog's hub repo of the model at model.revision, downloaded to `staging` here (default
-    under $XDG_CACHE_HOME/k3deploy/hub), every file verified against the manifest; the directory it is in."""
-    import os
-    import sys
-
-    from k3deploy.checkpoint.hub import fetch_revision
-    from k3deploy.errors import InputError
-    from k3deploy.extras import require
-
-    t, model = prep.plan.topology, prep.plan.model
-    if not t.model.revision:
-        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
-                         hint=f"set model.revision: SHA (the manifest's revision; `k3deploy manifest from-hub "
-                         f"{model.hub_repo} --revision SHA` makes a manifest for it)")
-    require("hub", what="weights sync --from hub")
-    if staging is None:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        staging = cache / "k3deploy" / "hub" / model.hub_repo.replace("/", "--") / t.model.revision
-    if quiet:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-
-    def said(name: str, size: int, downloaded: bool) -> None:
-        if not quiet:
-            print(f"hub: {name} ({size:,} bytes) {'downloaded and verified' if downloaded else 'already verified'}"
-                  f" in {staging}", file=sys.stderr)
-
-    return str(fetch_revision(model.hub_repo, t.model.revision, man, staging, on_file=said).directory.resolve())
-
-
-def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool, staging: Path | None = None) -> Any:
-    """`weights sync` of a prepared unit (also `launch --sync-weights`): its report."""
-    from k3deploy.launch.weights import checkpoint_nodes, load_manifest
-    from k3deploy.launch.weights_sync import Source, check_paths, run_sync
-
-    man = load_manifest(prep, manifest)
-    if source == "hub":
-        check_paths(man, str(manifest or prep.plan.topology.validate_.manifest))
-        src, src_target = Source(_hub_directory(prep, man, staging, quiet)), None
-    else:
-        src, src_target = _source(source, prep)
-    return run_sync(prep, checkpoint_nodes(prep), man, src, src_target,
-                    str(manifest or prep.plan.topology.validate_.manifest), quiet)
-
-
 @with_connection_options
 def sync(
     file: FileArg,
@@ -160,9 +95,10 @@ def sync(
     input; 3 a node or the hub could not be reached, or a node was lost (named; the others finish: rerun to
     complete it); 6 --from hub without huggingface_hub (the `hub` extra)."""
     from k3deploy.launch.prepare import prepare
+    from k3deploy.launch.weights_unit import sync_unit
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report = sync_prepared(prep, source, manifest, as_json, staging)
+    report = sync_unit(prep, source, manifest, as_json, staging)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     raise typer.Exit(report.exit_code)

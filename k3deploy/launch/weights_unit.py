@@ -1,0 +1,73 @@
+"""`weights sync` of a prepared unit, as `k3deploy weights sync` and `launch --sync-weights` call it: the manifest
+(`--manifest` or validate.manifest), where the files come from (a directory here, `HOST:DIR` on a node, or the
+hub at model.revision, downloaded here first), and the sync to every instance's nodes."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from k3deploy.errors import InputError
+from k3deploy.launch.prepare import Prepared
+from k3deploy.launch.weights import checkpoint_nodes, load_manifest
+from k3deploy.launch.weights_sync import Source, SyncReport, check_paths, run_sync
+
+
+def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, Any]:
+    """`--from DIR` (this machine) or `--from HOST:DIR` (a node of the unit, which serves it): the source and the
+    executor target that reaches it (None here)."""
+    host, sep, directory = spec.partition(":")
+    jobs = {j.target.host: j for j in prep.jobs}
+    if sep and host in jobs:
+        if not directory.startswith("/"):
+            raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
+        return Source(directory, rank=-1, ip=jobs[host].ip), jobs[host].target
+    if sep and not Path(spec).is_dir():
+        raise InputError(f"--from {spec}: {host} is not a node of this topology",
+                         hint=f"nodes: {', '.join(jobs)}; or a directory on this machine")
+    if not Path(spec).is_dir():
+        raise InputError(f"--from {spec}: no such directory on this machine")
+    return Source(str(Path(spec).resolve())), None
+
+
+def hub_directory(prep: Prepared, manifest: Any, staging: Path | None, quiet: bool) -> str:
+    """`--from hub`: the catalog's hub repo of the model at model.revision, downloaded to `staging` here (default
+    under $XDG_CACHE_HOME/k3deploy/hub), every file verified against the manifest; the directory it is in."""
+    from k3deploy.checkpoint.hub import fetch_revision
+    from k3deploy.extras import require
+
+    t, model = prep.plan.topology, prep.plan.model
+    assert model is not None  # a feasible plan knows its model
+    if not t.model.revision:
+        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
+                         hint=f"set model.revision: SHA (the manifest's revision; `k3deploy manifest from-hub "
+                         f"{model.hub_repo} --revision SHA` makes a manifest for it)")
+    require("hub", what="weights sync --from hub")
+    if staging is None:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        staging = cache / "k3deploy" / "hub" / model.hub_repo.replace("/", "--") / t.model.revision
+    if quiet:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+    def said(name: str, size: int, downloaded: bool) -> None:
+        if not quiet:
+            print(f"hub: {name} ({size:,} bytes) {'downloaded and verified' if downloaded else 'already verified'}"
+                  f" in {staging}", file=sys.stderr)
+
+    return str(fetch_revision(model.hub_repo, t.model.revision, manifest, staging, on_file=said).directory.resolve())
+
+
+def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
+              staging: Path | None = None) -> SyncReport:
+    """The manifest's files onto every node of the unit from `source` (DIR, HOST:DIR or hub): its report."""
+    man = load_manifest(prep, manifest)
+    where = str(manifest or prep.plan.topology.validate_.manifest)
+    if source == "hub":
+        check_paths(man, where)
+        src, target = Source(hub_directory(prep, man, staging, quiet)), None
+    else:
+        src, target = node_or_local_source(source, prep)
+    return run_sync(prep, checkpoint_nodes(prep), man, src, target, where, quiet)
