@@ -162,6 +162,8 @@ class VisionSpec(Sourced):
     patch_limit_on_one_side: int = Field(description="most patches along one side")
     wrapper_tokens_max: int = Field(description="most prompt tokens around an image's pads (its begin, size "
                                     "text, content and end markers, less the placeholder they replace)")
+    max_image_tokens: int = Field(description="the most tokens one image costs under the processor rules above "
+                                  "(the feature size vLLM profiles the encoder with)")
 
 
 class AccuracyReference(Sourced):
