@@ -173,6 +173,8 @@ class AccuracyReference(Sourced):
     tolerance: float = Field(ge=0, le=1, description="how far below the reference a deployment may score")
     dataset_sha256: str | None = Field(None, description="the dataset file's sha256 the score is for (its pinned "
                                        "revision; none: any file)")
+    lm_eval_task: str | None = Field(None, description="the lm-eval task the score was published for, whose questions "
+                                     "the dataset file must hold (none: k3deploy's own task)")
 
 
 class ModelSpec(Sourced):
