@@ -83,8 +83,10 @@ def _vision_how(plan: Plan) -> list[str]:
     if v is None:
         return ["beyond the non-expert line"]
     how = ["beyond the non-expert line:"]
-    how += [f"{fmt_gib(v.extra_bytes)} {v.placement} tower", f"less the {fmt_gib(v.counted_bytes)} counted"] if v.extra_bytes else []
-    how += [f"{fmt_gib(v.profile_bytes)} encoder outputs", f"of {v.profile_images} profiled image(s)"] if v.profile_bytes else []
+    how += [f"{fmt_gib(v.extra_bytes)} {v.placement} tower", f"({fmt_gib(v.per_gpu_bytes)} less the",
+            f"{fmt_gib(v.counted_bytes)} counted there)"] if v.extra_bytes else []
+    how += [f"{'+ ' if v.extra_bytes else ''}{fmt_gib(v.profile_bytes)} encoder outputs",
+            f"of {v.profile_images} profiled image(s)"] if v.profile_bytes else []
     return how
 
 

@@ -15,8 +15,9 @@ processor's largest feature size T (KimiK3DummyInputsBuilder: get_max_image_size
 budget = max(--max-num-batched-tokens, T) (compute_mm_encoder_budget), and keeps their embeddings (T tokens x the
 text hidden size, BF16) in the encoder cache while the language model's dummy batch runs, so they add to its peak;
 --skip-mm-profiling skips that. The encoder's own activations are freed before the language model's dummy run, so
-they stay under its peak (the runtime reserve). Its encoder CUDA graphs are captured after the KV cache is sized and
-come out of the headroom.
+they stay under its peak (the runtime reserve). Its encoder CUDA graphs are not counted here: at 35d5cda1 they are
+captured after the KV cache is sized (out of the headroom); a vLLM whose profiler estimates CUDA graph memory
+(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) charges graphs to the pool, inside the runtime reserve's share.
 
 SGLang (sgl-project/sglang python/sglang/srt/models/kimi_k3.py @e44a41c1, KimiK3ForConditionalGeneration.__init__:
 "The dedicated K3 tower runs replicated (per-rank full weights)", use_data_parallel = True; kimi_k3_vl.py @3633343

@@ -32,13 +32,13 @@ def test_kimi_k3_carries_the_model_cards_gpqa_diamond_score() -> None:
 
 
 @pytest.mark.parametrize("completed, failed, status, said", [
-    (185, 0, "pass", "gpqa-diamond: score 0.934 (198 samples: 185 completed, 0 failed, 0 missing, 13 unparsed), at "
-     "least the reference 0.935 - 0.040 (lm-eval gpqa_diamond_cot_zeroshot's questions)"),
+    (185, 0, "pass", ("gpqa-diamond: score 0.934 (198 samples: 185 completed, 0 failed, 0 missing, 13 unparsed), "
+                      "at least the reference 0.935 - 0.040 (lm-eval gpqa_diamond_cot_zeroshot's questions)")),
     (178, 0, "pass", "at least the reference 0.935 - 0.040"),  # 178 / 198 = 0.899, above the floor 0.895
     (177, 0, "fail", "below the reference 0.935 - 0.040"),  # 177 / 198 = 0.894, just below it
-    (170, 0, "fail", "gpqa-diamond: score 0.859 (198 samples: 170 completed, 0 failed, 0 missing, 28 unparsed) "
-     "below the reference 0.935 - 0.040 (lm-eval gpqa_diamond_cot_zeroshot's questions) for kimi-k3: the "
-     "deployment answers worse than the model should"),
+    (170, 0, "fail", ("gpqa-diamond: score 0.859 (198 samples: 170 completed, 0 failed, 0 missing, 28 unparsed) "
+                      "below the reference 0.935 - 0.040 (lm-eval gpqa_diamond_cot_zeroshot's questions) for "
+                      "kimi-k3: the deployment answers worse than the model should")),
     (190, 2, "fail", "below the reference 0.935 - 0.040"),  # a failed request fails the stage whatever the score
 ])
 def test_the_stage_compares_a_score_with_the_reference(completed: int, failed: int, status: str, said: str) -> None:
