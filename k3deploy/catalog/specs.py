@@ -162,6 +162,8 @@ class VisionSpec(Sourced):
     patch_limit_on_one_side: int = Field(description="most patches along one side")
     wrapper_tokens_max: int = Field(description="most prompt tokens around an image's pads (its begin, size "
                                     "text, content and end markers, less the placeholder they replace)")
+    max_image_tokens: int = Field(description="the most tokens one image costs under the processor rules above "
+                                  "(the feature size vLLM profiles the encoder with)")
 
 
 class AccuracyReference(Sourced):
@@ -171,6 +173,8 @@ class AccuracyReference(Sourced):
     tolerance: float = Field(ge=0, le=1, description="how far below the reference a deployment may score")
     dataset_sha256: str | None = Field(None, description="the dataset file's sha256 the score is for (its pinned "
                                        "revision; none: any file)")
+    lm_eval_task: str | None = Field(None, description="the lm-eval task the score was published for, whose questions "
+                                     "the dataset file must hold (none: k3deploy's own task)")
 
 
 class ModelSpec(Sourced):

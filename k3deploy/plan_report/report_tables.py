@@ -63,6 +63,7 @@ def budget_rows(plan: Plan) -> list[tuple[str, int, list[str]]]:
         *([] if static else [("runtime reserve", m.reserve_bytes, ["activations, CUDA graphs,",
                                                                    "NCCL buffers, fragmentation"])]),
         *([("engine static memory", m.engine_static_bytes, static)] if static else []),
+        *([("vision tower", m.vision_bytes, _vision_how(plan))] if m.vision_bytes else []),
         (f"{kv_kind} KV pool", m.kv_pool_bytes, [f"{m.mla_kv_bytes_per_token:,.0f} B/token"]
          + ([f"+ {m.draft_kv_bytes_per_token:,.0f} B/token draft KV"] if m.draft_kv_bytes_per_token else [])
          + [f"x {m.kv_tokens:,} tokens"]),
@@ -74,6 +75,19 @@ def budget_rows(plan: Plan) -> list[tuple[str, int, list[str]]]:
         if static else ("headroom", m.headroom_bytes, ["outside the engine's pools", f"(mem_fraction {m.mem_fraction})"]),
     ]
     return rows
+
+
+def _vision_how(plan: Plan) -> list[str]:
+    """The vision row's "how": the replicated tower's rest and the profiled encoder outputs."""
+    v = plan.vision
+    if v is None:
+        return ["beyond the non-expert line"]
+    how = ["beyond the non-expert line:"]
+    how += [f"{fmt_gib(v.extra_bytes)} {v.placement} tower", f"({fmt_gib(v.per_gpu_bytes)} less the",
+            f"{fmt_gib(v.counted_bytes)} counted there)"] if v.extra_bytes else []
+    how += [f"{'+ ' if v.extra_bytes else ''}{fmt_gib(v.profile_bytes)} encoder outputs",
+            f"of {v.profile_images} profiled image(s)"] if v.profile_bytes else []
+    return how
 
 
 def budget_table(plan: Plan, role: str = "") -> Table:
@@ -105,15 +119,11 @@ def vision_line(plan: Plan) -> list[Text]:
     v, spec = plan.vision, plan.model.vision if plan.model is not None else None
     if v is None or spec is None or plan.memory is None:
         return []
-    engine_static = plan.memory.engine_static_bytes > 0
     head = f"vision tower ({spec.encoder}, {spec.params / 1e6:,.0f}M {spec.dtype.upper()}, {fmt_gib(v.tower_bytes)}): "
     if v.placement == "absent":
         return [Text(head + v.why, style="dim")]
     text = f"{v.placement}, {fmt_gib(v.per_gpu_bytes)} per GPU: {v.why}"
-    if v.extra_bytes and engine_static:
-        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, and the engine static memory "
-                 f"line, calibrated on measured K3 deployments, holds what the engine keeps beyond that")
-    elif v.extra_bytes:
-        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, the other "
-                 f"{fmt_gib(v.extra_bytes)} per GPU comes out of the KV cache (not subtracted above)")
-    return [Text(head + text, style="yellow" if v.extra_bytes and not engine_static else "")]
+    if v.pool_bytes:
+        text += (f"; the non-expert line counts {fmt_gib(v.counted_bytes)} of it, the pools are smaller by the "
+                 f"{fmt_gib(v.pool_bytes)} on the budget's vision line")
+    return [Text(head + text)]

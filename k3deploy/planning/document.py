@@ -10,7 +10,7 @@ from k3deploy.planning.search import ShapeRow
 SCHEMA_VERSION = 1
 _MEM_FIELDS = ("usable_bytes", "weights_bytes", "routed_weights_bytes", "non_expert_weights_bytes",
                "reserve_bytes", "kv_pool_bytes", "state_pool_bytes", "headroom_bytes", "engine_static_bytes",
-               "engine_preload_bytes")
+               "engine_preload_bytes", "vision_bytes")
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, 
 from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.pool import policy_issues, pool, router_plan
 from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
-from k3deploy.planning.vision import vision_plan
+from k3deploy.planning.vision import vision_plan, vision_serving
 from k3deploy.topology.loader import LoadedTopology
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
@@ -63,7 +63,7 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
         max_running_requests=s.max_running_requests, avg_request_tokens=s.avg_request_tokens,
         pool_ratio=s.mamba_full_memory_ratio if isinstance(s.mamba_full_memory_ratio, float) else None,
         pool_calculator=s.mamba_full_memory_ratio == "calculator", drafts=drafts, draft=draft,
-        replay_ring_len=_replay_ring_len(t, eng.replay_ring),
+        replay_ring_len=_replay_ring_len(t, eng.replay_ring), vision=vision_serving(t),
     )
 
 

@@ -9,6 +9,7 @@ from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
 from k3deploy.planning.arith import GIB, stage_layers
+from k3deploy.planning.vision import VisionServing, tower_plan
 
 BF16_BYTES = 2
 
@@ -124,6 +125,7 @@ class MemoryBudget(NamedTuple):
     replay_ring_bytes_per_slot: int = 0  # SGLang ReplaySSM ring each state slot carries (0: off)
     engine_static_bytes: int = 0  # resident beside the weights and pools when the pools are sized (SGLang)
     engine_preload_bytes: int = 0  # of which resident before the weights load (SGLang: outside its free share)
+    vision_bytes: int = 0  # the vision tower's take from the pools beyond the non-expert line (planning/vision.py)
 
     def model_dump(self) -> dict[str, Any]:
         """Field name -> value."""
@@ -149,6 +151,7 @@ class MemoryInputs(NamedTuple):
     drafts: int = 0  # speculative draft tokens per step: the draft's weights, KV and state slots count
     draft: DraftSpec | None = None  # the draft the flags name (None: the model's DSpark draft)
     replay_ring_len: int = 0  # SGLang --enable-linear-replayssm-spec: ring records per slot (0: off)
+    vision: VisionServing | None = None  # the image settings (None: the vision tower is not counted)
 
 
 def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: MemoryInputs) -> MemoryBudget:
@@ -165,6 +168,8 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
     replay = inp.engine.replay_ring if inp.drafts and inp.replay_ring_len else None
     extra = inp.drafts + 1 if inp.drafts and inp.engine.speculative_extra_slots and replay is None else 0
     weights = routed + rest + draft_w
+    tower = tower_plan(model, inp.family, shape, inp.vision) if inp.vision is not None else None
+    vision = tower.pool_bytes if tower is not None else 0
     kv_tok = mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=stage.mla_layers, dcp=shape.dcp,
                                     attn_tp=shape.attn_tp)
     state = kda_state_bytes_per_slot(arch, shape.attn_tp, inp.ssm_dtype, model.cache.conv_state_dtype,
@@ -190,7 +195,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         # the share left free. What stays free after the pools is (1 - f) x (usable - preload).
         static_overhead = round((model.sglang_static_overhead_gib or 0.0) * GIB)
         preload = round((model.sglang_preload_overhead_gib or 0.0) * GIB)
-        cache = max(0.0, (usable_bytes - preload) * inp.mem_fraction - weights - (static_overhead - preload))
+        cache = max(0.0, (usable_bytes - preload) * inp.mem_fraction - weights - (static_overhead - preload) - vision)
         # Unless the topology asks otherwise, SGLang splits the pools by its own default ratio; a model without
         # KDA layers has no state pool to split off.
         default = inp.engine.mamba_full_memory_ratio_default if state and not inp.pool_calculator else None
@@ -201,7 +206,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         state_per_request = slots * (state + ring)
     else:
         budget = usable_bytes * inp.mem_fraction
-        cache = max(0.0, budget - weights - inp.reserve_bytes)
+        cache = max(0.0, budget - weights - inp.reserve_bytes - vision)
         per_layer_tok = kv_tok / max(stage.mla_layers, 1)
         per_layer_state = state / max(stage.kda_layers, 1)
         block = vllm_block_tokens(per_layer_state, per_layer_tok, inp.engine.block_multiple_tokens or 128)
@@ -210,7 +215,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         assert inp.max_running_requests is not None, "vLLM sizes its state pool from --max-num-seqs"
         state_pool = min(int(cache), inp.max_running_requests * state_per_request)
         kv_pool = int(cache) - state_pool
-    headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool - static_overhead
+    headroom = usable_bytes - weights - inp.reserve_bytes - kv_pool - state_pool - static_overhead - vision
     return MemoryBudget(
         usable_bytes=usable_bytes, weights_bytes=weights, routed_weights_bytes=routed,
         non_expert_weights_bytes=rest, reserve_bytes=inp.reserve_bytes, kv_pool_bytes=kv_pool,
@@ -223,6 +228,7 @@ def memory_budget(model: ModelSpec, usable_bytes: int, shape: Shape, inp: Memory
         ((inp.max_running_requests or 0) if not arch.kda_layers else 0),
         draft_weights_bytes=draft_w, draft_kv_bytes_per_token=draft_kv, draft_slots=extra,
         replay_ring_bytes_per_slot=ring, engine_static_bytes=static_overhead, engine_preload_bytes=preload,
+        vision_bytes=vision,
     )
 
 

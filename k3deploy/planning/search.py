@@ -12,6 +12,7 @@ from k3deploy.planning import rules
 from k3deploy.planning.arith import divisors
 from k3deploy.planning.capacity import Capacity, memory_issues
 from k3deploy.planning.memory import MemoryBudget, MemoryInputs, memory_budget
+from k3deploy.planning.vision import VisionServing
 from k3deploy.topology.settings import Serving
 
 
@@ -123,7 +124,11 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
                                replay_ring_len=replay_ring_len,
                                # a proposal sized for its workload: SGLang's pools split by the K3 calculator's
                                # ratio (`mamba_full_memory_ratio: calculator` in a topology), not the default 0.9
-                               pool_calculator=True)
+                               pool_calculator=True,
+                               # the engine's default flags: the tower where its rules put it at this shape
+                               vision=VisionServing(images_per_request=serving.images_per_request,
+                                                    max_running_requests=serving.max_running_requests or 1,
+                                                    context_length=serving.context_length))
             m = memory_budget(model, hw.usable_bytes, shape, inp)
             issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
             errors = [i for i in issues if i.severity == "error"]

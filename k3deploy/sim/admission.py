@@ -9,6 +9,7 @@ from typing import Literal
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.catalog.specs import GIB, HardwareSpec, ModelSpec
 from k3deploy.sim.engine_memory import Budget, Layout, Sizing, budget, layout
+from k3deploy.sim.images import image_limit
 from k3deploy.sim.serve_config import ServeConfig
 
 Verdict = Literal["ok", "oom", "no_cache", "kv_short"]
@@ -112,6 +113,11 @@ def _sizing(cfg: ServeConfig, model: ModelSpec, hw: HardwareSpec, experts_bf16: 
         max_running_requests=cfg.max_running_requests or 1,
         pool_ratio=cfg.pool_ratio if cfg.mimic == "sglang" else None,
         experts_bf16=experts_bf16,
+        images_per_request=image_limit(cfg.args),
+        encoder_data_parallel=cfg.args.get("mm_encoder_tp_mode") == "data",
+        skip_mm_profiling=bool(cfg.args.get("skip_mm_profiling")),
+        batched_tokens=cfg.chunked_prefill_size if cfg.mimic == "vllm" else None,
+        context_length=cfg.context_length or model.architecture.max_position_embeddings,
     )
 
 

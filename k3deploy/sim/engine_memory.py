@@ -15,6 +15,12 @@ disagreement in tests. Only catalog data (model sizes, engine defaults) is share
   sglang_preload_overhead_gib: kv_cache_configurator.py _profile_available_bytes), split full KV : state = 1 : --mamba-full-memory-ratio. vLLM: cache = usable x gpu_memory_utilization - weights - runtime
   reserve; the hybrid block grows until one attention page covers one KDA page; state takes
   max_num_seqs x slots x pages, KV the rest.
+- The vision tower: the weights above count it / attention TP. SGLang builds K3's tower whole on every rank
+  (models/kimi_k3.py: use_data_parallel = True), whatever the image limit; vLLM builds none when no image is allowed,
+  the whole tower on every rank when TP does not divide its heads or --mm-encoder-tp-mode is data, else a TP shard,
+  and its profile run keeps the embeddings of the largest images it encodes (max(1, min(max(batched tokens, T) // T,
+  max_num_seqs x images a prompt holds)) of T tokens x hidden size, BF16) through the language model's peak, unless
+  --skip-mm-profiling. What is held beyond the weights' share comes out of the caches.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class Budget:
     block_tokens: int | None
     kv_tokens: int
     state_requests: int
+    vision_bytes: int = 0  # the vision tower beyond the weights' share of it, and vLLM's profiled encoder outputs
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,11 @@ class Sizing:
     max_running_requests: int
     pool_ratio: float | None
     experts_bf16: bool
+    images_per_request: int | None = None  # the engine's image limit (None: its default)
+    encoder_data_parallel: bool = False  # vLLM --mm-encoder-tp-mode data
+    skip_mm_profiling: bool = False  # vLLM --skip-mm-profiling
+    batched_tokens: int | None = None  # vLLM --max-num-batched-tokens
+    context_length: int = 0
 
 
 def layout(
@@ -115,11 +127,34 @@ def weights_per_gpu(model: ModelSpec, lay: Layout, *, experts_bf16: bool = False
     )
 
 
+def vision_resident(model: ModelSpec, lay: Layout, s: Sizing) -> int:
+    """Bytes the vision tower holds per GPU beyond `weights_per_gpu`'s share of it, with vLLM's profiled outputs."""
+    v = model.vision
+    if v is None or v.params == 0:
+        return 0
+    tower = v.params * DTYPE_BYTES[v.dtype]
+    share = math.ceil(tower / lay.attn_tp)
+    if s.mimic == "sglang":
+        return tower - share
+    if s.images_per_request == 0:
+        return 0
+    held = tower if s.encoder_data_parallel or v.num_heads % lay.tp else math.ceil(tower / lay.tp)
+    if s.skip_mm_profiling:
+        return max(0, held - share)
+    most = v.max_image_tokens
+    in_prompt = s.context_length // most
+    if s.images_per_request is not None:
+        in_prompt = min(in_prompt, s.images_per_request)
+    images = max(1, min(max(s.batched_tokens or 0, most) // most, s.max_running_requests * max(1, in_prompt)))
+    return max(0, held - share) + images * most * model.architecture.hidden_size * DTYPE_BYTES[v.dtype]
+
+
 def budget(model: ModelSpec, lay: Layout, usable_bytes: int, s: Sizing) -> Budget:
     """Split one GPU's memory as the engine does at load (never raises; pools may come out empty)."""
     arch = model.architecture
     _, mla_layers, kda_layers = _heaviest_stage(model, lay.pp)
     weights = weights_per_gpu(model, lay, experts_bf16=s.experts_bf16)
+    vision = vision_resident(model, lay, s)
     kv_tok = mla_layers * (arch.kv_lora_rank + arch.qk_rope_head_dim) * DTYPE_BYTES[s.kv_dtype] / lay.dcp
     heads, d = arch.kda_num_heads // lay.attn_tp, arch.kda_head_dim
     conv = (arch.short_conv_kernel_size - 1) * 3 * heads * d * DTYPE_BYTES[model.cache.conv_state_dtype]
@@ -129,13 +164,13 @@ def budget(model: ModelSpec, lay: Layout, usable_bytes: int, s: Sizing) -> Budge
     if s.mimic == "sglang":
         resident = round((model.sglang_static_overhead_gib or 0.0) * (1 << 30))
         preload = round((model.sglang_preload_overhead_gib or 0.0) * (1 << 30))  # outside SGLang's free share
-        cache = max(0.0, (usable_bytes - preload) * s.mem_fraction - weights - (resident - preload))
+        cache = max(0.0, (usable_bytes - preload) * s.mem_fraction - weights - (resident - preload) - vision)
         ratio = s.pool_ratio or s.engine.mamba_full_memory_ratio_default or 1.0
         kv_pool = int(cache / (1 + ratio))
         state_pool = int(cache) - kv_pool
         per_request = s.slots_per_request * state_slot
     else:
-        cache = max(0.0, usable_bytes * s.mem_fraction - weights - s.reserve_bytes)
+        cache = max(0.0, usable_bytes * s.mem_fraction - weights - s.reserve_bytes - vision)
         kv_layer_tok = kv_tok / max(mla_layers, 1)
         state_layer = state_slot / max(kda_layers, 1)
         multiple = s.engine.block_multiple_tokens or 128
@@ -150,11 +185,12 @@ def budget(model: ModelSpec, lay: Layout, usable_bytes: int, s: Sizing) -> Budge
         reserve_bytes=s.reserve_bytes,
         kv_pool_bytes=kv_pool,
         state_pool_bytes=state_pool,
-        headroom_bytes=usable_bytes - weights - s.reserve_bytes - kv_pool - state_pool - resident,
+        headroom_bytes=usable_bytes - weights - s.reserve_bytes - kv_pool - state_pool - resident - vision,
         mla_kv_bytes_per_token=kv_tok,
         kda_state_bytes_per_slot=state_slot,
         slots_per_request=s.slots_per_request,
         block_tokens=block,
         kv_tokens=int(kv_pool // kv_tok) if kv_tok else 0,
         state_requests=int(state_pool // per_request) if per_request else 0,
+        vision_bytes=vision,
     )

@@ -56,7 +56,8 @@ def test_the_memory_budget_holds_the_drafts_weights_kv_and_state_slots() -> None
     assert spec.kv_tokens == spec.kv_pool_bytes // (spec.mla_kv_bytes_per_token + spec.draft_kv_bytes_per_token)
     assert spec.state_requests < plain.state_requests  # 13 slots a request instead of 5
     lines = [spec.routed_weights_bytes, spec.non_expert_weights_bytes, spec.draft_weights_bytes, spec.reserve_bytes,
-             spec.engine_static_bytes, spec.kv_pool_bytes, spec.state_pool_bytes, spec.headroom_bytes]
+             spec.engine_static_bytes, spec.vision_bytes, spec.kv_pool_bytes, spec.state_pool_bytes,
+             spec.headroom_bytes]
     assert sum(lines) == spec.usable_bytes
 
 

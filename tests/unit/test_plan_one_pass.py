@@ -134,7 +134,7 @@ def test_feasible_plan_warns_when_the_context_cannot_all_fit_at_that_concurrency
     assert plan is not None and plan.feasible and plan.capacity is not None
     warn = [i for i in plan.issues if i.code == "CONTEXT_AT_CONCURRENCY"]
     assert warn and warn[0].severity == "warning"
-    assert "2,863" in warn[0].message and "131,072" in warn[0].message and "at 47 concurrent" in warn[0].message
+    assert "2,848" in warn[0].message and "131,072" in warn[0].message and "at 47 concurrent" in warn[0].message
     assert warn[0].hint is not None and "max_running_requests" in warn[0].hint
     roomy = plan_of(topology_dict(max_running_requests=1))
     assert roomy.feasible and "CONTEXT_AT_CONCURRENCY" not in {i.code for i in roomy.issues}

@@ -161,14 +161,24 @@ def test_budget_lines_recomputed_from_the_catalog(kind: str, gpu: str, per_node:
     preload = round((spec.sglang_preload_overhead_gib or 0) * GIB) if kind == "sglang" else 0
     assert (kind == "sglang") == (static > 0) == (preload > 0)
     share = (usable - preload) * cat.engines[kind].default_mem_fraction
-    cache = share - routed - rest - (static - preload) - (0 if kind == "sglang" else reserve)
+    # The vision tower beyond the non-expert line's tower / attn_tp: SGLang keeps it whole on every rank; vLLM (and
+    # vLLM-Ascend) whole where TP does not divide its heads, and its profile run holds one largest image's
+    # embeddings (max_image_tokens x hidden size x BF16) at the default batch.
+    v, arch = spec.vision, spec.architecture
+    assert v is not None
+    tower = v.params * 2
+    counted = -(-tower // plan.shape.attn_tp)
+    held = tower if kind == "sglang" or v.num_heads % tp else -(-tower // tp)
+    vision = held - counted + (0 if kind == "sglang" else v.max_image_tokens * arch.hidden_size * 2)
+    cache = share - routed - rest - (static - preload) - (0 if kind == "sglang" else reserve) - vision
+    assert m.vision_bytes == vision
     assert (m.usable_bytes, m.weights_bytes, m.reserve_bytes) == (usable, routed + rest, reserve)
     assert (m.engine_static_bytes, m.engine_preload_bytes) == (static, preload)
     assert m.kv_pool_bytes + m.state_pool_bytes == int(cache)
     assert m.headroom_bytes == pytest.approx(usable - preload - share - (reserve if kind == "sglang" else 0), abs=1)
     assert m.headroom_bytes >= 0
-    assert (m.weights_bytes + m.reserve_bytes + m.engine_static_bytes + m.kv_pool_bytes + m.state_pool_bytes
-            + m.headroom_bytes) == usable
+    assert (m.weights_bytes + m.reserve_bytes + m.engine_static_bytes + m.vision_bytes + m.kv_pool_bytes
+            + m.state_pool_bytes + m.headroom_bytes) == usable
 
 
 def test_hopper_bf16_upcast_is_over_3_5x() -> None:

@@ -23,12 +23,12 @@ def test_a_state_pool_that_admits_few_requests_names_each_fix_with_its_numbers()
     capped = issue(plan_of(topology_dict(max_running_requests=64)), "CONCURRENCY_CAPPED")
     assert capped.severity == "warning" and "holds 47 requests, fewer than max_running_requests 64" in capped.message
     hint = capped.hint or ""
-    for fix in ("set serving.mamba_full_memory_ratio: 1.745 (was 0.9): the state pool holds 64 requests",
-                "state_dtype: bf16 (validate accuracy first): 92 requests",
+    for fix in ("set serving.mamba_full_memory_ratio: 1.77 (was 0.9): the state pool holds 64 requests",
+                "state_dtype: bf16 (validate accuracy first): 91 requests",
                 "prefix_cache_strategy: no_buffer (fewer state slots a request): 79 requests",
                 "raise attention TP", "cap serving.max_running_requests at 47"):
         assert fix in hint, (fix, hint)
-    fixed = plan_of(topology_dict(max_running_requests=64, mamba_full_memory_ratio=1.745))
+    fixed = plan_of(topology_dict(max_running_requests=64, mamba_full_memory_ratio=1.77))
     assert fixed.capacity is not None and fixed.capacity.max_running_requests == 64
     assert "CONCURRENCY_CAPPED" not in {i.code for i in fixed.issues}
 

@@ -18,7 +18,9 @@ record). The measured caps: docs/cookbook/autoregressive/Moonshotai/Kimi-K3.mdx,
 requests for MXFP4 NOSPEC / MXFP4 DSPARK / NVFP4 NOSPEC / NVFP4 DSPARK", the cookbook's DSPARK recipe carrying
 --enable-linear-replayssm-spec (docs/src/snippets/configs/moonshotai/kimi-k3.jsx). The static share the pools come
 from: `_profile_available_bytes` charges everything resident at profiling time (weights and all else) against
-free-before-load x mem_fraction_static; the catalog's kimi-k3 sglang_static_overhead_gib is that "all else"."""
+free-before-load x mem_fraction_static; the catalog's kimi-k3 sglang_static_overhead_gib is that "all else" less
+the vision tower, which SGLang keeps whole on every rank (models/kimi_k3.py @e44a41c1) and the budget counts apart
+(its vision line: the tower less the non-expert line's tower / attn_tp)."""
 from __future__ import annotations
 
 from typing import Any
@@ -100,9 +102,12 @@ def test_the_state_pool_admits_what_the_measured_servers_admitted(args: dict[str
     assert m.state_requests == pytest.approx(measured, rel=0.10), (m.state_requests, measured)
     assert m.engine_static_bytes == round(load_catalog().model("kimi-k3").sglang_static_overhead_gib * GIB)
     # The share is of what was free before the load; what was resident then is not charged to the pools again.
+    # The replicated tower at attn_tp 8: 802,000,000 B less the non-expert line's 802,000,000 / 8 = 701,750,000 B.
+    assert m.vision_bytes == 802_000_000 - 802_000_000 // 8 == 701_750_000
     assert m.kv_pool_bytes + m.state_pool_bytes == int((m.usable_bytes - m.engine_preload_bytes) * m.mem_fraction
                                                        - m.weights_bytes
-                                                       - (m.engine_static_bytes - m.engine_preload_bytes))
+                                                       - (m.engine_static_bytes - m.engine_preload_bytes)
+                                                       - m.vision_bytes)
 
 
 def test_the_engine_static_memory_is_what_the_h100_reference_split_leaves() -> None:
@@ -114,5 +119,6 @@ def test_the_engine_static_memory_is_what_the_h100_reference_split_leaves() -> N
     m = plan_of(topology_dict()).memory
     assert m is not None and m.mem_fraction == 0.85
     left = m.usable_bytes * m.mem_fraction - m.weights_bytes - (3.62 + 3.40) * GIB
-    charged = m.engine_static_bytes - m.engine_preload_bytes + m.mem_fraction * m.engine_preload_bytes
+    charged = (m.engine_static_bytes - m.engine_preload_bytes + m.mem_fraction * m.engine_preload_bytes
+               + m.vision_bytes)
     assert abs(left - charged) < GIB, (left / GIB, charged / GIB)

@@ -136,3 +136,78 @@ def test_each_role_of_a_prefill_decode_plan_shows_where_it_keeps_the_tower() -> 
     said = " ".join(run.stdout.split())
     assert said.count("vision tower (MoonViT-V2, 401M BF16, 0.75 GiB): replicated, 0.75 GiB per GPU: 12 encoder "
                       "heads do not divide over TP 8") == 2, said
+
+
+TOWER = 802_000_000  # 401,000,000 parameters x 2 bytes (BF16)
+ONE_IMAGE = 16_817 * 7_168 * 2  # the largest image's embeddings: T tokens x K3's hidden size x BF16 = 241,088,512
+
+
+@pytest.mark.parametrize("kind, tp, dp, args, serving, pool", [
+    ("vllm", 4, 2, {}, {}, ONE_IMAGE),
+    ("vllm", 8, 1, {}, {}, TOWER - TOWER // 8 + ONE_IMAGE),
+    ("vllm", 16, 1, {}, {}, TOWER - TOWER // 16 + ONE_IMAGE),
+    ("vllm", 32, 1, {}, {}, TOWER - TOWER // 32 + ONE_IMAGE),
+    ("vllm", 4, 2, {"--mm-encoder-tp-mode": "data"}, {}, TOWER - TOWER // 4 + ONE_IMAGE),
+    ("vllm", 8, 1, {"--skip-mm-profiling": True}, {}, TOWER - TOWER // 8),
+    ("vllm", 4, 2, {"--max-num-batched-tokens": 65536}, {}, 3 * ONE_IMAGE),
+    ("vllm", 8, 1, {}, {"images_per_request": 0}, 0),
+    ("sglang", 8, 1, {}, {}, TOWER - TOWER // 8),
+    ("sglang", 32, 1, {}, {}, TOWER - TOWER // 32),
+    ("sglang", 16, 16, {}, {}, 0),
+    ("sglang", 16, 8, {}, {}, TOWER // 2),
+], ids=["vllm-tp4-sharded", "vllm-tp8", "vllm-tp16", "vllm-tp32", "vllm-tp4-data", "vllm-tp8-skip-profiling",
+        "vllm-tp4-batched-65536", "vllm-no-images", "sglang-tp8", "sglang-tp32", "sglang-dp16-attention",
+        "sglang-dp8-attention"])
+def test_the_pools_lose_what_the_engine_keeps_of_the_tower(kind: str, tp: int, dp: int, args: dict[str, object],
+                                                          serving: dict[str, int], pool: int) -> None:
+    """What the vision tower takes from the KV and state pools per GPU, derived by hand from the engines' source
+    (planning/vision.py cites it). The budget's non-expert line already counts the tower / attn_tp
+    (802,000,000 / TP B); what the engine holds beyond that, and vLLM's profiled encoder outputs, come out of the
+    pools:
+    - vLLM shards the tower when TP divides its 12 heads (TP 4: 200,500,000 B a rank, all counted), else (TP 8, 16,
+      32) or with --mm-encoder-tp-mode data holds all 802,000,000 B on every rank: 701,750,000 B more than the
+      line counts at TP 8, 751,875,000 at 16, 776,937,500 at 32, 601,500,000 at TP 4 in data mode.
+    - vLLM's profile run keeps max(1, min(max(--max-num-batched-tokens, T) // T, max_num_seqs x images a prompt
+      holds)) largest images' embeddings through the language model's peak: T = 16,817 tokens (1861 x 7041 px),
+      x 7,168 (hidden) x 2 B = 241,088,512 B each; one image at the default batch (8,192 < T), three at 65,536
+      (65,536 // 16,817); none with --skip-mm-profiling; no tower at all when no image is allowed.
+    - SGLang keeps the tower whole on every rank whatever the image limit: 701,750,000 B beyond the line at attn_tp
+      8, 776,937,500 at 32; with DP attention over TP 16, none at DP 16 (attn_tp 1: the line counts the whole
+      tower), 401,000,000 at DP 8 (attn_tp 2). vLLM's TP 4 runs DP 2 x EP 8 here (K3 needs 8 GPUs' memory)."""
+    doc = topology_dict(gpu="b300", per_node=8, nodes=max(1, tp * dp // 8 if kind == "vllm" else tp // 8), kind=kind,
+                        tp=tp, ep=tp * dp if kind == "vllm" else tp, dp=dp, **serving)
+    if kind == "sglang" and dp > 1:
+        doc["parallel"]["attention_dp"] = True
+    doc["engine"]["args"] = args
+    plan = plan_of(doc)
+    m, v = plan.memory, plan.vision
+    assert m is not None and v is not None, plan.issues
+    assert m.vision_bytes == v.pool_bytes == pool
+    if kind == "vllm":
+        assert m.kv_pool_bytes + m.state_pool_bytes == int(m.usable_bytes * m.mem_fraction - m.weights_bytes
+                                                           - m.reserve_bytes - pool)
+    else:
+        assert m.kv_pool_bytes + m.state_pool_bytes == int((m.usable_bytes - m.engine_preload_bytes) * m.mem_fraction
+                                                           - m.weights_bytes - pool
+                                                           - (m.engine_static_bytes - m.engine_preload_bytes))
+    lines = m.weights_bytes + m.reserve_bytes + m.engine_static_bytes + m.vision_bytes
+    assert lines + m.kv_pool_bytes + m.state_pool_bytes + m.headroom_bytes == m.usable_bytes
+
+
+def test_the_largest_image_is_the_one_vllm_profiles_with() -> None:
+    """The catalog's max_image_tokens is KimiK3ProcessingInfo.get_max_image_size's search (mm_preprocess.py
+    @25c255b9) over the processor arithmetic: every side (n + 1) x 14 - 1 px up to 512 patches, the most tokens
+    (then patches) winning; about 0.7 s."""
+    v = load_catalog().models["kimi-k3"].vision
+    assert v is not None
+    side, p = v.patch_limit_on_one_side, v.patch_size
+    best, size = (-1, -1), (0, 0)
+    for wp in range(side + 1):
+        w = min((wp + 1) * p - 1, side * p)
+        for hp in range(wp, side + 1):
+            h = min((hp + 1) * p - 1, side * p)
+            r = image_tokens(v, w, h)
+            score = (r.tokens, (r.scaled_width + r.pad_width) // p * ((r.scaled_height + r.pad_height) // p))
+            if score > best:
+                best, size = score, (w, h)
+    assert (best[0], size) == (v.max_image_tokens, (1861, 7041))

@@ -7,7 +7,9 @@ breaks silently shows here as a lower score."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from k3deploy.catalog.specs import AccuracyReference
 from k3deploy.validate import reach
 from k3deploy.validate.accuracy import AccuracyRun, HarnessStopped, run_accuracy
 from k3deploy.validate.stage import StageResult, ValidateContext
@@ -51,21 +53,30 @@ class AccuracyStage:
                                f"samples failed", results={"task": v.accuracy_task, "samples": exc.samples,
                                                            "failed": exc.samples, "dataset_sha256": exc.dataset_sha256})
         results = {**got._asdict(), "excerpts": list(got.excerpts), "effort": ctx.topology.serving.reasoning_effort,
-                   "reference": ref.score if ref else None, "tolerance": ref.tolerance if ref else None}
-        evidence = "\n".join(f"not completed: {e!r}" for e in got.excerpts)
-        head = f"{got.task}: score {got.score:.3f} ({_counts(got)})"
-        if ref is None:
-            return StageResult(name=self.name, status="pass", results=results, evidence=evidence,
-                               detail=f"{head}; the catalog has no reference score for {ctx.model.id} on "
-                               f"{got.task}: not compared")
-        if ref.dataset_sha256 and ref.dataset_sha256 != got.dataset_sha256:
-            return StageResult(name=self.name, status="fail", results=results, evidence=evidence,
-                               detail=f"{head}; the dataset file (sha256 {got.dataset_sha256[:12]}) is not the "
-                               f"revision the reference score is for ({ref.dataset_sha256[:12]}): not comparable")
-        floor = ref.score - ref.tolerance
-        if got.score + 1e-9 < floor or got.failed:
-            return StageResult(name=self.name, status="fail", results=results, evidence=evidence,
-                               detail=f"{head} below the reference {ref.score:.3f} - {ref.tolerance:.3f} for "
-                               f"{ctx.model.id}: the deployment answers worse than the model should")
-        return StageResult(name=self.name, status="pass", results=results, evidence=evidence,
-                           detail=f"{head}, at least the reference {ref.score:.3f} - {ref.tolerance:.3f}")
+                   "reference": ref.score if ref else None, "tolerance": ref.tolerance if ref else None,
+                   "reference_lm_eval_task": ref.lm_eval_task if ref else None}
+        return compared(ctx.model.id, ref, got, results)
+
+
+def compared(model_id: str, ref: AccuracyReference | None, got: AccuracyRun, results: dict[str, Any]) -> StageResult:
+    """The stage's verdict on one harness run against the catalog's reference for the model and task."""
+    name = AccuracyStage.name
+    evidence = "\n".join(f"not completed: {e!r}" for e in got.excerpts)
+    head = f"{got.task}: score {got.score:.3f} ({_counts(got)})"
+    if ref is None:
+        return StageResult(name=name, status="pass", results=results, evidence=evidence,
+                           detail=f"{head}; the catalog has no reference score for {model_id} on {got.task}: not "
+                           "compared")
+    if ref.dataset_sha256 and ref.dataset_sha256 != got.dataset_sha256:
+        return StageResult(name=name, status="fail", results=results, evidence=evidence,
+                           detail=f"{head}; the dataset file (sha256 {got.dataset_sha256[:12]}) is not the revision "
+                           f"the reference score is for ({ref.dataset_sha256[:12]}): not comparable")
+    floor = ref.score - ref.tolerance
+    # A published score is for a public task's questions: the file must hold them (it cannot be pinned by hash).
+    of = f" (lm-eval {ref.lm_eval_task}'s questions)" if ref.lm_eval_task else ""
+    if got.score + 1e-9 < floor or got.failed:
+        return StageResult(name=name, status="fail", results=results, evidence=evidence,
+                           detail=f"{head} below the reference {ref.score:.3f} - {ref.tolerance:.3f}{of} for "
+                           f"{model_id}: the deployment answers worse than the model should")
+    return StageResult(name=name, status="pass", results=results, evidence=evidence,
+                       detail=f"{head}, at least the reference {ref.score:.3f} - {ref.tolerance:.3f}{of}")
