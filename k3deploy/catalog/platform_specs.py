@@ -108,6 +108,9 @@ class FamilyPerformance(Sourced):
     compute_efficiency: float | None = Field(None, gt=0, le=1, description="replaces the engine's "
                                              "compute_efficiency")
     layer_overhead_us: float | None = Field(None, ge=0, description="replaces the engine's layer_overhead_us")
+    request_layer_us: float | None = Field(None, ge=0, description="replaces the engine's request_layer_us")
+    moe_intermediate_align: int | None = Field(None, ge=1, description="replaces the engine's "
+                                               "moe_intermediate_align (the family's MoE kernel)")
     calibrated_on: tuple[str, ...] = Field((), description="the published measurements the factors were fitted "
                                            "on (cases of tests/assets/perf/published_k3.yaml); empty: none")
     band: float = Field(gt=0, description="relative half-width of the prediction's band: TPOT and throughput within "
@@ -124,6 +127,9 @@ class EnginePerformance(Sourced):
                                       "reaches (calibrated on prefill, where compute binds)")
     layer_overhead_us: float = Field(ge=0, description="time per layer per forward step beyond its reads, "
                                      "compute and collectives (kernel launches, norms, routing), microseconds")
+    request_layer_us: float | None = Field(None, ge=0, description="time per running request per layer of a "
+                                           "decode step beyond its reads, compute and collectives (per-request "
+                                           "kernel work the roofline does not see), microseconds; none: 0")
     collectives: bool = Field(description="whether the engine runs the TP/EP/DCP collectives of each layer")
     prefill_stalls_decode: bool = Field(description="whether a prefill holds up the running batch's decode "
                                         "steps (SGLang, vLLM) or runs beside them (the stand-in)")
@@ -133,6 +139,9 @@ class EnginePerformance(Sourced):
                                   "stand-in's K3SIM_SPEED); none for real engines")
     acceptance_env: str | None = Field(None, description="engine.env variable that pins the tokens a speculative "
                                        "verify step keeps (benchmark runs); none: the model's catalog figure")
+    moe_intermediate_align: int | None = Field(None, ge=1, description="the MoE kernel pads each GPU's slice of "
+                                               "an expert's intermediate size up to a multiple of this (its weights "
+                                               "are read and multiplied padded); none: no padding")
     ep_rank_imbalance: bool = Field(True, description="whether a step waits for the EP rank whose whole "
                                     "experts the step's tokens touch most (real routing), or paces the mean rank "
                                     "(the stand-in)")

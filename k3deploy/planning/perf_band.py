@@ -43,7 +43,9 @@ def family_performance(perf: EnginePerformance, hw: HardwareSpec, engine: str, p
                           f"no published {engine} measurement on {hw.perf_family or hw.id} is cited: the engine's own "
                           f"factors, not calibrated on this accelerator")
     update = {k: v for k, v in (("hbm_efficiency", fam.hbm_efficiency), ("compute_efficiency",
-              fam.compute_efficiency), ("layer_overhead_us", fam.layer_overhead_us)) if v is not None}
+              fam.compute_efficiency), ("layer_overhead_us", fam.layer_overhead_us),
+              ("moe_intermediate_align", fam.moe_intermediate_align), ("request_layer_us", fam.request_layer_us))
+              if v is not None}
     merged = perf.model_copy(update=update)
     if fam.kind != "calibrated":
         why = "; ".join(f"{k}: {v}" for k, v in fam.sources.items() if k in (*update, "band"))

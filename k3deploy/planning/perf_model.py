@@ -11,9 +11,14 @@ each explained term by term (as the memory budget is). Pure arithmetic over cata
 - collectives per layer: the attention-TP all-reduce, the MoE combine (all-reduce over TP, or all-to-all
   dispatch and combine when experts span DP ranks), DCP's gather per MLA layer, each latency + ring bytes /
   bandwidth on the scale-up fabric when the group fits one domain, else on the scale-out network;
-- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer;
+- per-layer overhead (kernel launches, norms, routing): layer_overhead_us per layer, and in a decode step
+  request_layer_us per running request of the attention group per layer (per-request kernel work the roofline
+  above does not see; calibrated where published runs at two batches on one layout show it);
 - expert parallelism: a rank holding whole experts reads and computes as the slowest EP rank does
-  (planning/expert_balance: the expected maximum over ranks under uniform routing).
+  (planning/expert_balance: the expected maximum over ranks under uniform routing);
+- expert tensor parallelism: without EP each GPU holds a 1/TP slice of every expert's intermediate size, which
+  the family's MoE kernel pads up to moe_intermediate_align (SGLang's FlashInfer TRT-LLM MoE on Blackwell: 128);
+  the padded rows are read and multiplied like real ones (K3 at TP16: 3072 / 16 = 192 -> 256, x 4/3).
 """
 from __future__ import annotations
 
@@ -176,13 +181,26 @@ def rates(inp: PerfInputs) -> tuple[float, float]:
     return hw.bf16_tflops * 1e12 * eff, expert * 1e12 * eff
 
 
+def expert_padding(inp: PerfInputs) -> float:
+    """How much larger each GPU's expert slices are as the MoE kernel holds them: its share of an expert's
+    intermediate size (moe_intermediate_size / the TP degree the experts are sharded over) rounded up to the
+    kernel's alignment, over the share itself (1 where it divides, or the family pads nothing)."""
+    align, s = inp.perf.moe_intermediate_align, inp.shape
+    moe_tp = max(1, s.expert_shards // max(s.ep, 1))
+    size = inp.model.architecture.moe_intermediate_size
+    if not align or not size or moe_tp <= 1:
+        return 1.0
+    share = size / moe_tp
+    return math.ceil(share / align) * align / share
+
+
 def _params(inp: PerfInputs) -> tuple[float, float]:
     """(non-expert params, active routed params per token) on one GPU of the heaviest stage."""
     m, s = inp.model, inp.shape
     frac = _stage(inp)[0]
     share = m.architecture.num_experts_per_token / m.architecture.num_experts
     experts = m.weights.routed_expert_bytes * 8 / m.weights.expert_bits_per_weight * share
-    return m.weights.non_expert_bytes / BF16 / s.attn_tp * frac, experts / s.expert_shards * frac
+    return m.weights.non_expert_bytes / BF16 / s.attn_tp * frac, experts / s.expert_shards * frac * expert_padding(inp)
 
 
 def _attention_flops(inp: PerfInputs, context: float, *, decode: bool) -> float:
@@ -208,7 +226,8 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     # With EP the slowest rank bounds the step: it holds whole experts and the tokens touch them unevenly.
     ep = s.ep if perf.ep_rank_imbalance else 1
     skew = slowest_rank_share(arch.num_experts, ep, touched)
-    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched * skew
+    pad = expert_padding(inp)
+    experts = m.weights.routed_expert_bytes / s.expert_shards * frac * touched * skew * pad
     kv = b_attn * context_tokens * mla_kv_bytes_per_token(arch, inp.kv_dtype, mla_layers=mla, dcp=s.dcp)
     state = b_attn * kda_state_bytes_per_slot(arch, s.attn_tp, inp.ssm_dtype, m.cache.conv_state_dtype,
                                               kda_layers=kda) * perf.kda_state_passes
@@ -220,17 +239,20 @@ def decode_step(inp: PerfInputs, batch: int, context_tokens: float) -> Step:
     token_skew = slowest_rank_tokens(m_moe * arch.num_experts_per_token, ep)
     compute = (flops_dense / r_dense + m_moe * 2 * routed * token_skew / r_expert) / inp.speed
     coll, coll_how = collectives(inp, b_attn * q, m_moe)
-    overhead = layers * perf.layer_overhead_us * 1e-6 / inp.speed
+    per_request = perf.request_layer_us or 0.0
+    overhead = layers * (perf.layer_overhead_us + b_attn * per_request) * 1e-6 / inp.speed
     gb = 1e9
     terms = (
         Term("HBM reads", reads, f"({fixed / gb:.2f} non-expert + {experts / gb:.2f} experts touched "
              f"({touched:.0%} of {arch.num_experts // max(s.ep, 1) if s.ep > 1 else arch.num_experts} at "
-             f"{m_moe} tokens{f', slowest EP rank x {skew:.2f}' if ep > 1 else ''}) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
+             f"{m_moe} tokens{f', slowest EP rank x {skew:.2f}' if ep > 1 else ''}"
+             f"{f', slices padded x {pad:.2f}' if pad != 1 else ''}) + {kv / gb:.2f} MLA KV + {state / gb:.2f} KDA state) GB / "
              f"{hw.bandwidth_tbps:g} TB/s x {perf.hbm_efficiency:g}"),
         Term("compute", compute, f"{(flops_dense + m_moe * 2 * routed) / 1e12:.3f} TFLOP at "
              f"{'FP4' if r_expert != r_dense else 'BF16'} experts, x {perf.compute_efficiency:g} of peak"),
         Term("collectives", coll, coll_how),
-        Term("per-layer overhead", overhead, f"{layers} layers x {perf.layer_overhead_us:g} us"),
+        Term("per-layer overhead", overhead, f"{layers} layers x {perf.layer_overhead_us:g} us"
+             + (f" + {b_attn} requests x {per_request:g} us a layer" if per_request else "")),
     )
     return Step(reads, compute, coll, overhead, terms)
 
@@ -247,7 +269,8 @@ def prefill(inp: PerfInputs, tokens: int, concurrent_groups: int = 1) -> Step:
     flops_dense = n * (2 * dense + _attention_flops(inp, n / 2, decode=False))
     flops_expert = g * n * 2 * routed
     compute = (flops_dense / r_dense + flops_expert / r_expert) / inp.speed
-    weights = (m.weights.non_expert_bytes / s.attn_tp + m.weights.routed_expert_bytes / s.expert_shards) * frac
+    weights = (m.weights.non_expert_bytes / s.attn_tp
+               + m.weights.routed_expert_bytes / s.expert_shards * expert_padding(inp)) * frac
     reads = weights / (hw.bandwidth_tbps * 1e12 * perf.hbm_efficiency * inp.speed)
     coll, coll_how = collectives(inp, n, g * n)
     overhead = layers * perf.layer_overhead_us * 1e-6 / inp.speed
