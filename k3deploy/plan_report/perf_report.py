@@ -12,7 +12,7 @@ def _ms(seconds: float) -> str:
 
 
 def band_line(band: Band | None) -> str:
-    """`band: calibrated ±43% (why)`: the line under the headline table."""
+    """`band: calibrated ±27% (why)`: the line under the headline table."""
     return f"band: {band.label()}: {band.why}" if band is not None else "band: none (no performance factors)"
 
 

@@ -28,7 +28,7 @@ def judged_share(share: float, band: Band | None) -> float:
 
 
 def band_note(band: Band | None) -> str:
-    """`, band calibrated ±43%` for a problem line ('' without a band)."""
+    """`, band calibrated ±27%` for a problem line ('' without a band)."""
     return f", band {band.label()}" if band is not None else ""
 
 
