@@ -8,9 +8,9 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from k3deploy.checkpoint.manifest import CONFIG_FILE, INDEX_FILE, FileDigest, Manifest
+from k3deploy.checkpoint.manifest import CONFIG_FILE, INDEX_FILE, FileDigest, Manifest, verify_directory
 from k3deploy.errors import ExecError, InputError, K3Error
 
 
@@ -98,30 +98,6 @@ class HubFileRejected(K3Error):
     exit_code = 1
 
 
-class HubFetch(NamedTuple):
-    """What `fetch_revision` did: the directory now holding every manifest file, and the files it downloaded
-    and found already verified there."""
-
-    directory: Path
-    downloaded: int
-    skipped: int
-    bytes: int
-
-
-def _verified(path: Path, want: FileDigest) -> bool:
-    """Whether `path` holds exactly the manifest's bytes (size first: a cheap miss)."""
-    try:
-        if path.stat().st_size != want.size:
-            return False
-    except OSError:
-        return False
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest() == want.sha256
-
-
 def _free_bytes(directory: Path) -> int:
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
@@ -129,18 +105,19 @@ def _free_bytes(directory: Path) -> int:
 
 def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path, *, api: HubApi | None = None,
                    free_bytes: Callable[[Path], int] = _free_bytes,
-                   on_file: Callable[[str, int, bool], None] | None = None) -> HubFetch:
+                   on_file: Callable[[str, int, bool], None] | None = None) -> Path:
     """Every manifest file of `repo` at `revision` into `directory` (on this machine), each checked by sha256
-    against the manifest: files already verified there are skipped (a rerun resumes), the room for the rest is
-    checked before any byte moves, and a downloaded file that is not the manifest's bytes is removed and refused
-    (HubFileRejected), so nothing of it reaches a node. `on_file(name, size, downloaded)` after each file."""
+    against the manifest (`verify_directory`): files already verified there are skipped (a rerun resumes), the room
+    for the rest is checked before any byte moves, and a downloaded file that is not the manifest's bytes is removed
+    and refused (HubFileRejected), so nothing of it reaches a node. `on_file(name, size, downloaded)` after each
+    file. The directory."""
     if manifest.revision and manifest.revision != revision:
         raise InputError(f"the manifest is for revision {manifest.revision}, model.revision is {revision}",
                          hint=f"make the manifest for the pinned revision: k3deploy manifest from-hub {repo} "
                          f"--revision {revision} -o FILE")
     directory.mkdir(parents=True, exist_ok=True)
-    todo = {name: d for name, d in sorted(manifest.files.items()) if not _verified(directory / name, d)}
-    need = sum(d.size for d in todo.values())
+    todo = verify_directory(directory, manifest)
+    need = sum(manifest.files[n].size for n in todo)
     room = free_bytes(directory)
     if room < need:
         raise HubFileRejected(f"this machine: {room:,} bytes free at {directory}, the hub download needs "
@@ -149,13 +126,14 @@ def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path
                               f"on a node (huggingface-cli download {repo} --revision {revision} --local-dir DIR) "
                               "and sync --from HOST:DIR")
     hub = api if api is not None else _default_api()
-    for name in manifest.files:
-        if name not in todo and on_file is not None:
+    for name in sorted(set(manifest.files) - set(todo)):
+        if on_file is not None:
             on_file(name, manifest.files[name].size, False)
-    for name, want in todo.items():
+    for name in todo:
+        want = manifest.files[name]
         local = Path(_call((repo, revision), hub.hf_hub_download, repo, name, revision=revision,
                            local_dir=str(directory)))
-        if not _verified(local, want):
+        if verify_directory(directory, manifest.model_copy(update={"files": {name: want}})):
             local.unlink(missing_ok=True)
             raise HubFileRejected(f"hub repo {repo}@{revision}: {name} is not the manifest's bytes (size {want.size:,}, "
                                   f"sha256 {want.sha256[:12]}...): removed, sent to no node",
@@ -163,4 +141,4 @@ def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path
                                   f"{repo} --revision {revision}); rerun to download it again")
         if on_file is not None:
             on_file(name, want.size, True)
-    return HubFetch(directory=directory, downloaded=len(todo), skipped=len(manifest.files) - len(todo), bytes=need)
+    return directory

@@ -57,7 +57,7 @@ def hub_directory(prep: Prepared, manifest: Any, staging: Path | None, quiet: bo
             print(f"hub: {name} ({size:,} bytes) {'downloaded and verified' if downloaded else 'already verified'}"
                   f" in {staging}", file=sys.stderr)
 
-    return str(fetch_revision(model.hub_repo, t.model.revision, manifest, staging, on_file=said).directory.resolve())
+    return str(fetch_revision(model.hub_repo, t.model.revision, manifest, staging, on_file=said).resolve())
 
 
 def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
