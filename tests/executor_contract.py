@@ -231,8 +231,6 @@ def _answers(http: NodeHttp) -> bool:
 
 @pytest.fixture
 def free_port() -> int:
-    import socket
+    from tests import ports
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return ports.free_port()

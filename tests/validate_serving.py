@@ -3,7 +3,6 @@ or more loopback "nodes"), small enough to validate in seconds, with K3SIM_FAULT
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import yaml
 
 from tests.k3deploy_cli import run_k3deploy as cli
+from tests.ports import free_port
 
 # Small on purpose: a long request of ~3k tokens, a 1.5k-token shared prefix, light load.
 # min_share_of_prediction: the stand-in's own Python and HTTP cost per token and request is no part of any
@@ -24,12 +24,6 @@ SERVING = {"context_length": 8192, "max_running_requests": 16, "reasoning_effort
 SPEED = "4"
 # The slow_decode fault's throughput sits well under this; a clean stand-in well above (see bench/).
 MIN_THROUGHPUT = 300.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sim_topology(tmp: Path, name: str, checkpoint: Path, *, fault: str = "", nodes: int = 1, mimic: str = "sglang",

@@ -132,8 +132,9 @@ class NodeHttp:
                 # tunnel closed as it was reused: "Connection reset by peer"): sent once more, on a fresh one.
                 # A server that is really gone fails the second time too, and says so.
                 if attempt == 2:
-                    raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)} (twice)",
-                                      host=self._where()) from None
+                    tunnel = getattr(self._forward, "last_failure", None)  # the forward's side of it, if it knows
+                    raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)} (twice)"
+                                      + (f" ({tunnel})" if tunnel else ""), host=self._where()) from None
             except httpx.HTTPError as exc:
                 raise HttpFailure(f"{method} {self.base_url}{path}: {_why(exc)}", host=self._where()) from None
         self._on_reply(path, resp.headers)

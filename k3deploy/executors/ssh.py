@@ -21,6 +21,11 @@ from k3deploy.executors.ssh_connect import RETRYABLE, SshConnector, active, desc
 from k3deploy.executors.target import SshTarget
 from k3deploy.executors.tunnel import Tunnel
 
+# A forwarded connection's channel: opened this many times when the connection was found dead or the node did not
+# answer the open in time (a refusal by the node is its answer: not tried again).
+CHANNEL_TRIES = 2
+CHANNEL_RETRY_S = 0.5
+
 # sshd starts each session's shell in a new session (setsid), so a command and all it spawns share one
 # process group: the wrapper prints that group's id as the first stderr line (`k3pgid N`) (read from /proc, shell
 # builtins only), so that a command that times out is killed as a whole, as on the other executors
@@ -160,12 +165,26 @@ class SshExecutor(ShellExecutor):
         self.connect()
 
         def open_channel(peer: tuple[str, int]) -> paramiko.Channel:
-            assert self._client is not None
-            transport = self._client.get_transport()
-            if transport is None:
-                raise paramiko.SSHException("connection closed")
-            return transport.open_channel("direct-tcpip", (remote_host, remote_port), peer,
-                                          timeout=self.target.connect_timeout_s)
+            late: paramiko.SSHException | EOFError | None = None
+            for _ in range(CHANNEL_TRIES):
+                if late is not None:
+                    time.sleep(CHANNEL_RETRY_S)
+                # A connection found dead since the forward began ("SSH session not active": a clean-clone
+                # run's `short` stage failed on it twice, then the next stage reconnected) is made again here.
+                self.connect()
+                client = self._client
+                transport = client.get_transport() if client is not None else None
+                if transport is None:
+                    raise paramiko.SSHException("connection closed")
+                try:
+                    return transport.open_channel("direct-tcpip", (remote_host, remote_port), peer,
+                                                  timeout=self.target.connect_timeout_s)
+                except paramiko.ChannelException:
+                    raise  # the node's answer: it could not connect there (refused, unreachable)
+                except (paramiko.SSHException, EOFError) as exc:  # a dead connection, or no answer in time
+                    late = exc
+            assert late is not None
+            raise late
 
         return Tunnel(open_channel, f"{self.host} -> {remote_host}:{remote_port}")
 

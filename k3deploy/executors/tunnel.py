@@ -27,6 +27,7 @@ class Tunnel:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._open: set[Any] = set()
+        self.last_failure: str | None = None  # why the last channel could not be opened (the client saw a reset)
         threading.Thread(target=self._accept, daemon=True, name=f"k3tun-{self.local_port}").start()
 
     def _accept(self) -> None:
@@ -43,7 +44,8 @@ class Tunnel:
     def _pair(self, client: socket.socket, peer: tuple[str, int]) -> None:
         try:
             chan = self._open_channel(peer)
-        except Exception as exc:  # noqa: BLE001 - the client sees a closed connection; we log why
+        except Exception as exc:  # noqa: BLE001 - the client sees a closed connection; we log and keep why
+            self.last_failure = f"no channel {self.label}: {type(exc).__name__}: {exc}"
             log.debug("tunnel %s: cannot open a channel: %s", self.label, exc)
             client.close()
             return

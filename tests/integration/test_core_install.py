@@ -52,7 +52,7 @@ def checkout(core: Path) -> Path:
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint (made by this interpreter, which has the sim extra) and a local topology on free ports."""
     from k3deploy.sim.checkpoint import write_checkpoint
-    from k3deploy.sim.local_nodes import free_ports
+    from tests.ports import free_ports
 
     d = tmp_path_factory.mktemp("core")
     write_checkpoint(d / "kimi-k3-tiny")

@@ -25,7 +25,8 @@ import httpx
 import pytest
 
 from k3deploy.engines.router import RouterSettings, router_argv
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
+from k3deploy.sim.local_nodes import NodeSet, SimNode
+from tests.ports import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 VENV = Path(os.environ.get("K3DEPLOY_ROUTERS_VENV") or Path.home() / ".cache" / "k3deploy" / "routers")

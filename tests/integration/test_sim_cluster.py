@@ -15,7 +15,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
-from k3deploy.sim.local_nodes import NodeSet, free_ports, node_env, node_ip, sglang_node_argv
+from k3deploy.sim.local_nodes import NodeSet, node_env, node_ip, sglang_node_argv
+from tests.ports import free_ports
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
 pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes

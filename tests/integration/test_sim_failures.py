@@ -16,9 +16,10 @@ import pytest
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.sim.checkpoint import write_checkpoint
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
+from k3deploy.sim.local_nodes import NodeSet, SimNode
 from k3deploy.sim.model_info import config_for
 from tests import figures
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes
 

@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from k3deploy.sim.checkpoint import write_checkpoint
 from k3deploy.sim.generation import complete
-from k3deploy.sim.local_nodes import NodeSet, free_ports
+from k3deploy.sim.local_nodes import NodeSet
 from k3deploy.sim.tokens import THINK_OPEN, tokenize
+from tests.ports import free_ports
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from k3deploy.sim.checkpoint import write_checkpoint
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports, node_env, node_ip
+from k3deploy.sim.local_nodes import NodeSet, SimNode, node_env, node_ip
+from tests.ports import free_ports
 from tests.sim_requests import LONG_QUESTION, TOOLS
 
 pytestmark = pytest.mark.integration  # Gloo rendezvous between stand-in processes

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
+from k3deploy.sim.local_nodes import NodeSet, SimNode
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.integration
 VENV = Path(os.environ.get("K3DEPLOY_ROUTERS_VENV") or Path.home() / ".cache" / "k3deploy" / "routers")

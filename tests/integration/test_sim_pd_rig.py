@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from k3deploy.sim.checkpoint import write_checkpoint
-from k3deploy.sim.local_nodes import PACKAGE_ROOT, free_ports
+from k3deploy.sim.local_nodes import PACKAGE_ROOT
 from tests.integration.test_sim_pd import FACTS, FLAGS, QUESTION, RIGHT, VENV, needs_routers
+from tests.ports import free_ports
 from tests.rig import HostRig
 from tests.rig.netns import PRIV_IFACE
 

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
+from k3deploy.sim.local_nodes import NodeSet, SimNode
 from tests.integration.test_sim_pd import FACTS, QUESTION, RIGHT, VENV, needs_routers
+from tests.ports import free_ports
 
 pytestmark = pytest.mark.integration
 PREFILL_IP, DECODE_IP = "127.0.0.41", "127.0.0.42"

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from k3deploy.sim.local_nodes import NodeSet, SimNode, free_ports
+from k3deploy.sim.local_nodes import NodeSet, SimNode
 from tests.polling import wait_for
+from tests.ports import free_ports
 from tests.realengine.checkpoints import CATALOG_DIR, LLAMA_ID, write_llama
 from tests.realengine.server import RealVllm, group_alive, spawn_vllm, start_vllm, stop_vllm
 from tests.realengine.venv import require_vllm

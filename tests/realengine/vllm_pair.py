@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.ports import free_port
 from tests.realengine.checkpoints import CATALOG_DIR, LLAMA_ID, write_llama
 from tests.realengine.server import RealVllm, start_vllm, stop_vllm
 from tests.realengine.venv import require_vllm
@@ -47,12 +47,6 @@ class Engine:
             return [line[5:].strip() for line in resp.iter_lines() if line.startswith("data:")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rendered(tmp: Path, model_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
     """rank 0's argv and env, as `k3deploy render` gives them for the real engine's topology."""
     topo = {"name": "rt-conformance", "model": {"id": LLAMA_ID, "path": str(model_path), "revision": "seed-0"},
@@ -78,7 +72,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory, vllm_cache_root: Path) -> 
 
     llama, k3tiny = write_llama(tmp / "llama"), tmp / "k3tiny"
     write_checkpoint(k3tiny)
-    real_port, sim_port = _free_port(), _free_port()
+    real_port, sim_port = free_port(), free_port()
     argv, env = _rendered(tmp, llama, real_port)
     assert argv[:3] == ["vllm", "serve", str(llama)] and "--enforce-eager" in argv, argv
     flags = argv[3:]

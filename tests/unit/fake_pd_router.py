@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.ports import free_port
 
 
 @dataclass
@@ -152,18 +153,5 @@ def serving(router: FakeRouter, urls: list[str]) -> Iterator[str]:
 
 def free_base() -> int:
     """An engine port P with P..P+3 free on each of 127.0.0.1..4 (the test topologies' nodes; an instance or
-    replica serves on one of them at P + its number)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + 3 >= 65535:
-            continue
-        try:
-            for n in range(16):
-                with socket.socket() as t:
-                    t.bind((f"127.0.0.{n // 4 + 1}", base + n % 4))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free loopback ports")
+    replica serves on one of them at P + its number): tests/ports.py's blocks are free on every address."""
+    return free_port()

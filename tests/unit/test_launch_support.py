@@ -5,7 +5,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import yaml
 
 from k3deploy.executors.base import TAG_VAR
 from k3deploy.launch.ipc import ipc_dir
+from tests.ports import free_port
 
 # A stand-in for the stand-in: starts in milliseconds. Rank 0 serves /health, /v1/models and completions on
 # SGLANG_HOST_IP:--port; behaviour knobs come from engine.env (FAKE_*), exported on every node.
@@ -60,13 +60,6 @@ if rank == 0 and os.environ.get("FAKE_NEVER_READY") != "1":
 for _ in range(36000):
     time.sleep(0.1)
 '''
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fake_topology(tmp: Path, name: str, *, nodes: int = 4, env: dict[str, str] | None = None,

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import pytest
 
 from k3deploy.executors.http import HttpFailure, NodeHttp
+from k3deploy.executors.tunnel import Tunnel
 
 pytestmark = pytest.mark.timeout(60)
 BODY = b'{"ok": true}'
@@ -64,3 +65,70 @@ def test_a_server_that_resets_every_time_is_named() -> None:
     with server(resets=10) as (url, seen), NodeHttp(url) as http, pytest.raises(HttpFailure, match=named):
         http.post("/v1/chat/completions", {"messages": []})
     assert seen[0] == 2
+
+
+class _Via:
+    """An executor that only forwards: through a tunnel whose node cannot open the channel."""
+
+    host = "h0"
+
+    def __init__(self, tunnel: Tunnel) -> None:
+        self.tunnel = tunnel
+
+    def forward(self, remote_host: str, remote_port: int) -> Tunnel:
+        return self.tunnel
+
+
+def test_a_tunnel_that_cannot_open_its_channel_says_why_in_the_failure() -> None:
+    tried: list[tuple[str, int]] = []
+
+    def refuse(peer: tuple[str, int]) -> None:
+        tried.append(peer)
+        raise ConnectionRefusedError("Connect failed")
+
+    named = r"POST http://10\.0\.0\.1:18000/v1/chat/completions: .* \(twice\) \(no channel h0 -> 10\.0\.0\.1:18000: " \
+            r"ConnectionRefusedError: Connect failed\)"
+    with Tunnel(refuse, "h0 -> 10.0.0.1:18000") as tunnel, \
+            NodeHttp("http://10.0.0.1:18000", via=_Via(tunnel)) as http, \
+            pytest.raises(HttpFailure, match=named):  # type: ignore[arg-type]
+        http.post("/v1/chat/completions", {"messages": []})
+    assert len(tried) == 2
+
+
+class _Transport:
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers
+
+    def open_channel(self, *args: object, **kwargs: object) -> object:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class _Client:
+    def __init__(self, transport: _Transport) -> None:
+        self.transport = transport
+
+    def get_transport(self) -> _Transport:
+        return self.transport
+
+
+def test_an_ssh_forward_whose_connection_died_connects_again_but_takes_a_refusal_as_the_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import paramiko
+
+    from k3deploy.executors import ssh
+    from k3deploy.executors.target import SshTarget
+
+    monkeypatch.setattr(ssh, "CHANNEL_RETRY_S", 0.0)
+    ex = ssh.SshExecutor(SshTarget(host="h0", known_hosts="/dev/null"))
+    connects: list[int] = []
+    answers: list[object] = [paramiko.SSHException("SSH session not active"), "the channel"]
+    monkeypatch.setattr(ex, "connect", lambda: connects.append(1) or setattr(ex, "_client", _Client(_Transport(answers))))
+    with ex.forward("10.0.0.1", 18000) as tunnel:
+        assert tunnel._open_channel(("127.0.0.1", 5)) == "the channel" and len(connects) == 3  # forward, 2 tries
+        answers[:] = [paramiko.ChannelException(2, "Connect failed"), "never asked"]
+        with pytest.raises(paramiko.ChannelException):
+            tunnel._open_channel(("127.0.0.1", 5))
+        assert answers == ["never asked"]

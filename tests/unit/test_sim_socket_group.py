@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from k3deploy.sim.membership import node_group
-from k3deploy.sim.rendezvous import NodeGroup, cause_of, free_port
+from k3deploy.sim.rendezvous import NodeGroup, cause_of
 from k3deploy.sim.serve_config import Rendezvous
 from k3deploy.sim.socket_group import SocketGroup
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from k3deploy.sim.rendezvous import free_port
 from k3deploy.validate.nodes import fleet_runner
 from k3deploy.validate.pipeline import Report
 from k3deploy.validate.run import resolve_target, validate
 from tests.k3deploy_cli import run_k3deploy
+from tests.ports import free_port
 from tests.unit.test_launch_support import kill_tagged
 
 # Every test here serves from stand-in nodes, which rendezvous over Gloo: torch (skipped in the 3.10 run).
