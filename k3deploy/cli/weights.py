@@ -116,10 +116,13 @@ def sync(
     files are skipped (a rerun resumes), free space is checked first on every node, then the nodes form a
     chain, each pulling a file from the one before once it is verified there (the source's link carries each
     byte once); every file lands at a temporary name, is checked by sha256, then renamed. Exit 0 done; 1 a
-    node lacks room or a source file is corrupt (nothing of it kept); 2 invalid input; 3 a node could not be
+    node lacks room (before any byte moves, or its disk filled during the copy: named with its free and needed
+    bytes) or a source file is corrupt (nothing of it kept); 2 invalid input; 3 a node could not be
     reached or was lost (named; the others finish: rerun to complete it)."""
+    from k3deploy.cli.interrupts import sigterm_interrupts
     from k3deploy.launch.prepare import prepare
 
+    sigterm_interrupts()  # `kill` unwinds like Ctrl-C: the nodes' servers are stopped, partial files kept
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     report = sync_prepared(prep, source, manifest, as_json)
     if as_json:

@@ -38,6 +38,11 @@ class SyncError(K3Error):
     exit_code = 1
 
 
+class DiskFull(SyncError):
+    """A node's disk filled while a file was written there: that node stops (named, with its free and needed
+    bytes), the others go on."""
+
+
 @dataclass(frozen=True)
 class Source:
     """Where the files come from: a directory on this machine, or one served by a node (`rank` in the fleet)."""
@@ -57,11 +62,12 @@ class NodeSync:
     sent: int = 0
     bytes: int = 0
     error: str | None = None
+    full: bool = False  # the error is its disk filling up (exit 1), not the node lost (exit 3)
 
     def as_json(self) -> dict[str, Any]:
         """The node's line of `--json`."""
         return {"host": self.host, "path": self.path, "skipped": self.skipped, "sent": self.sent,
-                "bytes": self.bytes, "error": self.error}
+                "bytes": self.bytes, "error": self.error, "disk_full": self.full}
 
 
 @dataclass
@@ -73,8 +79,10 @@ class SyncReport:
 
     @property
     def exit_code(self) -> int:
-        """0 every node complete; 3 a node unreachable or lost."""
-        return 3 if any(n.error for n in self.nodes.values()) else 0
+        """0 every node complete; 3 a node unreachable or lost; 1 a node's disk filled up (and none lost)."""
+        if any(n.error and not n.full for n in self.nodes.values()):
+            return 3
+        return 1 if any(n.full for n in self.nodes.values()) else 0
 
     def as_json(self) -> dict[str, Any]:
         """The report for `--json`."""
@@ -131,6 +139,15 @@ def _serve(ex: Executor, rank: str, path: str, ip: str, log_dir: str, run: str) 
     raise ExecError(f"the checkpoint server did not start on {ip}: {tail or 'no output'}", host=ex.host)
 
 
+def _stop_servers(fleet: NodeFleet, servers: dict[int, tuple[ProcessHandle, str]], source: Source) -> None:
+    while servers:
+        r, (handle, _) = servers.popitem()
+        try:
+            fleet.executor(source.rank if r == -1 and source.rank is not None else r).terminate(handle, 2.0)
+        except ExecError:
+            pass
+
+
 class _Chain:
     """Per (rank, file): set once the file is verified there, or once it never will be."""
 
@@ -144,6 +161,13 @@ class _Chain:
     def settle(self, rank: int, name: str, ok: bool) -> None:
         self.ok[(rank, name)] = ok
         self.done[(rank, name)].set()
+
+    def wait_settled(self, timeout_s: float) -> None:
+        """Wait (bounded) until every node's thread has settled every file: done, failed or skipped."""
+        deadline = time.monotonic() + timeout_s
+        for event in self.done.values():
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                return
 
     def feeder(self, rank: int, name: str) -> int | None:
         """The nearest node before `rank` that holds `name` verified (waiting on each), or None: the source."""
@@ -200,7 +224,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
 
         def node(rank: int, ex: Executor) -> None:
             verified = set(live[rank].verified)
-            for name in names:
+            for i, name in enumerate(names):
                 if report.nodes[rank].error is not None or chain.abort.is_set():
                     chain.settle(rank, name, False)
                     continue
@@ -210,9 +234,18 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                     chain.settle(rank, name, True)
                     continue
                 before = chain.feeder(rank, name)
+                if chain.abort.is_set():
+                    chain.settle(rank, name, False)
+                    continue
                 try:
                     sent = _copy(ex, rank, name, manifest, paths[rank], source,
                                  servers[before][1] if before is not None else src_url, before is None, progress)
+                except DiskFull as exc:  # this node stops, named with its free and needed bytes; the others go on
+                    need = sum(manifest.files[n].size for n in names[i:] if n not in verified)
+                    report.nodes[rank].error = f"{exc} ({need:,} bytes still needed there)"
+                    report.nodes[rank].full = True
+                    chain.settle(rank, name, False)
+                    continue
                 except ExecError as exc:  # the node is lost: named; the nodes after it pull from before it
                     report.nodes[rank].error = str(exc)
                     chain.settle(rank, name, False)
@@ -226,13 +259,15 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                 report.nodes[rank].bytes += sent
                 chain.settle(rank, name, True)
 
-        fleet.map(node, chain.ranks, in_pool=True)
+        try:
+            fleet.map(node, chain.ranks, in_pool=True)
+        except BaseException:  # interrupted (Ctrl-C, `kill`): no node starts another file; partial ones are kept
+            chain.abort.set()
+            _stop_servers(fleet, servers, source)  # the pulls under way end at once (resumed by a rerun)
+            chain.wait_settled(SERVE_START_S)  # before the fleet closes the connections the nodes' threads use
+            raise
     finally:
-        for r, (handle, _) in servers.items():
-            try:
-                fleet.executor(source.rank if r == -1 and source.rank is not None else r).terminate(handle, 2.0)
-            except ExecError:
-                pass
+        _stop_servers(fleet, servers, source)
     if chain.fatal is not None:
         raise chain.fatal
     report.elapsed_s = time.monotonic() - t0
@@ -260,6 +295,11 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
     res = ex.run([NODE_PYTHON, "-c", probe_source(weights_node), json.dumps(spec)],
                  BASE_TIMEOUT_S + want.size / MIN_COPY_BYTES_PER_S, on_line=on_line)
     out = parse_probe_output(res, ex.host)
+    if not out.get("ok") and out.get("full"):
+        raise DiskFull(f"{ex.host}: the disk at {path} filled up while {name} ({want.size:,} bytes) was written: "
+                       f"{int(out['free']):,} bytes free; its partial file was removed, nothing of it kept at its "
+                       "name", hint=f"free space on {ex.host} (or point model.path at a larger disk) and rerun: "
+                       "verified files are kept")
     if not out.get("ok"):
         if out.get("corrupt") and from_source:
             raise SyncError(f"source file {posixpath.join(source.directory, name)} is corrupt, refused at "
@@ -306,7 +346,9 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
                       progress=tick)
     if not quiet:
         for n in report.nodes.values():
-            what = f"error: {n.error} (rerun to complete it)" if n.error else \
+            fix = "free space there (or point model.path at a larger disk), then rerun" if n.full else \
+                "rerun to complete it"
+            what = f"error: {n.error} ({fix})" if n.error else \
                 f"{n.sent} files, {n.bytes:,} bytes copied, {n.skipped} already verified"
             console.print(f"{n.host}:{n.path}: {what}")
     return report

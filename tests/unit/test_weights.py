@@ -213,3 +213,19 @@ def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_pat
     run = cli("launch", topo, "--sync-weights", str(src), "--skip-preflight")
     assert run.returncode == 1 and "c.json is corrupt, refused at localhost" in run.stderr, run.stderr
     assert not (tmp_path / "state" / "w-launch.json").exists()
+
+
+def test_a_node_server_left_idle_exits_by_itself(tmp_path: Path) -> None:
+    """A sync killed outright (SIGKILL) cannot stop the servers it started on the nodes: each ends once idle."""
+    import subprocess
+    import sys
+
+    spec = json.dumps({"op": "serve", "path": str(tmp_path), "ip": "127.0.0.1", "idle_s": 0.5})
+    proc = subprocess.Popen([sys.executable, weights_node.__file__, spec], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith('{"type": "serving"')
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
