@@ -63,11 +63,13 @@ class NodeSync:
     bytes: int = 0
     error: str | None = None
     full: bool = False  # the error is its disk filling up (exit 1), not the node lost (exit 3)
+    shared_with: str | None = None  # HOST:PATH of the node that sees the same directory (a shared file system)
 
     def as_json(self) -> dict[str, Any]:
         """The node's line of `--json`."""
         return {"host": self.host, "path": self.path, "skipped": self.skipped, "sent": self.sent,
-                "bytes": self.bytes, "error": self.error, "disk_full": self.full}
+                "bytes": self.bytes, "error": self.error, "disk_full": self.full,
+                "shared_with": self.shared_with}
 
 
 @dataclass
@@ -103,6 +105,34 @@ def check_paths(manifest: Manifest, where: str) -> None:
             raise InputError(f"{where}: file {name!r} leaves the checkpoint directory",
                              hint="a manifest lists paths relative to the checkpoint; make it again with "
                              "`k3deploy manifest create DIR`")
+
+
+def _shared(fleet: NodeFleet, paths: dict[int, str], run: str, report: SyncReport) -> list[int]:
+    """Which nodes see one checkpoint directory (a shared file system: each leaves a marker there, then lists
+    whose it sees): the first of each such group is synced and verified, the others are marked shared with it
+    (copy nothing, hash nothing twice). Nodes that cannot be asked get their error. The groups' first ranks."""
+    def ask(op: str, ranks: list[int]) -> dict[int, Any]:
+        out = fleet.run_probe(weights_node, ranks=ranks, args_for=lambda r: [json.dumps(
+            {"op": op, "path": paths[r], "run": run, "rank": r})])
+        for r, o in out.items():
+            if not o.ok:
+                report.nodes[r].error = str(o.error)
+        return {r: o.value for r, o in out.items() if o.ok}
+
+    marked = sorted(ask("mark", sorted(paths)))
+    try:
+        seen = ask("seen", marked)
+    finally:
+        ask("unmark", marked)
+    leaders: list[int] = []
+    for rank in sorted(seen):
+        group = [r for r in seen[rank]["seen"] if r in seen]
+        first = min(group, default=rank)
+        if first == rank:
+            leaders.append(rank)
+        else:
+            report.nodes[rank].shared_with = f"{fleet.host(first)}:{paths[first]}"
+    return leaders
 
 
 def _check_space(fleet: NodeFleet, copies: dict[int, NodeWeights], paths: dict[int, str]) -> None:
@@ -194,17 +224,19 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                 raise InputError(f"--from {source.directory}: no {name} there (the manifest lists it)",
                                  hint="point --from at the checkpoint directory the manifest was made from")
     report = SyncReport()
-    copies = hash_copies(fleet, list(targets), paths, manifest)
+    run = uuid.uuid4().hex[:8]
+    for rank in targets:
+        report.nodes[rank] = NodeSync(fleet.host(rank), paths[rank])
+    leaders = _shared(fleet, paths, run, report)
+    copies = hash_copies(fleet, leaders, paths, manifest)
     live: dict[int, NodeWeights] = {}
     for rank, copy in sorted(copies.items()):
-        report.nodes[rank] = NodeSync(fleet.host(rank), paths[rank])
         if isinstance(copy, str):
             report.nodes[rank].error = copy
         else:
             live[rank] = copy
             report.nodes[rank].skipped = len(copy.verified)
     _check_space(fleet, live, paths)
-    run = uuid.uuid4().hex[:8]
     servers: dict[int, tuple[ProcessHandle, str]] = {}
     chain = _Chain(sorted(live), names)
     try:
@@ -349,6 +381,8 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
             fix = "free space there (or point model.path at a larger disk), then rerun" if n.full else \
                 "rerun to complete it"
             what = f"error: {n.error} ({fix})" if n.error else \
+                f"the directory {n.shared_with} holds (a shared file system): synced and verified there" \
+                if n.shared_with else \
                 f"{n.sent} files, {n.bytes:,} bytes copied, {n.skipped} already verified"
             console.print(f"{n.host}:{n.path}: {what}")
     return report

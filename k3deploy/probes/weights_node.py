@@ -1,6 +1,7 @@
 """`k3deploy weights sync` on a node, stdlib only (shipped by source as `python3 -c PROGRAM SPEC_JSON`).
 
 SPEC_JSON's "op":
+- "mark" / "seen" / "unmark": {"path", "run", "rank"} -> which nodes see one directory (a shared file system);
 - "space": {"path"} -> the free bytes (statvfs) where the checkpoint directory is or will be made;
 - "serve": {"path", "ip", "idle_s"?} -> serve the directory's files (final names only) over HTTP with byte
   ranges on ip, port chosen by the kernel; prints {"type": "serving", "port": N} first, then serves until
@@ -28,6 +29,7 @@ from typing import Any
 
 READ_BUFFER = 8 << 20
 PART_SUFFIX = ".k3part"
+MARK_PREFIX = ".k3share-"
 IDLE_S = 900.0  # a server with no request for this long exits (its sync is gone)
 
 
@@ -172,8 +174,27 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
     return {"type": "result", "ok": True, "bytes": done - resumed, "resumed": resumed}
 
 
+def mark(spec: dict[str, Any]) -> dict[str, Any]:
+    """"mark": leave this node's marker in the checkpoint directory (made if missing); "seen": the markers of
+    the sync `run` there (nodes that see each other's share the file system); "unmark": remove this node's."""
+    root, own = spec["path"], f"{MARK_PREFIX}{spec['run']}-{spec['rank']}"
+    if spec["op"] == "mark":
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, own), "w"):
+            pass
+        return {"type": "result", "ok": True}
+    if spec["op"] == "seen":
+        run = f"{MARK_PREFIX}{spec['run']}-"
+        return {"type": "result", "seen": sorted(int(n[len(run):]) for n in os.listdir(root) if n.startswith(run))}
+    if os.path.exists(os.path.join(root, own)):
+        os.unlink(os.path.join(root, own))
+    return {"type": "result", "ok": True}
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Run the op the spec names."""
+    if spec["op"] in ("mark", "seen", "unmark"):
+        return mark(spec)
     if spec["op"] == "space":
         return space(spec)
     if spec["op"] == "serve":

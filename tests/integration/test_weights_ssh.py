@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,6 +59,17 @@ class Setup:
         run = cli("weights", "sync", self.topo, "--from", self.source, "--manifest", self.manifest, "--json",
                   *extra, timeout_s=180)
         return run.returncode, json.loads(run.stdout) if run.stdout.strip() else {}, run.stderr
+
+    def complete_sync(self) -> tuple[list[dict[str, Any]], list[int]]:
+        """A sync that must complete: each node's line of its report, and the bytes each host's private link
+        received meanwhile."""
+        rx0 = self.rx()
+        rc, report, err = self.sync()
+        rx = [b - a for a, b in zip(rx0, self.rx())]
+        assert rc == 0, err
+        nodes = report["nodes"]
+        assert isinstance(nodes, list)
+        return nodes, rx
 
     def rx(self) -> list[int]:
         return [self.rig.iface_bytes(h, PRIV_IFACE)[0] for h in self.rig.hosts]
@@ -138,12 +150,7 @@ def test_a_sync_killed_half_way_then_rerun_sends_only_the_missing_files(setup: S
     assert any(len(held) < FILES for held in before), "the sync finished before it was killed: nothing to prove"
     assert os.listdir(s.at) == [], "the hosts wrote to the shared file system, not to their own disks"
 
-    rx0 = s.rx()
-    rc, report, err = s.sync()
-    rx = [b - a for a, b in zip(rx0, s.rx())]
-    assert rc == 0, err
-    nodes = report["nodes"]
-    assert isinstance(nodes, list)
+    nodes, rx = s.complete_sync()
     for i, node in enumerate(nodes):
         assert node["host"] == s.rig.hosts[i].mgmt_ip
         assert (node["skipped"], node["sent"]) == (len(before[i]), FILES - len(before[i])), (i, node, before[i])
@@ -227,3 +234,18 @@ def test_a_node_without_room_is_refused_before_any_byte_moves(setup: Setup) -> N
     assert "Traceback" not in err and re.search(rf"free {SIZE * FILES - room:,} bytes on {host}", err), err
     assert all(finals(s.disk(i)) == {} for i in range(3)) and on_host(s, 3) == {}
     assert max(rx) < 16_384, rx  # the private links carried no file bytes (SSH goes over the management one)
+
+
+def test_nodes_sharing_a_file_system_are_synced_once_and_the_others_verify_only(setup: Setup) -> None:
+    s = setup
+    for i, h in enumerate(s.rig.hosts):  # h01 and h02 see one directory (a shared file system); h03, h04 their own
+        disks.own_disk(s.rig, h.name, s.at, s.disk(0 if i < 2 else i))
+    nodes, rx = s.complete_sync()
+    assert [n["shared_with"] for n in nodes] == [None, f"{s.rig.hosts[0].mgmt_ip}:{s.at}", None, None], nodes
+    assert [n["sent"] for n in nodes] == [FILES, 0, FILES, FILES], nodes
+    assert rx[1] < 16_384, rx  # h02 received nothing: h01 wrote the files it sees
+    want = {n: d.sha256 for n, d in s.man.files.items()}
+    assert finals(s.disk(0)) == want and finals(s.disk(2)) == want and finals(s.disk(3)) == want
+    assert not (s.disk(1)).exists() and not any(n.startswith(".k3share") for n in os.listdir(s.disk(0)))
+    status = cli("weights", "status", s.topo, "--manifest", s.manifest, "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
