@@ -114,6 +114,7 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=2.0, help="checkpoint size in GiB")
     ap.add_argument("--files", type=int, default=64, help="number of shards")
     ap.add_argument("--rate-mb", type=float, default=40.0, help="every link's rate, MB/s each way (tc tbf)")
+    ap.add_argument("--queue-ms", type=int, default=20, help="each tbf's queue (its latency), ms")
     ap.add_argument("--sizes", default="4,8", help="fan-out node counts")
     ap.add_argument("--sequential-sizes", default="4,8", help="node counts copied one by one ('' to skip)")
     args = ap.parse_args()
@@ -135,33 +136,37 @@ def main() -> int:
         print(f"checkpoint: {args.files} files, {total:,} bytes of random data generated in "
               f"{time.monotonic() - t0:.1f} s on the source host's own disk")
         for h in rig.hosts:
-            disks.limit(rig, h.name, rate)
+            disks.limit(rig, h.name, rate, args.queue_ms)
         key = {"user": "root", "key": str(rig.key_path), "known_hosts": str(rig.known_hosts_path),
                "connect_timeout_s": 10.0}
         bench = Bench(rig, at, src, manifest, key)
         link_s = total / rate
-        print(f"links: tc tbf {args.rate_mb:g} MB/s each way on every host's private veth (both ends); "
-              f"{os.cpu_count()} cores; pure link time for the checkpoint: {link_s:.1f} s")
+        print(f"links: tc tbf {args.rate_mb:g} MB/s each way, queue {args.queue_ms} ms, on every host's private "
+              "veth (both ends); "
+              f"{os.cpu_count()} cores; pure link time for the checkpoint: {link_s:.1f} s", flush=True)
         rows: list[tuple[str, int, float, int, float]] = []
+        print(f"{'run':<22} {'nodes':>5} {'wall s':>8} {'x floor':>8} {'x link':>7} {'source sent':>14} "
+              f"{'x ckpt':>7} {'host CPU s':>10}", flush=True)
+
+        def row(label: str, k: int, wall: float, tx: int, cpu: float) -> None:
+            rows.append((label, k, wall, tx, cpu))
+            print(f"{label:<22} {k:>5} {wall:>8.1f} {wall / rows[0][2]:>7.2f}x {wall / link_s:>6.2f}x {tx:>14,} "
+                  f"{tx / total:>6.2f}x {cpu:>10.1f}", flush=True)
+
         bench.wipe(n)
         floor, tx, cpu, _ = bench.run([1])
-        rows.append(("floor (1 node)", 1, floor, tx, cpu))
+        row("floor (1 node)", 1, floor, tx, cpu)
         for k in sizes:
             bench.wipe(n)
             wall, tx, cpu, _ = bench.run(list(range(1, k + 1)))
-            rows.append((f"fan-out ({k} nodes)", k, wall, tx, cpu))
+            row(f"fan-out ({k} nodes)", k, wall, tx, cpu)
         for k in seq:
             walls, txs, cpus = 0.0, 0, 0.0
             bench.wipe(n)
             for r in range(1, k + 1):
                 wall, tx, cpu, _ = bench.run([r])
                 walls, txs, cpus = walls + wall, txs + tx, cpus + cpu
-            rows.append((f"sequential ({k} nodes)", k, walls, txs, cpus))
-        print(f"{'run':<22} {'nodes':>5} {'wall s':>8} {'x floor':>8} {'x link':>7} {'source sent':>14} "
-              f"{'x ckpt':>7} {'host CPU s':>10}")
-        for label, k, wall, tx, cpu in rows:
-            print(f"{label:<22} {k:>5} {wall:>8.1f} {wall / floor:>7.2f}x {wall / link_s:>6.2f}x {tx:>14,} "
-                  f"{tx / total:>6.2f}x {cpu:>10.1f}")
+            row(f"sequential ({k} nodes)", k, walls, txs, cpus)
         by = {(label.split()[0], k): wall for label, k, wall, _, _ in rows}
         for k in sizes:
             line = f"{k} nodes: fan-out {by[('fan-out', k)] / floor:.2f}x the floor (target <= 1.3x)"

@@ -68,7 +68,30 @@ def status(
     raise typer.Exit(report.exit_code)
 
 
-def _source(spec: str, prep: Any) -> Any:
+def _hub_source(prep: Any, manifest: Any) -> Any:
+    """The model's hub repo at the pinned model.revision, pulled by the first node of the chain from the hub's
+    resolve URLs (HF_ENDPOINT, else huggingface.co; byte ranges resume a partial file)."""
+    import os
+
+    from k3deploy.errors import InputError
+    from k3deploy.launch.weights_sync import Source
+
+    model, rev = prep.plan.model, prep.plan.topology.model.revision
+    repo = model.hub_repo if model is not None else ""
+    if not repo or " " in repo:
+        raise InputError(f"--from hub: model {prep.plan.topology.model.id} has no hub repo in the catalog",
+                         hint="download the checkpoint to one directory first, then --from DIR or HOST:DIR")
+    if not rev:
+        raise InputError(f"{prep.plan.file}: --from hub needs model.revision (the commit sha to pull)",
+                         hint=f"set model.revision to a commit of {repo} (the manifest's revision)")
+    if manifest.revision and manifest.revision != rev:
+        raise InputError(f"--from hub: model.revision {rev} is not the manifest's revision {manifest.revision}",
+                         hint="make the manifest of that revision (`k3deploy manifest from-hub`) or pin its revision")
+    url = f"{os.environ.get('HF_ENDPOINT', 'https://huggingface.co').rstrip('/')}/{repo}/resolve/{rev}"
+    return Source(url, url=url)
+
+
+def _source(spec: str, prep: Any, manifest: Any) -> Any:
     from k3deploy.errors import InputError
     from k3deploy.launch.weights_sync import Source
 
@@ -79,9 +102,7 @@ def _source(spec: str, prep: Any) -> Any:
             raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
         return Source(directory, rank=-1, ip=jobs[host].ip), jobs[host].target
     if spec == "hub":
-        raise InputError("--from hub: this version cannot pull from the hub; download the revision to one "
-                         "directory first", hint="huggingface-cli download REPO --revision SHA --local-dir DIR, "
-                         "then --from DIR (or --from HOST:DIR on the node that has it)")
+        return _hub_source(prep, manifest), None
     if sep and not Path(spec).is_dir():
         raise InputError(f"--from {spec}: {host} is not a node of this topology",
                          hint=f"nodes: {', '.join(jobs)}; or a directory on this machine")
@@ -96,7 +117,7 @@ def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool) ->
     from k3deploy.launch.weights_sync import run_sync
 
     man = load_manifest(prep, manifest)
-    src, src_target = _source(source, prep)
+    src, src_target = _source(source, prep, man)
     return run_sync(prep, checkpoint_nodes(prep), man, src, src_target,
                     str(manifest or prep.plan.topology.validate_.manifest), quiet)
 
@@ -104,8 +125,9 @@ def sync_prepared(prep: Any, source: str, manifest: Path | None, quiet: bool) ->
 @with_connection_options
 def sync(
     file: FileArg,
-    source: Annotated[str, typer.Option("--from", help="DIR on this machine, or HOST:DIR on a node of the "
-                                        "topology", show_default=False)],
+    source: Annotated[str, typer.Option("--from", help="DIR on this machine, HOST:DIR on a node of the "
+                                        "topology, or hub (the model's hub repo at model.revision, pulled by the "
+                                        "first node from HF_ENDPOINT or huggingface.co)", show_default=False)],
     manifest: ManifestOpt = None,
     executor: ExecutorOpt = None,
     as_json: JsonOpt = False,

@@ -15,6 +15,7 @@ import posixpath
 import shlex
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class Source:
     directory: str
     rank: int | None = None  # None: this machine
     ip: str = ""  # the source node's private IP, where its server listens
+    url: str | None = None  # files at URL/NAME (the hub's resolve URL of a revision): the first node pulls them
 
 
 @dataclass
@@ -217,7 +219,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
     check_paths(manifest, manifest_file)
     paths = {r: p for r, (_, p) in targets.items()}
     names = sorted(manifest.files)
-    if source.rank is None:
+    if source.rank is None and source.url is None:
         for name in names:
             local = Path(source.directory) / name
             if not local.is_file():
@@ -248,7 +250,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             else:
                 assert o.value is not None
                 servers[r] = o.value
-        src_url = None
+        src_url = source.url
         if source.rank is not None:
             src = _serve(fleet.executor(source.rank), "source", source.directory, source.ip, log_dir, run)
             servers[-1] = src
@@ -318,7 +320,7 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
         ex.run(["mkdir", "-p", posixpath.dirname(tmp)], 60.0)
         ex.put(str(Path(source.directory) / name), tmp)
     else:
-        spec["url"] = f"{url}/{name}"
+        spec["url"] = f"{url}/{urllib.parse.quote(name)}"
 
     def on_line(line: str) -> None:
         if progress is not None and line.startswith('{"type": "progress"'):

@@ -39,19 +39,22 @@ def _tc(argv: list[str], where: str) -> None:
         raise RigError(f"{where}: {' '.join(argv)}: {run.stderr.strip()}")
 
 
-def _tbf(rate_bytes_s: int) -> list[str]:
-    # burst: at least one timer tick's worth at the rate (HZ 250 and up), and a few jumbo frames; latency
-    # bounds the queue, so a sender is held back by TCP rather than by drops.
-    burst = max(rate_bytes_s // 100, 256 << 10)
-    return ["tbf", "rate", f"{rate_bytes_s * 8}bit", "burst", str(burst), "latency", "200ms"]
+def _tbf(rate_bytes_s: int, queue_ms: int) -> list[str]:
+    # burst: at least one timer tick's worth at the rate (HZ 250 and up), and a few jumbo frames. The queue
+    # (latency) stays short: a host that sends at the rate and receives at once (a chain's middle node) queues
+    # the ACKs of what it receives behind what it sends; a deep queue (200 ms measured) stretches the inbound
+    # stream's round trip and each new connection's slow start, which a switch port's shallow buffer does not.
+    burst = max(rate_bytes_s // 100, 64 << 10)
+    return ["tbf", "rate", f"{rate_bytes_s * 8}bit", "burst", str(burst), "latency", f"{queue_ms}ms"]
 
 
-def limit(rig: HostRig, host: str, rate_bytes_s: int) -> None:
+def limit(rig: HostRig, host: str, rate_bytes_s: int, queue_ms: int = 20) -> None:
     """Cap `host`'s private link at `rate_bytes_s` each way: tbf on its namespace's end (what it sends) and
-    on the root namespace's end (what it receives)."""
+    on the root namespace's end (what it receives), each queueing at most `queue_ms` of traffic."""
     h = rig.host(host)
-    _tc(["tc", "-n", h.ns, "qdisc", "replace", "dev", PRIV_IFACE, "root", *_tbf(rate_bytes_s)], h.name)
-    _tc(["tc", "qdisc", "replace", "dev", rig.priv_veth(h), "root", *_tbf(rate_bytes_s)], h.name)
+    tbf = _tbf(rate_bytes_s, queue_ms)
+    _tc(["tc", "-n", h.ns, "qdisc", "replace", "dev", PRIV_IFACE, "root", *tbf], h.name)
+    _tc(["tc", "qdisc", "replace", "dev", rig.priv_veth(h), "root", *tbf], h.name)
 
 
 def unlimit(rig: HostRig, host: str) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
+import urllib.parse
 from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -198,8 +201,6 @@ def test_cli_sync_from_a_node_directory_then_status_is_complete(tmp_path: Path) 
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout)["nodes"][0]["sent"] == 3
     assert cli("weights", "status", topo, "--manifest", tmp_path / "m.json").returncode == 0
-    hub = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json")
-    assert hub.returncode == 2 and "--local-dir DIR" in hub.stderr, hub.stderr
 
 
 def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_path: Path) -> None:
@@ -229,3 +230,85 @@ def test_a_node_server_left_idle_exits_by_itself(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    """The hub's resolve URLs offline: /REPO/resolve/REV/NAME redirects (302) to /cdn/NAME, which serves the
+    file's bytes with byte ranges, as the hub sends LFS files to its CDN; every CDN request is recorded."""
+
+    root = Path("/")
+    prefix = ""
+    served: ClassVar[list[str]] = []
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.startswith(self.prefix):
+            self.send_response(302)
+            self.send_header("Location", "/cdn/" + self.path[len(self.prefix):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        name = self.path.removeprefix("/cdn/")
+        data = (self.root / urllib.parse.unquote(name)).read_bytes()
+        start = int(self.headers.get("Range", "bytes=0-")[6:].rstrip("-") or 0)
+        self.served.append(name)
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+
+@pytest.fixture
+def fake_hub(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    FakeHub.root, FakeHub.prefix, FakeHub.served = tmp_path / "hub", "/org/model/resolve/r1/", []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", FakeHub.root
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sync_from_the_hub_pulls_each_file_once_through_its_redirect(nodes: Any, fake_hub: tuple[str, Path]) -> None:
+    """What runs offline of `--from hub`: the first node pulls the revision's resolve URLs (following the
+    redirect to the CDN, as huggingface.co answers), the others pull from the node before; each file leaves
+    the hub once. Needs the real hub (not tested here): huggingface.co reachable from the first node, its
+    CDN's answer to a Range request, and a gated repo's token (not forwarded to the nodes)."""
+    fleet, targets, manifest, src = nodes
+    endpoint, hub = fake_hub
+    shutil.copytree(src, hub)
+    url = f"{endpoint}/org/model/resolve/r1"
+    report = sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+    assert report.exit_code == 0, report.as_json()
+    assert sorted(FakeHub.served) == sorted(manifest.files) and Recording.puts == []
+    want = {n: d.sha256 for n, d in manifest.files.items()}
+    assert all(final_files(p) == want for _, p in targets.values())
+    (hub / "sub" / "c.json").write_bytes(b"[]")  # the hub's copy is not the manifest's: refused at the first node
+    shutil.rmtree(targets[0][1])
+    with pytest.raises(SyncError, match=rf"source file {url}/sub/c.json is corrupt, refused at localhost"):
+        sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+
+
+def test_cli_sync_from_hub_needs_the_pinned_revision_and_uses_hf_endpoint(
+        tmp_path: Path, fake_hub: tuple[str, Path]) -> None:
+    endpoint, hub = fake_hub
+    manifest = small_checkpoint(tmp_path / "src")
+    manifest.save(tmp_path / "m.json")
+    topo = fake_topology(tmp_path, "w-hub", nodes=1)
+    unpinned = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json")
+    assert unpinned.returncode == 2 and "--from hub needs model.revision" in unpinned.stderr, unpinned.stderr
+    doc = yaml.safe_load(topo.read_text())
+    doc["model"]["revision"] = "r1"
+    topo.write_text(yaml.safe_dump(doc))
+    repo = prepare(topo, None, ExecOverrides()).plan.model
+    assert repo is not None
+    FakeHub.prefix = f"/{repo.hub_repo}/resolve/r1/"
+    shutil.copytree(tmp_path / "src", hub)
+    run = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json", "--json",
+              env={"HF_ENDPOINT": endpoint})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["nodes"][0]["sent"] == 3 and sorted(FakeHub.served) == sorted(manifest.files)
