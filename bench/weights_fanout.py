@@ -22,9 +22,17 @@ default before the 20 ms one; the 40 MB/s run overlapped this author's integrati
 | rate | floor | fan-out 4 | fan-out 8 | sequential 4 | sequential 8 |
 | 40 MB/s | 76.5 s (1.42x link) | 93.7 s, 1.23x | 120.4 s, 1.57x (host CPU 105 s: CPU-bound) | 299.3 s, 3.91x | 601.5 s, 7.87x |
 | 20 MB/s | 131.0 s (1.22x link) | 154.3 s, 1.18x | 180.7 s, 1.38x (host CPU 114 s) | 574.6 s, 4.39x | not run |
-The source's link sent 1.00x the checkpoint in every fan-out, 4.00x / 8.01x sequential. The 20 ms queue was not
-measured at this size (run cut short). What costs the chain at 8: each file is one SSH exec and one Python
-start per node (512 at 8 nodes) and each hop waits for the file to be verified upstream (store and forward).
+The source's link sent 1.00x the checkpoint in every fan-out, 4.00x / 8.01x sequential.
+After the s16 merge (sync() asks shared_storage itself; tbf queue 20 ms; 2 cores under a load of 7-10 from other
+sessions' tests, so the ratios are noisy), `--rate-mb 20 --sequential-sizes ''`:
+| rate | floor | fan-out 4 | fan-out 8 |
+| 20 MB/s | 142.7 s (1.33x link, host CPU 14.7 s) | 170.8 s, 1.20x (host CPU 54.3 s) | 195.1 s, 1.37x (host CPU 108.9 s) |
+What costs the chain at 8: each file is one SSH exec and one Python start per node (512 at 8 nodes; one start of
+the probe measured 0.10 s CPU and 0.33 s wall under that load, so ~50 s of the 108.9 s host CPU) and each hop
+waits for the file to be verified upstream (store and forward: 7 hops x ~2.2 s a 32 MB file, ~16 s of the
+52 s over the floor; the rest is the hops' delays adding up on shared CPUs). Not yet tried: one long-lived
+puller per node (one SSH command and one Python start for all its files) and serving a file onward while it
+is still being written.
 
 On the 2-core machine, the hashing, the HTTP copies and the veths share the CPUs: the rate must leave the CPU
 idle enough (fan-out to 8 moves 8 x rate through the kernel and the hashes); the run prints the CPU seconds used
