@@ -1,6 +1,6 @@
 """The Hugging Face hub as a checkpoint's origin: a manifest from it (LFS files carry their sha256; small files are
 fetched and hashed), and a pinned revision's files downloaded to a directory here, each verified against the
-manifest before anything is sent on (`weights sync --from hub`)."""
+manifest before anything is sent on (`weights sync --from hub --staging DIR`)."""
 from __future__ import annotations
 
 import hashlib
@@ -122,9 +122,8 @@ def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path
     if room < need:
         raise HubFileRejected(f"this machine: {room:,} bytes free at {directory}, the hub download needs "
                               f"{need:,} more; nothing was downloaded",
-                              hint=f"free {need - room:,} bytes, or pass --staging DIR on a larger disk, or download "
-                              f"on a node (huggingface-cli download {repo} --revision {revision} --local-dir DIR) "
-                              "and sync --from HOST:DIR")
+                              hint=f"free {need - room:,} bytes, or pass --staging DIR on a larger disk, or let the "
+                              "nodes pull from the hub (--from hub without --staging)")
     hub = api if api is not None else _default_api()
     for name in sorted(set(manifest.files) - set(todo)):
         if on_file is not None:

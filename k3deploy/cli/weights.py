@@ -73,12 +73,13 @@ def status(
 def sync(
     file: FileArg,
     source: Annotated[str, typer.Option("--from", help="DIR on this machine, HOST:DIR on a node of the "
-                                        "topology, or hub (the model's hub repo at model.revision, downloaded "
+                                        "topology, or hub (the model's hub repo at model.revision: the nodes "
+                                        "pull it from HF_ENDPOINT or huggingface.co; with --staging, downloaded "
                                         "here first)", show_default=False)],
     manifest: ManifestOpt = None,
-    staging: Annotated[Path | None, typer.Option("--staging", help="with --from hub: where the download goes on "
-                                                 "this machine (default: $XDG_CACHE_HOME/k3deploy/hub/REPO/REVISION)")
-                       ] = None,
+    staging: Annotated[Path | None, typer.Option("--staging", help="with --from hub: download the revision into "
+                                                 "this directory here (huggingface_hub), then fan out from it as "
+                                                 "--from DIR does; without it the nodes pull from the hub")] = None,
     executor: ExecutorOpt = None,
     as_json: JsonOpt = False,
     catalog: CatalogOpt = None,
@@ -88,15 +89,20 @@ def sync(
     files are skipped (a rerun resumes), nodes whose directory is one shared filesystem get one copy (found by
     a mark one leaves and the others see), free space is checked first on every node, then the nodes form a
     chain, each pulling a file from the one before once it is verified there (the source's link carries each
-    byte once); every file lands at a temporary name, is checked by sha256, then renamed. `--from hub` first
-    downloads the model's hub repo at model.revision to --staging here (huggingface_hub; HF_TOKEN or `hf auth
-    login` for gated repos), each file verified against the manifest, then syncs from there. Exit 0 done; 1 a
-    node (or, from the hub, this machine) lacks room, or a source file is corrupt (nothing of it kept); 2 invalid
-    input; 3 a node or the hub could not be reached, or a node was lost (named; the others finish: rerun to
-    complete it); 6 --from hub without huggingface_hub (the `hub` extra)."""
+    byte once); every file lands at a temporary name, is checked by sha256, then renamed. `--from hub`: the first
+    node of the chain pulls the model's hub repo at model.revision from the hub's resolve URLs (HF_ENDPOINT, else
+    huggingface.co), each byte leaving the hub once; `--from hub --staging DIR` downloads it into DIR here first
+    (huggingface_hub; HF_TOKEN or `hf auth login` for gated repos), each file verified against the manifest, then
+    syncs from DIR. Exit 0 done; 1 a node (or, with --staging, this machine) lacks room (before any byte moves, or
+    a node's disk filled during the copy: named with its free and needed bytes), or a source file is corrupt
+    (nothing of it kept); 2 invalid input, or a repo, revision or file the hub lacks; 3 a node or the hub could
+    not be reached, or a node was lost (named; the others finish: rerun to complete it); 6 --from hub --staging
+    without huggingface_hub (the `hub` extra)."""
+    from k3deploy.cli.interrupts import sigterm_interrupts
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.weights_unit import sync_unit
 
+    sigterm_interrupts()  # `kill` unwinds like Ctrl-C: the nodes' servers are stopped, partial files kept
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     report = sync_unit(prep, source, manifest, as_json, staging)
     if as_json:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,7 +138,8 @@ class SharedStorage:
 
 def shared_storage(fleet: NodeFleet, ranks: list[int], paths: dict[int, str]) -> SharedStorage:
     """Every node leaves a mark in its checkpoint directory (or the deepest one above it that exists: nothing is
-    made), then lists the marks it sees there: nodes that see each other's marks share storage. A node that
+    made), then lists the marks it sees there: nodes that see each other's marks, and whose paths go on alike below
+    where they left them, share storage (two directories still to make under one parent are two). A node that
     cannot leave one (read-only, unreachable) is its own."""
     run = uuid.uuid4().hex[:12]
     name = {r: f".k3deploy-shared-{run}-{r}" for r in ranks}
@@ -152,6 +154,7 @@ def shared_storage(fleet: NodeFleet, ranks: list[int], paths: dict[int, str]) ->
         seen = ask("marks", lambda r: {"prefix": f".k3deploy-shared-{run}-"})
     finally:
         ask("unmark", lambda r: {"name": name[r], "at": marked[r].get("at", paths[r])})
+    below = {r: posixpath.relpath(posixpath.abspath(paths[r]), marked[r].get("at", paths[r])) for r in ranks}
     by_name = {n: r for r, n in name.items() if marked[r].get("ok")}
     owner = {r: r for r in ranks}
     for r in sorted(ranks):
@@ -159,7 +162,7 @@ def shared_storage(fleet: NodeFleet, ranks: list[int], paths: dict[int, str]) ->
             continue
         for n in seen[r].get("names", ()):  # r sees s's mark: one storage; the lower rank owns it
             s = by_name.get(n)
-            if s is not None and s != r:
+            if s is not None and s != r and below[s] == below[r]:
                 a, b = _root(owner, r), _root(owner, s)
                 owner[max(a, b)] = min(a, b)
     return SharedStorage(owner={r: _root(owner, r) for r in ranks},

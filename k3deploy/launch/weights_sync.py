@@ -4,10 +4,12 @@ Before any byte moves: every node's copy is hashed (verified files are skipped: 
 leave the checkpoint directory are refused, and every node's free space (statvfs) is held against what it
 still needs. Then every node serves its directory over HTTP on its private IP (started through its executor)
 and the nodes form a chain: the first pulls each file from the source (put by the executor from this machine,
-or served by the source node), each next node pulls it from the one before once that one has verified it, so
-the source's link carries each byte once and the chain is pipelined file by file. Every file is written to a
-temporary name, its sha256 checked against the manifest, then renamed. A corrupt source file stops the sync at
-the first node; a node lost mid-sync is named, the nodes after it pull from the nearest one before it."""
+served by the source node, or the hub's resolve URLs), each next node pulls it from the one before once that one
+has verified it, so the source's link carries each byte once and the chain is pipelined file by file. Nodes on
+one storage (`shared_storage`) get one copy. Every file is written to a temporary name, its sha256 checked
+against the manifest, then renamed. A corrupt source file, or a hub that fails the first node, stops the sync;
+a node lost mid-sync is named, the nodes after it pull from the nearest one before it; a node whose disk fills
+stops, named, and the others finish."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,7 @@ import posixpath
 import shlex
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import ExecError, InputError, K3Error
 from k3deploy.executors.base import Executor, ProcessHandle
 from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
-from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, hash_copies, shared_storage
+from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, SharedStorage, hash_copies, shared_storage
 from k3deploy.probes import weights_node
 
 MIN_COPY_BYTES_PER_S = 10_000_000  # a file's transfer gets this rate at worst before the node is called hung
@@ -38,6 +41,16 @@ class SyncError(K3Error):
     exit_code = 1
 
 
+class DiskFull(SyncError):
+    """A node's disk filled while a file was written there: that node stops (named, with its free and needed
+    bytes), the others go on."""
+
+
+class HubFailed(ExecError):
+    """The hub did not give a file to the first node (it did not answer, or broke off): the sync stops (exit 3);
+    no other node would fare better, and a rerun resumes."""
+
+
 @dataclass(frozen=True)
 class Source:
     """Where the files come from: a directory on this machine, or one served by a node (`rank` in the fleet)."""
@@ -45,6 +58,7 @@ class Source:
     directory: str
     rank: int | None = None  # None: this machine
     ip: str = ""  # the source node's private IP, where its server listens
+    url: str | None = None  # files at URL/NAME (the hub's resolve URL of a revision): the first node pulls them
 
 
 @dataclass
@@ -57,12 +71,14 @@ class NodeSync:
     sent: int = 0
     bytes: int = 0
     error: str | None = None
+    full: bool = False  # the error is its disk filling up (exit 1), not the node lost (exit 3)
     shared_with: str = ""  # host:path (fs) whose storage this node's directory is; "" its own
 
     def as_json(self) -> dict[str, Any]:
         """The node's line of `--json`."""
         return {"host": self.host, "path": self.path, "skipped": self.skipped, "sent": self.sent,
-                "bytes": self.bytes, "error": self.error, "shared_with": self.shared_with or None}
+                "bytes": self.bytes, "error": self.error, "disk_full": self.full,
+                "shared_with": self.shared_with or None}
 
 
 @dataclass
@@ -74,8 +90,10 @@ class SyncReport:
 
     @property
     def exit_code(self) -> int:
-        """0 every node complete; 3 a node unreachable or lost."""
-        return 3 if any(n.error for n in self.nodes.values()) else 0
+        """0 every node complete; 3 a node unreachable or lost; 1 a node's disk filled up (and none lost)."""
+        if any(n.error and not n.full for n in self.nodes.values()):
+            return 3
+        return 1 if any(n.full for n in self.nodes.values()) else 0
 
     def as_json(self) -> dict[str, Any]:
         """The report for `--json`."""
@@ -132,6 +150,15 @@ def _serve(ex: Executor, rank: str, path: str, ip: str, log_dir: str, run: str) 
     raise ExecError(f"the checkpoint server did not start on {ip}: {tail or 'no output'}", host=ex.host)
 
 
+def _stop_servers(fleet: NodeFleet, servers: dict[int, tuple[ProcessHandle, str]], source: Source) -> None:
+    while servers:
+        r, (handle, _) = servers.popitem()
+        try:
+            fleet.executor(source.rank if r == -1 and source.rank is not None else r).terminate(handle, 2.0)
+        except ExecError:
+            pass
+
+
 class _Chain:
     """Per (rank, file): set once the file is verified there, or once it never will be."""
 
@@ -146,6 +173,13 @@ class _Chain:
         self.ok[(rank, name)] = ok
         self.done[(rank, name)].set()
 
+    def wait_settled(self, timeout_s: float) -> None:
+        """Wait (bounded) until every node's thread has settled every file: done, failed or skipped."""
+        deadline = time.monotonic() + timeout_s
+        for event in self.done.values():
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                return
+
     def feeder(self, rank: int, name: str) -> int | None:
         """The nearest node before `rank` that holds `name` verified (waiting on each), or None: the source."""
         for before in reversed(self.ranks[:self.ranks.index(rank)]):
@@ -158,23 +192,27 @@ class _Chain:
 
 
 def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manifest, source: Source, *,
-         log_dir: str, manifest_file: str = "the manifest", progress: Progress | None = None) -> SyncReport:
-    """Make every target rank's directory (rank -> (private ip, path)) hold exactly the manifest's files."""
+         log_dir: str, manifest_file: str = "the manifest", progress: Progress | None = None,
+         shared: SharedStorage | None = None) -> SyncReport:
+    """Make every target rank's directory (rank -> (private ip, path)) hold exactly the manifest's files: one copy
+    per storage (`shared`, else `shared_storage` asks the nodes), the other nodes on it reported shared with it."""
     t0 = time.monotonic()
     check_paths(manifest, manifest_file)
     paths = {r: p for r, (_, p) in targets.items()}
     names = sorted(manifest.files)
-    if source.rank is None:
+    if source.rank is None and source.url is None:
         for name in names:
             local = Path(source.directory) / name
             if not local.is_file():
                 raise InputError(f"--from {source.directory}: no {name} there (the manifest lists it)",
                                  hint="point --from at the checkpoint directory the manifest was made from")
+    storage = shared if shared is not None else shared_storage(fleet, list(targets), paths)
     report = SyncReport()
-    copies = hash_copies(fleet, list(targets), paths, manifest)
+    for rank in targets:
+        report.nodes[rank] = NodeSync(fleet.host(rank), paths[rank])
+    copies = hash_copies(fleet, storage.owners, paths, manifest)
     live: dict[int, NodeWeights] = {}
     for rank, copy in sorted(copies.items()):
-        report.nodes[rank] = NodeSync(fleet.host(rank), paths[rank])
         if isinstance(copy, str):
             report.nodes[rank].error = copy
         else:
@@ -193,7 +231,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             else:
                 assert o.value is not None
                 servers[r] = o.value
-        src_url = None
+        src_url = source.url
         if source.rank is not None:
             src = _serve(fleet.executor(source.rank), "source", source.directory, source.ip, log_dir, run)
             servers[-1] = src
@@ -201,7 +239,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
 
         def node(rank: int, ex: Executor) -> None:
             verified = set(live[rank].verified)
-            for name in names:
+            for i, name in enumerate(names):
                 if report.nodes[rank].error is not None or chain.abort.is_set():
                     chain.settle(rank, name, False)
                     continue
@@ -211,9 +249,23 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                     chain.settle(rank, name, True)
                     continue
                 before = chain.feeder(rank, name)
+                if chain.abort.is_set():
+                    chain.settle(rank, name, False)
+                    continue
                 try:
                     sent = _copy(ex, rank, name, manifest, paths[rank], source,
                                  servers[before][1] if before is not None else src_url, before is None, progress)
+                except (HubFailed, InputError) as exc:  # the hub failed the first node: no other would do better
+                    chain.fatal = chain.fatal or exc
+                    chain.abort.set()
+                    chain.settle(rank, name, False)
+                    continue
+                except DiskFull as exc:  # this node stops, named with its free and needed bytes; the others go on
+                    need = sum(manifest.files[n].size for n in names[i:] if n not in verified)
+                    report.nodes[rank].error = f"{exc} ({need:,} bytes still needed there)"
+                    report.nodes[rank].full = True
+                    chain.settle(rank, name, False)
+                    continue
                 except ExecError as exc:  # the node is lost: named; the nodes after it pull from before it
                     report.nodes[rank].error = str(exc)
                     chain.settle(rank, name, False)
@@ -227,15 +279,22 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                 report.nodes[rank].bytes += sent
                 chain.settle(rank, name, True)
 
-        fleet.map(node, chain.ranks, in_pool=True)
+        try:
+            fleet.map(node, chain.ranks, in_pool=True)
+        except BaseException:  # interrupted (Ctrl-C, `kill`): no node starts another file; partial ones are kept
+            chain.abort.set()
+            _stop_servers(fleet, servers, source)  # the pulls under way end at once (resumed by a rerun)
+            chain.wait_settled(SERVE_START_S)  # before the fleet closes the connections the nodes' threads use
+            raise
     finally:
-        for r, (handle, _) in servers.items():
-            try:
-                fleet.executor(source.rank if r == -1 and source.rank is not None else r).terminate(handle, 2.0)
-            except ExecError:
-                pass
+        _stop_servers(fleet, servers, source)
     if chain.fatal is not None:
         raise chain.fatal
+    for rank, owner in storage.owner.items():  # one storage: the owner's copy is theirs, nothing was sent to them
+        if owner != rank:
+            n = report.nodes[rank]
+            n.shared_with = f"{fleet.host(owner)}:{paths[owner]} ({storage.fs[rank]})"
+            n.error, n.full = report.nodes[owner].error, report.nodes[owner].full
     report.elapsed_s = time.monotonic() - t0
     return report
 
@@ -252,7 +311,7 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
         ex.run(["mkdir", "-p", posixpath.dirname(tmp)], 60.0)
         ex.put(str(Path(source.directory) / name), tmp)
     else:
-        spec["url"] = f"{url}/{name}"
+        spec["url"] = f"{url}/{urllib.parse.quote(name)}"
 
     def on_line(line: str) -> None:
         if progress is not None and line.startswith('{"type": "progress"'):
@@ -261,15 +320,37 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
     res = ex.run([NODE_PYTHON, "-c", probe_source(weights_node), json.dumps(spec)],
                  BASE_TIMEOUT_S + want.size / MIN_COPY_BYTES_PER_S, on_line=on_line)
     out = parse_probe_output(res, ex.host)
+    if not out.get("ok") and out.get("full"):
+        raise DiskFull(f"{ex.host}: the disk at {path} filled up while {name} ({want.size:,} bytes) was written: "
+                       f"{int(out['free']):,} bytes free; its partial file was removed, nothing of it kept at its "
+                       "name", hint=f"free space on {ex.host} (or point model.path at a larger disk) and rerun: "
+                       "verified files are kept")
     if not out.get("ok"):
         if out.get("corrupt") and from_source:
             raise SyncError(f"source file {posixpath.join(source.directory, name)} is corrupt, refused at "
                             f"{ex.host}: {out['error']}; nothing of it was kept",
                             hint="replace that file in the source (or download it again) and rerun")
+        if from_source and source.url is not None:
+            _hub_failed(out, source.url, name, ex.host)
         raise ExecError(f"copying {name} to {path} failed: {out.get('error')}", host=ex.host)
     if progress is not None:
         progress(rank, name, -1)
     return want.size if url is None else int(out.get("bytes", 0))
+
+
+def _hub_failed(out: dict[str, Any], url: str, name: str, host: str) -> None:
+    """A hub fetch that failed on the first node, as the sync's error: a repo, revision or file the hub lacks or
+    withholds (401/403/404) is input (exit 2), anything else the hub not answering (exit 3, naming it)."""
+    if out.get("status") in (401, 403, 404):
+        raise InputError(f"--from hub: {url} lacks {name}, or withholds it ({out.get('error')})",
+                         hint="check model.revision and the manifest (k3deploy manifest from-hub REPO --revision SHA); "
+                         "a gated repo needs --staging DIR with HF_TOKEN or `hf auth login` here (no token goes "
+                         "to the nodes)")
+    parts = urllib.parse.urlsplit(url)
+    raise HubFailed(f"the hub did not give {name} to {host}: {out.get('error')}",
+                    host=f"{parts.scheme}://{parts.netloc}",
+                    hint="check that the first node reaches the hub (proxy, HF_ENDPOINT for a mirror), then rerun "
+                    "(verified and partial files are kept); or --staging DIR to download here first")
 
 
 def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manifest, source: Source,
@@ -290,10 +371,8 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
                     TimeRemainingColumn(), console=console, disable=quiet)
     with NodeFleet(fleet_targets) as fleet, bars:
         shared = shared_storage(fleet, list(targets), {r: p for r, (_, p) in targets.items()})
-        followers = {r: o for r, o in shared.owner.items() if o != r}
-        owners = {r: targets[r] for r in shared.owners}
-        total = bars.add_task("total", total=need * len(owners))
-        per = {r: bars.add_task(fleet.host(r), total=need) for r in owners}
+        total = bars.add_task("total", total=need * len(shared.owners))
+        per = {r: bars.add_task(fleet.host(r), total=need) for r in shared.owners}
         seen: dict[tuple[int, str], int] = {}
         lock = threading.Lock()
 
@@ -306,14 +385,13 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
                 bars.advance(total, step)
 
         log_dir = prep.plan.topology.launch.log_dir
-        report = sync(fleet, owners, manifest, source, log_dir=log_dir, manifest_file=manifest_file,
-                      progress=tick)
-    for r, o in followers.items():  # one shared filesystem: the owner's copy is theirs, nothing to send
-        report.nodes[r] = NodeSync(fleet.host(r), targets[r][1], shared_with=f"{fleet.host(o)}:{targets[o][1]} "
-                                   f"({shared.fs[r]})", error=report.nodes[o].error)
+        report = sync(fleet, targets, manifest, source, log_dir=log_dir, manifest_file=manifest_file,
+                      progress=tick, shared=shared)
     if not quiet:
         for n in report.nodes.values():
-            what = f"error: {n.error} (rerun to complete it)" if n.error else \
+            fix = "free space there (or point model.path at a larger disk), then rerun" if n.full else \
+                "rerun to complete it"
+            what = f"error: {n.error} ({fix})" if n.error else \
                 f"the same storage as {n.shared_with}: synced there" if n.shared_with else \
                 f"{n.sent} files, {n.bytes:,} bytes copied, {n.skipped} already verified"
             console.print(f"{n.host}:{n.path}: {what}")

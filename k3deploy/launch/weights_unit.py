@@ -1,6 +1,7 @@
 """`weights sync` of a prepared unit, as `k3deploy weights sync` and `launch --sync-weights` call it: the manifest
 (`--manifest` or validate.manifest), where the files come from (a directory here, `HOST:DIR` on a node, or the
-hub at model.revision, downloaded here first), and the sync to every instance's nodes."""
+hub at model.revision: pulled by the nodes, or downloaded here first into a staging directory), and the sync to
+every instance's nodes."""
 from __future__ import annotations
 
 import os
@@ -8,10 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import InputError
 from k3deploy.launch.prepare import Prepared
 from k3deploy.launch.weights import checkpoint_nodes, load_manifest
 from k3deploy.launch.weights_sync import Source, SyncReport, check_paths, run_sync
+
+HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub's default endpoint, when HF_ENDPOINT is not set
 
 
 def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, Any]:
@@ -31,22 +35,39 @@ def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, Any]:
     return Source(str(Path(spec).resolve())), None
 
 
-def hub_directory(prep: Prepared, manifest: Any, staging: Path | None, quiet: bool) -> str:
-    """`--from hub`: the catalog's hub repo of the model at model.revision, downloaded to `staging` here (default
-    under $XDG_CACHE_HOME/k3deploy/hub), every file verified against the manifest; the directory it is in."""
+def pinned_revision(prep: Prepared, manifest: Manifest) -> tuple[str, str]:
+    """`--from hub`'s repo and revision: the catalog's hub repo of the model at model.revision (required: a hub
+    sync is pinned), which must be the manifest's revision when it names one."""
+    t, model = prep.plan.topology, prep.plan.model
+    assert model is not None  # a feasible plan knows its model
+    make = f"`k3deploy manifest from-hub {model.hub_repo} --revision SHA` makes a manifest for it"
+    if not t.model.revision:
+        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
+                         hint=f"set model.revision: SHA (the manifest's revision; {make})")
+    if manifest.revision and manifest.revision != t.model.revision:
+        raise InputError(f"--from hub: the manifest is for revision {manifest.revision}, model.revision is "
+                         f"{t.model.revision}", hint=f"make the manifest for the pinned revision ({make}) or pin "
+                         "the manifest's revision")
+    return model.hub_repo, t.model.revision
+
+
+def hub_source(prep: Prepared, manifest: Manifest) -> Source:
+    """`--from hub` without staging: the revision's resolve URLs on the hub (HF_ENDPOINT, else huggingface.co),
+    which the first node of the chain pulls (following the hub's redirect to its CDN; a partial file resumed by
+    Range), so each byte leaves the hub once; no token goes to the nodes."""
+    repo, revision = pinned_revision(prep, manifest)
+    url = (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/") + f"/{repo}/resolve/{revision}"
+    return Source(url, url=url)
+
+
+def hub_directory(prep: Prepared, manifest: Manifest, staging: Path, quiet: bool) -> str:
+    """`--from hub --staging DIR`: the pinned revision downloaded into `staging` here (huggingface_hub), every file
+    verified against the manifest; the directory it is in."""
     from k3deploy.checkpoint.hub import fetch_revision
     from k3deploy.extras import require
 
-    t, model = prep.plan.topology, prep.plan.model
-    assert model is not None  # a feasible plan knows its model
-    if not t.model.revision:
-        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
-                         hint=f"set model.revision: SHA (the manifest's revision; `k3deploy manifest from-hub "
-                         f"{model.hub_repo} --revision SHA` makes a manifest for it)")
-    require("hub", what="weights sync --from hub")
-    if staging is None:
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        staging = cache / "k3deploy" / "hub" / model.hub_repo.replace("/", "--") / t.model.revision
+    repo, revision = pinned_revision(prep, manifest)
+    require("hub", what="weights sync --from hub --staging DIR")
     if quiet:
         from huggingface_hub.utils import disable_progress_bars
 
@@ -57,17 +78,22 @@ def hub_directory(prep: Prepared, manifest: Any, staging: Path | None, quiet: bo
             print(f"hub: {name} ({size:,} bytes) {'downloaded and verified' if downloaded else 'already verified'}"
                   f" in {staging}", file=sys.stderr)
 
-    return str(fetch_revision(model.hub_repo, t.model.revision, manifest, staging, on_file=said).resolve())
+    return str(fetch_revision(repo, revision, manifest, staging, on_file=said).resolve())
 
 
 def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
               staging: Path | None = None) -> SyncReport:
-    """The manifest's files onto every node of the unit from `source` (DIR, HOST:DIR or hub): its report."""
+    """The manifest's files onto every node of the unit from `source` (DIR, HOST:DIR or hub; hub with `staging`:
+    downloaded there first): its report."""
     man = load_manifest(prep, manifest)
     where = str(manifest or prep.plan.topology.validate_.manifest)
+    if staging is not None and source != "hub":
+        raise InputError(f"--staging {staging}: only with --from hub (where the hub download goes here)",
+                         hint=f"drop --staging: --from {source} is already a checkpoint directory")
     if source == "hub":
         check_paths(man, where)
-        src, target = Source(hub_directory(prep, man, staging, quiet)), None
+        src = hub_source(prep, man) if staging is None else Source(hub_directory(prep, man, staging, quiet))
+        target = None
     else:
         src, target = node_or_local_source(source, prep)
     return run_sync(prep, checkpoint_nodes(prep), man, src, target, where, quiet)

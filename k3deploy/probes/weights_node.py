@@ -2,12 +2,16 @@
 
 SPEC_JSON's "op":
 - "space": {"path"} -> the free bytes (statvfs) where the checkpoint directory is or will be made;
-- "serve": {"path", "ip"} -> serve the directory's files (final names only) over HTTP with byte ranges on
-  ip, port chosen by the kernel; prints {"type": "serving", "port": N} first, then serves until killed;
+- "serve": {"path", "ip", "idle_s"?} -> serve the directory's files (final names only) over HTTP with byte
+  ranges on ip, port chosen by the kernel; prints {"type": "serving", "port": N} first, then serves until
+  killed, or until no request has come or been answered for idle_s (default IDLE_S: a sync killed outright
+  leaves no server behind for long);
 - "fetch": {"path", "name", "size", "sha256", "url" | null} -> the file to a temporary name beside its final
   one (from `url`, resuming a partial temporary file with a Range request; with no url the temporary file is
   already there, put by the executor), its sha256 checked against the manifest's, then renamed: a file at its
-  final name is always the manifest's. Prints {"type": "progress", "done", "total"} lines, then the result.
+  final name is always the manifest's; a full disk drops the partial file and answers "full" with the free
+  bytes left; an HTTP error answers its "status". Prints {"type": "progress", "done", "total"} lines, then the
+  result.
 - "mark": {"path", "name"} -> an empty file of that (dot) name in the checkpoint directory, or in the deepest
   directory above it that exists (nothing is made), where it was left ("at") and the type of the filesystem
   holding it (from /proc/mounts): nodes that see it share this storage;
@@ -16,17 +20,22 @@ SPEC_JSON's "op":
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import http.client
 import http.server
 import json
 import os
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 READ_BUFFER = 8 << 20
 PART_SUFFIX = ".k3part"
+IDLE_S = 900.0  # a server with no request for this long exits (its sync is gone)
 
 
 def temp_name(root: str, name: str) -> str:
@@ -52,11 +61,25 @@ def space(spec: dict[str, Any]) -> dict[str, Any]:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     root = "/"
+    busy = 0  # requests being answered
+    last = 0.0  # when the last one started or ended (monotonic)
+    lock = threading.Lock()
 
     def log_message(self, *_: Any) -> None:
         pass
 
     def do_GET(self) -> None:
+        with _Handler.lock:
+            _Handler.busy += 1
+            _Handler.last = time.monotonic()
+        try:
+            self._answer()
+        finally:
+            with _Handler.lock:
+                _Handler.busy -= 1
+                _Handler.last = time.monotonic()
+
+    def _answer(self) -> None:
         name = urllib.request.url2pathname(self.path.lstrip("/"))
         path = os.path.join(self.root, name)
         if not inside(self.root, name) or os.path.basename(path).startswith(".") or not os.path.isfile(path):
@@ -84,6 +107,17 @@ def serve(spec: dict[str, Any]) -> None:
     os.makedirs(spec["path"], exist_ok=True)
     _Handler.root = os.path.realpath(spec["path"])
     server = http.server.ThreadingHTTPServer((spec["ip"], 0), _Handler)
+    _Handler.last = time.monotonic()
+    idle_s = float(spec.get("idle_s", IDLE_S))
+
+    def watch() -> None:  # a sync killed outright (SIGKILL) cannot stop its servers: each ends once idle
+        while True:
+            time.sleep(min(idle_s, 5.0))
+            with _Handler.lock:
+                if not _Handler.busy and time.monotonic() - _Handler.last > idle_s:
+                    os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
     print(json.dumps({"type": "serving", "port": server.server_address[1]}), flush=True)
     server.serve_forever()
 
@@ -124,11 +158,23 @@ def fetch(spec: dict[str, Any]) -> dict[str, Any]:
                     _progress(done, size, last)
                 out.flush()
                 os.fsync(out.fileno())
+    except http.client.HTTPException as exc:  # the server went away mid-file: the partial file is kept to resume
+        return {"type": "result", "ok": False, "error": f"{name}: {spec.get('url')}: {exc!r} after {done:,} of "
+                f"{size:,} bytes"}
+    except urllib.error.HTTPError as exc:  # the source answered, but not with the file (the hub: 404 and why)
+        why = exc.headers.get("X-Error-Code") or exc.reason
+        return {"type": "result", "ok": False, "status": exc.code, "error": f"{name}: {spec['url']}: HTTP "
+                f"{exc.code} {why}"}
     except OSError as exc:  # a full disk, a source gone: no file at the final name, the partial one dropped
-        if getattr(exc, "errno", None) == 28 and os.path.exists(tmp):
-            os.unlink(tmp)
+        if getattr(exc, "errno", None) == errno.ENOSPC:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            return {"type": "result", "ok": False, "full": True, "free": space({"path": root})["free"],
+                    "error": f"{name}: {exc}"}
         return {"type": "result", "ok": False, "error": f"{name}: {exc}"}
     got = h.hexdigest()
+    if done < size:  # the stream ended early (the server stopped): not corrupt, the partial file is kept to resume
+        return {"type": "result", "ok": False, "error": f"{name}: the transfer ended after {done:,} of {size:,} bytes"}
     if done != size or got != want:
         os.unlink(tmp)
         return {"type": "result", "ok": False, "corrupt": True,

@@ -168,6 +168,10 @@ class HostRig:
             self._controller = ns
         return self._controller
 
+    def priv_veth(self, ref: HostRef) -> str:
+        """The root namespace's end of the host's private veth (on the private bridge)."""
+        return self._names.veth("p", self.hosts.index(self.host(ref)) + 1)
+
     def iface_bytes(self, ref: HostRef, iface: str) -> tuple[int, int]:
         """(rx_bytes, tx_bytes) of an interface of the host."""
         return read_counters(self.host(ref).ns, iface)

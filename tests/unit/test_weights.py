@@ -20,10 +20,11 @@ from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.target import ExecTarget, LocalTarget
 from k3deploy.launch.prepare import prepare
 from k3deploy.launch.weights import weights_status
-from k3deploy.launch.weights_sync import Source, SyncError, sync
+from k3deploy.launch.weights_sync import HubFailed, Source, SyncError, sync
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.probes import weights_node
 from tests.k3deploy_cli import run_k3deploy as cli
+from tests.rig.fake_hub import fake_hub
 from tests.unit.test_launch_support import fake_topology
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,8 +199,6 @@ def test_cli_sync_from_a_node_directory_then_status_is_complete(tmp_path: Path) 
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout)["nodes"][0]["sent"] == 3
     assert cli("weights", "status", topo, "--manifest", tmp_path / "m.json").returncode == 0
-    hub = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json")
-    assert hub.returncode == 2 and "needs model.revision" in hub.stderr, hub.stderr  # the rest: test_weights_hub
 
 
 def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_path: Path) -> None:
@@ -213,3 +212,51 @@ def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_pat
     run = cli("launch", topo, "--sync-weights", str(src), "--skip-preflight")
     assert run.returncode == 1 and "c.json is corrupt, refused at localhost" in run.stderr, run.stderr
     assert not (tmp_path / "state" / "w-launch.json").exists()
+
+
+def test_a_node_server_left_idle_exits_by_itself(tmp_path: Path) -> None:
+    """A sync killed outright (SIGKILL) cannot stop the servers it started on the nodes: each ends once idle."""
+    import subprocess
+    import sys
+
+    spec = json.dumps({"op": "serve", "path": str(tmp_path), "ip": "127.0.0.1", "idle_s": 0.5})
+    proc = subprocess.Popen([sys.executable, weights_node.__file__, spec], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith('{"type": "serving"')
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_sync_from_the_hub_pulls_each_file_once_through_its_redirect(nodes: Any, tmp_path: Path) -> None:
+    """`--from hub` without staging: the first node pulls the revision's resolve URLs (following the redirect to
+    the CDN, as huggingface.co answers), the others pull from the node before; each file leaves the hub once. Needs
+    the real hub (not tested here): huggingface.co reachable from the first node, its CDN's answer to a Range
+    request, and a gated repo's token (not forwarded to the nodes)."""
+    fleet, targets, manifest, src = nodes
+    shutil.copytree(src, tmp_path / "hub")
+    with fake_hub("org/model", "r1", tmp_path / "hub", cdn=True) as hub:
+        url = f"{hub.url}/org/model/resolve/r1"
+        report = sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+        assert report.exit_code == 0, report.as_json()
+        assert sorted(hub.gets) == sorted(manifest.files) and Recording.puts == []
+        want = {n: d.sha256 for n, d in manifest.files.items()}
+        assert all(final_files(p) == want for _, p in targets.values())
+        (tmp_path / "hub" / "sub" / "c.json").write_bytes(b"[]")  # not the manifest's: refused at the first node
+        shutil.rmtree(targets[0][1])
+        with pytest.raises(SyncError, match=rf"source file {url}/sub/c.json is corrupt, refused at localhost"):
+            sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+        (tmp_path / "hub" / "sub" / "c.json").unlink()
+        with pytest.raises(InputError, match=r"lacks sub/c.json, or withholds it .*HTTP 404 EntryNotFound") as lacks:
+            sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+        assert lacks.value.exit_code == 2 and "sub/c.json" not in final_files(targets[0][1])
+
+
+def test_a_hub_that_does_not_answer_the_first_node_stops_the_sync_naming_the_hub(nodes: Any) -> None:
+    fleet, targets, manifest, src = nodes
+    url = "http://127.0.0.1:9/org/model/resolve/r1"  # the discard port: nothing listens
+    with pytest.raises(HubFailed, match=r"^http://127.0.0.1:9: the hub did not give a.safetensors to localhost") as err:
+        sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
+    assert err.value.exit_code == 3 and all(final_files(p) == {} for _, p in targets.values())

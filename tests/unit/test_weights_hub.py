@@ -1,6 +1,7 @@
-"""`weights sync --from hub`: the model's hub repo at model.revision downloaded here through huggingface_hub, every
-file verified against the manifest, then fanned out to the nodes; against a hub on loopback (tests/rig/fake_hub.py)
-that answers as the hub does (HEAD for commit, ETag and size; GET with Range; 404 with X-Error-Code).
+"""`weights sync --from hub`, both ways: pulled by the nodes from the hub's resolve URLs (the first node of the
+chain; no staging), or with --staging DIR downloaded here through huggingface_hub, every file verified against the
+manifest, then fanned out to the nodes; against a hub on loopback (tests/rig/fake_hub.py) that answers as the hub
+does (HEAD for commit, ETag and size; GET with Range, or a redirect to its CDN; 404 with X-Error-Code).
 
 What needs the real hub and is not tested here: authentication (HF_TOKEN, gated repos), the hub's redirects to
 its CDN and its Xet storage backend (huggingface_hub picks those from the hub's headers), and rate limits."""
@@ -101,6 +102,31 @@ def test_what_the_hub_cannot_give_is_named_with_its_fix(tmp_path: Path) -> None:
         (tmp_path / "hub" / "sub" / "c.json").unlink()
         missing = _sync(tmp_path, topo, hub.url)
         assert missing.returncode == 2 and "lacks a file the manifest lists" in missing.stderr, missing.stderr
+        pulled = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json",
+                     env=_env(tmp_path, hub.url))  # the node asks the hub: the same answer
+        assert pulled.returncode == 2 and "lacks sub/c.json" in pulled.stderr, pulled.stderr
+        assert "Traceback" not in pulled.stderr
+    staged = cli("weights", "sync", topo, "--from", str(tmp_path / "hub"), "--staging", tmp_path / "staging",
+                 "--manifest", tmp_path / "m.json")
+    assert staged.returncode == 2 and "only with --from hub" in staged.stderr, staged.stderr
+
+
+def test_sync_from_the_hub_without_staging_the_node_pulls_it_through_the_redirect_once(tmp_path: Path) -> None:
+    """Nothing is downloaded here: the node follows the resolve URL's redirect to the CDN (HF_ENDPOINT's hub) and
+    verifies each file; a rerun asks the hub for nothing."""
+    _hub_files(tmp_path / "hub").save(tmp_path / "m.json")
+    topo = _topology(tmp_path)
+    with fake_hub(REPO, COMMIT, tmp_path / "hub", cdn=True) as hub:
+        run = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json", "--json",
+                  env=_env(tmp_path, hub.url))
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert json.loads(run.stdout)["nodes"][0]["sent"] == len(FILES) and sorted(hub.gets) == sorted(FILES)
+        for name, data in FILES.items():
+            assert (tmp_path / "ckpt" / name).read_bytes() == data
+        assert not (tmp_path / "hf-home").exists() and not (tmp_path / "staging").exists()
+        again = cli("weights", "sync", topo, "--from", "hub", "--manifest", tmp_path / "m.json",
+                    env=_env(tmp_path, hub.url))
+        assert again.returncode == 0 and sorted(hub.gets) == sorted(FILES), again.stderr
 
 
 class _NoCalls:
