@@ -1,5 +1,6 @@
-"""Launch's preparation, shared by `launch` and `preflight`: plan the file (feasible), and make every node's
-record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data."""
+"""Launch's preparation, shared by `launch`, `preflight` and `weights`: plan the file (feasible), and make every
+node's record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data; the nodes as their
+allocation holds them for the commands that probe them without starting anything."""
 from __future__ import annotations
 
 import contextlib
