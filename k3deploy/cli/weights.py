@@ -44,8 +44,10 @@ def status(
     **connection: Any,
 ) -> None:
     """Per node: manifest files present, verified (sha256, hashed on every node at once; once for nodes whose
-    directory is one shared filesystem), wrong, missing, and the bytes still to go. Exit 0 when every node holds every file, 1 when one lacks a file or holds a wrong
-    one, 3 when a node cannot be reached, 2 with no manifest."""
+    directory is one shared filesystem), wrong, missing, and the bytes still to go; through every executor (local,
+    SSH, Ray, Slurm: the nodes of a job held for the check, cancelled after it). Exit 0 when every node holds every
+    file, 1 when one lacks a file or holds a wrong one, 3 when a node cannot be reached, 2 with no manifest, 4 when
+    the Slurm job holding the nodes does not run within launch.ready_timeout_s."""
     from rich.console import Console
 
     from k3deploy.launch.prepare import prepare
@@ -96,8 +98,10 @@ def sync(
     syncs from DIR. Exit 0 done; 1 a node (or, with --staging, this machine) lacks room (before any byte moves, or
     a node's disk filled during the copy: named with its free and needed bytes), or a source file is corrupt
     (nothing of it kept); 2 invalid input, or a repo, revision or file the hub lacks; 3 a node or the hub could
-    not be reached, or a node was lost (named; the others finish: rerun to complete it); 6 --from hub --staging
-    without huggingface_hub (the `hub` extra)."""
+    not be reached, or a node was lost (named; the others finish: rerun to complete it); 4 the Slurm job holding
+    the nodes did not run within launch.ready_timeout_s; 6 --from hub --staging without huggingface_hub (the `hub`
+    extra). Through every executor: local, SSH, Ray, Slurm (the nodes of a job held for the sync, cancelled after
+    it)."""
     from k3deploy.cli.interrupts import sigterm_interrupts
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.weights_unit import sync_unit

@@ -1,10 +1,11 @@
-"""Launch's preparation, shared by `launch` and `preflight`: plan the file (feasible), and make every node's
-record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data."""
+"""Launch's preparation, shared by `launch`, `preflight` and `weights`: plan the file (feasible), and make every
+node's record (NodeJob) once; what the CLI prints (the secrets warnings) comes back as data; the nodes as their
+allocation holds them for the commands that probe them without starting anything."""
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -66,3 +67,13 @@ def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.Ab
     t = plan.topology
     out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
     return allocation_for(jobs).held(plan, jobs, catalog, out, open_executor)
+
+
+@contextlib.contextmanager
+def held_unit(prep: Prepared) -> Iterator[tuple[NodeJob, ...]]:
+    """Every instance's nodes of the unit at once, as their allocations hold them (nothing started on them), in
+    `prep.jobs`' order: a static host as it is, a Slurm job's node as a step of a held job (cancelled on the way
+    out), so `weights status` and `sync` reach the nodes as preflight's probes do."""
+    parts = [(prep.plan, prep.jobs)] if prep.service is None else list(prep.service.replicas)
+    with contextlib.ExitStack() as stack:
+        yield tuple(j for plan, jobs in parts for j in stack.enter_context(held(plan, jobs, prep.catalog)))

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import posixpath
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from k3deploy.checkpoint.manifest import Manifest, topology_manifest
 from k3deploy.errors import InputError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
-from k3deploy.launch.prepare import Prepared
+from k3deploy.launch.prepare import Prepared, held_unit
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.probes import shards as probe
 from k3deploy.probes import weights_node
@@ -85,11 +86,12 @@ def load_manifest(prep: Prepared, manifest: Path | None) -> Manifest:
     return found
 
 
-def checkpoint_nodes(prep: Prepared) -> dict[tuple[str, str], list[NodeJob]]:
-    """Every instance's nodes by (host, checkpoint path): one copy per host and path, whichever ranks share it."""
+def checkpoint_nodes(prep: Prepared, jobs: Sequence[NodeJob]) -> dict[tuple[str, str], list[NodeJob]]:
+    """Every instance's nodes (`jobs`, as their allocation holds them) by (host, checkpoint path): one copy per
+    host and path, whichever ranks share it."""
     path = prep.plan.topology.model.path
     out: dict[tuple[str, str], list[NodeJob]] = {}
-    for job in prep.jobs:
+    for job in jobs:
         out.setdefault((job.target.host, path), []).append(job)
     return out
 
@@ -176,8 +178,14 @@ def _root(owner: dict[int, int], r: int) -> int:
 
 
 def weights_status(prep: Prepared, manifest: Manifest, factory: ExecutorFactory = open_executor) -> WeightsReport:
-    """Hash every node's copy at once (once per shared filesystem) and sort its files against the manifest."""
-    nodes = checkpoint_nodes(prep)
+    """Hash every node's copy at once (once per shared filesystem; the nodes as their allocation holds them) and
+    sort its files against the manifest."""
+    with held_unit(prep) as jobs:
+        return _status(checkpoint_nodes(prep, jobs), manifest, factory)
+
+
+def _status(nodes: dict[tuple[str, str], list[NodeJob]], manifest: Manifest, factory: ExecutorFactory) \
+        -> WeightsReport:
     keys = list(nodes)
     paths = {i: k[1] for i, k in enumerate(keys)}
     with NodeFleet({i: nodes[k][0].target for i, k in enumerate(keys)}, factory) as fleet:

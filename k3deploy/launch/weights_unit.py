@@ -4,35 +4,49 @@ hub at model.revision: pulled by the nodes, or downloaded here first into a stag
 every instance's nodes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import InputError
-from k3deploy.launch.prepare import Prepared
+from k3deploy.executors.target import ExecTarget
+from k3deploy.launch.prepare import Prepared, held_unit
 from k3deploy.launch.weights import checkpoint_nodes, load_manifest
 from k3deploy.launch.weights_sync import Source, SyncReport, check_paths, run_sync
+from k3deploy.nodeplan.jobs import NodeJob
 
 HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub's default endpoint, when HF_ENDPOINT is not set
 
 
-def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, Any]:
+def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, str | None]:
     """`--from DIR` (this machine) or `--from HOST:DIR` (a node of the unit, which serves it): the source and the
-    executor target that reaches it (None here)."""
+    host of the node that serves it (None: this machine), checked against the topology before any node is held."""
     host, sep, directory = spec.partition(":")
-    jobs = {j.target.host: j for j in prep.jobs}
-    if sep and host in jobs:
+    hosts = [j.target.host for j in prep.jobs]
+    if sep and host in hosts:
         if not directory.startswith("/"):
             raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
-        return Source(directory, rank=-1, ip=jobs[host].ip), jobs[host].target
+        return Source(directory, rank=-1), host
     if sep and not Path(spec).is_dir():
         raise InputError(f"--from {spec}: {host} is not a node of this topology",
-                         hint=f"nodes: {', '.join(jobs)}; or a directory on this machine")
+                         hint=f"nodes: {', '.join(dict.fromkeys(hosts))}; or a directory on this machine")
     if not Path(spec).is_dir():
         raise InputError(f"--from {spec}: no such directory on this machine")
     return Source(str(Path(spec).resolve())), None
+
+
+def serving_node(src: Source, host: str, jobs: Sequence[NodeJob]) -> tuple[Source, ExecTarget]:
+    """The source node of `--from HOST:DIR` as its allocation holds it: the source with the private IP its server
+    listens on, and the target that reaches it."""
+    job = next((j for j in jobs if j.target.host == host), None)
+    if job is None:
+        raise InputError(f"--from {host}:{src.directory}: {host} is not among the nodes held for the sync",
+                         hint=f"held: {', '.join(dict.fromkeys(j.target.host for j in jobs))}; name one of them "
+                         "(or pin the allocation's nodes, launch.slurm.nodelist)")
+    return dataclasses.replace(src, ip=job.ip), job.target
 
 
 def pinned_revision(prep: Prepared, manifest: Manifest) -> tuple[str, str]:
@@ -90,10 +104,12 @@ def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
     if staging is not None and source != "hub":
         raise InputError(f"--staging {staging}: only with --from hub (where the hub download goes here)",
                          hint=f"drop --staging: --from {source} is already a checkpoint directory")
+    host = None
     if source == "hub":
         check_paths(man, where)
         src = hub_source(prep, man) if staging is None else Source(hub_directory(prep, man, staging, quiet))
-        target = None
     else:
-        src, target = node_or_local_source(source, prep)
-    return run_sync(prep, checkpoint_nodes(prep), man, src, target, where, quiet)
+        src, host = node_or_local_source(source, prep)
+    with held_unit(prep) as jobs:
+        src, target = serving_node(src, host, jobs) if host is not None else (src, None)
+        return run_sync(prep, checkpoint_nodes(prep, jobs), man, src, target, where, quiet)

@@ -1,6 +1,7 @@
 """`k3deploy weights`: each node's copy of the checkpoint against the manifest, on local nodes."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -17,10 +18,11 @@ from k3deploy.executors.base import CommandResult
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.local import LocalExecutor
-from k3deploy.executors.target import ExecTarget, LocalTarget
+from k3deploy.executors.target import ExecTarget, LocalTarget, SlurmTarget
 from k3deploy.launch.prepare import prepare
 from k3deploy.launch.weights import weights_status
 from k3deploy.launch.weights_sync import HubFailed, Source, SyncError, sync
+from k3deploy.launch.weights_unit import node_or_local_source, serving_node
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.probes import weights_node
 from tests.k3deploy_cli import run_k3deploy as cli
@@ -199,6 +201,21 @@ def test_cli_sync_from_a_node_directory_then_status_is_complete(tmp_path: Path) 
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout)["nodes"][0]["sent"] == 3
     assert cli("weights", "status", topo, "--manifest", tmp_path / "m.json").returncode == 0
+
+
+def test_a_source_node_is_taken_as_its_allocation_holds_it_and_one_it_does_not_hold_is_refused(
+        tmp_path: Path) -> None:
+    prep = prepare(fake_topology(tmp_path, "w-held", nodes=2), None, ExecOverrides())
+    src, host = node_or_local_source("localhost:/models/k3", prep)
+    assert (src.directory, src.rank, host) == ("/models/k3", -1, "localhost")
+    placed = tuple(j.model_copy(update={"ip": f"10.9.0.{j.rank + 1}", "target": SlurmTarget(host=f"n{j.rank}",
+                                                                                               job_id=7)})
+                   for j in prep.jobs)  # as a Slurm job placed them: its nodes' names and addresses
+    src, target = serving_node(dataclasses.replace(src, directory="/d"), "n1", placed)
+    assert (src.ip, target) == ("10.9.0.2", SlurmTarget(host="n1", job_id=7))
+    with pytest.raises(InputError, match="localhost is not among the nodes held for the sync") as refused:
+        serving_node(src, "localhost", placed)
+    assert "held: n0, n1" in str(refused.value.hint)
 
 
 def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_path: Path) -> None:
