@@ -67,7 +67,7 @@ def status(
                 console.print(f"{n.host}: {len(n.wrong)} file(s) differ from the manifest at {n.path} "
                               f"(first: {n.wrong[0]})")
         if report.exit_code == 1:
-            console.print(f"fix: k3deploy weights sync {file} --from DIR|HOST:DIR")
+            console.print(f"fix: k3deploy weights sync {file} --from DIR|HOST:DIR|hub")
     raise typer.Exit(report.exit_code)
 
 

@@ -84,7 +84,7 @@ def _clock(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
 
 
 def _sync(ctx: Context) -> str:
-    return f"k3deploy weights sync {ctx.plan.file} --from DIR|HOST:DIR (every node, verified)"
+    return f"k3deploy weights sync {ctx.plan.file} --from DIR|HOST:DIR|hub (every node, verified)"
 
 
 def _checkpoint(rank: int, f: dict[str, Any], ctx: Context) -> Judged:
