@@ -5,10 +5,13 @@ Why not `bind(("127.0.0.1", 0))` and release: that port comes from the kernel's 
 where every outgoing connection, every `bind(0)` of another test and the engines' own internal sockets take ports
 too, so between the release and the test's server binding it anyone may take it (CI failed on that: a stand-in's
 port "already in use"); and two of them can be neighbours, so `launch.port + i` (one port per replica) ran into a
-router's metrics port. Here ports come from 20000-31999: above Ray's worker ports (10002-19999), below the
-ephemeral range. A block is reserved by an abstract unix socket named after it, which the kernel drops when the
-process exits (nothing to clean up; per network namespace, like the ports themselves), so the three xdist
-workers and the real-engine tier's two runs never share one.
+router's metrics port. Here ports come from 21000-28999: above Ray's worker ports (10002-19999), below the
+ephemeral range, and clear of every fixed port the project's topologies, assets and engines name (launch.port
+20000, the routers' metrics 29000, torch's 29500-29502, SGLang's and the assets' routers' 30000-30001: a block
+handed out at 30000 once put an engine on the asset's router port). A block is reserved by an abstract unix
+socket named after it, which the kernel drops when the process exits (nothing to clean up; per network
+namespace, like the ports themselves), so the three xdist workers and the real-engine tier's two runs never
+share one.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ import random
 import socket
 import threading
 
-FIRST = 20000
-LAST = 32000
+FIRST = 21000
+LAST = 29000
 STRIDE = 8  # launch.port + i for up to eight replicas, or a server's neighbours
 _BLOCKS = (LAST - FIRST) // STRIDE
 _held: list[socket.socket] = []

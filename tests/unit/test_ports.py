@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 import subprocess
 import sys
@@ -37,3 +38,13 @@ def test_a_block_with_a_listener_in_it_is_skipped(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(ports, "_cursor", block - 1)  # the next block handed out would be this one
         given = ports.free_port()
     assert given != start and not (given <= start + 3 < given + ports.STRIDE)
+
+
+@pytest.mark.timeout(60)
+def test_no_topology_or_asset_names_a_port_in_the_allocators_range() -> None:
+    """A fixed port in a topology the tests load beside allocated ones must not be one the allocator hands out."""
+    root = Path(__file__).resolve().parents[2]
+    named = {(str(f.relative_to(root)), int(n)) for f in [*root.glob("topologies/*.yaml"), *root.glob("tests/assets/**/*.yaml")]
+             for n in re.findall(r"port:\s*(\d+)", f.read_text(encoding="utf-8"))}
+    assert len(named) > 10
+    assert [(f, n) for f, n in named if ports.FIRST <= n < ports.LAST] == []
