@@ -3,10 +3,11 @@
 The router sends the same request to a prefill and a decode server at once, adding bootstrap_host (the
 prefill's host), bootstrap_port (given after `--prefill URL`) and a random bootstrap_room. The prefill runs a
 bootstrap server on --disaggregation-bootstrap-port; the decode asks it `/route` for the prefill's parallel
-info, then receives the room's KV and KDA state. The stand-in's own transfer is plain HTTP on that server:
-`/k3sim/kv?room=R&skip=N` long-polls until the prefill has published room R and answers the state past the
-decode's own cached prefix of N tokens. The state: the prompt's token ids (the MLA KV) and the facts the
-KDA state carries (recall.Facts), so a decode restored from a dropped or zeroed state answers wrongly.
+info (once per bootstrap address, kept for later requests), then receives the room's KV and KDA state. The
+stand-in's own transfer is plain HTTP on that server: `/k3sim/kv?room=R&skip=N` long-polls until the prefill
+has published room R and answers the state past the decode's own cached prefix of N tokens. The state: the
+prompt's token ids (the MLA KV) and the facts the KDA state carries (recall.Facts), so a decode restored from
+a dropped or zeroed state answers wrongly.
 """
 
 from __future__ import annotations
@@ -218,18 +219,35 @@ def _get(url: str, wait_s: float) -> bytes:
         return data
 
 
-def fetch_state(boot: Bootstrap, skip: int, wait_s: float, expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The decode's side: the prefill's parallel info (each `expect` key must match it), then the room's state
-    (TransferError, worded as SGLang's)."""
-    base = f"http://{boot.addr}"
+# The decode's table of prefill parallel info by bootstrap_addr: SGLang asks a prefill's /route once and keeps
+# the answer (kv_mgr.prefill_info_table, filled by try_ensure_parallel_info); a failed ask is not kept.
+_PARALLEL_INFO: dict[str, dict[str, Any]] = {}
+_PARALLEL_INFO_LOCK = threading.Lock()
+
+
+def _parallel_info(boot: Bootstrap) -> dict[str, Any]:
+    with _PARALLEL_INFO_LOCK:
+        known = _PARALLEL_INFO.get(boot.addr)
+    if known is not None:
+        return known
     try:
-        info = json.loads(_get(f"{base}{ROUTE_PATH}?{ROUTE_QUERY}", ROUTE_TIMEOUT_S))
+        info = json.loads(_get(f"http://{boot.addr}{ROUTE_PATH}?{ROUTE_QUERY}", ROUTE_TIMEOUT_S))
     except (OSError, ValueError) as exc:
         raise TransferError(
             boot.room, f"Could not fetch prefill parallel info from bootstrap_addr: {boot.addr}"
         ) from exc
     if not isinstance(info, dict):
         raise TransferError(boot.room, f"Could not fetch prefill parallel info from bootstrap_addr: {boot.addr}")
+    with _PARALLEL_INFO_LOCK:
+        _PARALLEL_INFO[boot.addr] = info
+    return info
+
+
+def fetch_state(boot: Bootstrap, skip: int, wait_s: float, expect: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The decode's side: the prefill's parallel info (asked once per bootstrap address, as SGLang does; each
+    `expect` key must match it), then the room's state (TransferError, worded as SGLang's)."""
+    base = f"http://{boot.addr}"
+    info = _parallel_info(boot)
     for key, wanted in (expect or {}).items():
         if info.get(key) != wanted:
             raise TransferError(boot.room, f"handshake with {boot.addr}: {key} is {info.get(key)!r}, expected {wanted!r}")
