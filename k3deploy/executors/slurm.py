@@ -6,11 +6,16 @@ Traps of Slurm 22.05, met on the rig:
 - srun prints `srun: error: NODE: task 0: Exited with exit code N` on stderr for any non-zero exit: that
   line is Slurm's, not the command's, and is dropped from the result.
 - SIGTERM to srun ends the step's processes; SIGKILL to srun leaves them running, so a timeout sends TERM.
+- Ending a step kills its processes one by one (proctrack/linuxproc): a shell whose child died first runs
+  its next command before its own signal arrives (`sleep 4; touch F`, timed out after 1 s, touched F at
+  once, in about one run in four beside a busy loop). A timed-out command's process group is therefore
+  killed with one signal first (`kill_tagged`), and only then is srun told to end the step.
 - A process a step detaches (setsid) outlives the step under proctrack/linuxproc but not under
   proctrack/cgroup, so `start` keeps its step open until the process ends (the step's shell waits for it).
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -30,6 +35,8 @@ from k3deploy.executors.local import process_lines
 from k3deploy.executors.posix import LineSplitter, ShellExecutor, check_tag, start_script, started_handle
 from k3deploy.executors.target import Capabilities, SlurmTarget
 
+log = logging.getLogger(__name__)
+
 # How long srun may take to set up a step before a command starts (the controller is busy, a node is slow).
 STEP_SETUP_S = 30.0
 _SRUN_EXIT = re.compile(r"^srun: error: \S+: task \d+: (?:Exited with exit code \d+|Killed|Terminated)(?:\n|$)",
@@ -48,24 +55,34 @@ STEP_MARKS = "/tmp/k3deploy-steps"  # on each node: one empty file per timed-out
 def bounded(command: str, timeout_s: float, step_tag: str) -> str:
     """The command under coreutils `timeout` on the node, so the step cannot outlive the caller's deadline,
     with `K3_STEP=step_tag` in its environment, which `kill_tagged` finds it by; it does not start at all once
-    `kill_tagged` has marked it. On a loaded rig the SIGTERM to srun at the deadline failed to end the
-    command in three clean-clone runs (`sleep 4; touch F` under a 1 s timeout touched F), under `timeout`
-    too: most likely a step whose task started late and whose `timeout` was then killed by the step's end,
-    leaving its children (no longer in the step's tree, but still carrying the environment)."""
+    `kill_tagged` has marked it. `timeout` leads the command's own process group, which `kill_tagged` kills
+    with one signal."""
     mark = shlex.quote(f"{STEP_MARKS}/{step_tag}")
     return (f"[ ! -e {mark} ] || exit 124; K3_STEP={shlex.quote(step_tag)} "
             f"exec timeout -s KILL {math.ceil(timeout_s) + 1} sh -c {shlex.quote(command)}")
 
 
+KILL_SCANS, KILL_SCAN_GAP_S = 10, 0.2  # at most this many looks for the timed-out command's processes, this far apart
+
+
 def kill_tagged(step_tag: str) -> str:
     """A shell script that marks the command as timed out (a late start then exits at once) and SIGKILLs every
-    process whose environment holds `K3_STEP=step_tag`, twice 2 s apart (a start under way at the first scan
-    is caught by the second); marks older than 10 minutes are removed."""
-    scan = ("for e in /proc/[0-9]*/environ; do "
-            f"if tr '\\0' '\\n' 2>/dev/null < \"$e\" | grep -qxF {shlex.quote('K3_STEP=' + step_tag)}; then "
-            'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; fi; done')
-    return (f"mkdir -p {STEP_MARKS} && : > {shlex.quote(STEP_MARKS + '/' + step_tag)}; {scan}; sleep 2; {scan}; "
-            f"find {STEP_MARKS} -type f -mmin +10 -delete 2>/dev/null; true")
+    process whose environment holds `K3_STEP=step_tag`, printing `killed PID` for each; marks older than 10
+    minutes are removed. A process group led by a tagged process (the `timeout` of `bounded` leads the
+    command's) is killed with one group-wide signal, which no member outlives: killed one by one, a shell
+    whose child died first runs its next command before its own signal arrives (`sleep 4; touch F` touched F
+    on the rig, as Slurm's own step kill under proctrack/linuxproc does it). It looks again KILL_SCAN_GAP_S
+    later (a start under way is caught by the next look), until a look finds nothing, KILL_SCANS looks at most.
+    One `grep` reads every process's environment per look."""
+    tag = shlex.quote(f"K3_STEP={step_tag}")
+    scan = (f"found=; for e in $(grep -lzxF {tag} /proc/[0-9]*/environ 2>/dev/null); do "
+            'p=${e#/proc/}; p=${p%/environ}; found=1; '
+            "g=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f3); "
+            f'if [ -n "$g" ] && grep -qzxF {tag} /proc/"$g"/environ 2>/dev/null; then kill -s KILL -- -"$g" 2>/dev/null; fi; '
+            'kill -9 "$p" 2>/dev/null; echo "killed $p"; done')
+    return (f"mkdir -p {STEP_MARKS} && : > {shlex.quote(STEP_MARKS + '/' + step_tag)}; "
+            f'i=0; while [ $i -lt {KILL_SCANS} ]; do {scan}; i=$((i+1)); [ -n "$found" ] || [ $i -lt 2 ] || break; '
+            f"sleep {KILL_SCAN_GAP_S}; done; find {STEP_MARKS} -type f -mmin +10 -delete 2>/dev/null; true")
 
 
 class SlurmExecutor(ShellExecutor):
@@ -131,24 +148,42 @@ class SlurmExecutor(ShellExecutor):
             lines.flush()
             code = proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            # The command's processes go first, all at once (kill_tagged); only then does srun end the step,
+            # when nothing is left to kill one by one (srun's own kill lets a shell run its next command).
+            failed = self._finish_kill(self._start_kill(step_tag))
             _end_step(proc)
-            self._kill_tagged(step_tag)
-            raise CommandTimeout(f"command timed out after {timeout_s:g} s", host=self.host) from None
+            raise CommandTimeout(f"command timed out after {timeout_s:g} s" + (
+                f"; ending it on the node failed ({failed}): it may still be running there" if failed else ""),
+                host=self.host) from None
         finally:
             _end_step(proc)
         text = err.decode(errors="replace")
         return CommandResult(exit_code=code, stdout=out.decode(errors="replace"), stderr=_SRUN_EXIT.sub("", text))
 
-    def _kill_tagged(self, step_tag: str) -> None:
-        """After a timeout: a step that ends whatever the timed-out command left running (best effort)."""
-        proc = self._popen(self._argv(kill_tagged(step_tag)), stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def _start_kill(self, step_tag: str) -> subprocess.Popen[bytes] | None:
+        """After a timeout: a step that ends whatever the timed-out command left running (None: srun would
+        not start)."""
         try:
-            proc.wait(STEP_SETUP_S)
+            return self._popen(self._argv(kill_tagged(step_tag)), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except ExecError:
+            return None
+
+    def _finish_kill(self, killer: subprocess.Popen[bytes] | None) -> str:
+        """The killer's step waited for: '' when it ran, else why not (srun's words)."""
+        if killer is None:
+            return "srun would not start"
+        try:
+            out, err = killer.communicate(timeout=STEP_SETUP_S)
         except subprocess.TimeoutExpired:
-            pass
-        finally:
-            _end_step(proc)
+            _end_step(killer)
+            return f"its step did not end in {STEP_SETUP_S:g} s"
+        killed = sorted({line.split()[1] for line in out.decode(errors="replace").splitlines()
+                         if line.startswith("killed ")}, key=int)
+        log.debug("%s: after a timeout, killed %s", self.host, ", ".join(killed) or "nothing (already ended)")
+        if killer.returncode != 0:
+            return _SRUN_EXIT.sub("", err.decode(errors="replace")).strip()[-300:] or f"exit {killer.returncode}"
+        return ""
 
     def _stream(self, command: str, stop: threading.Event | None) -> Iterator[str]:
         proc = self._popen(self._argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -101,11 +101,37 @@ def test_a_timed_out_step_command_that_left_the_step_is_found_by_its_tag_and_kil
         os.kill(proc.pid, signal.SIGKILL)  # `timeout` gone: its shell and sleep are orphans now
         proc.wait(10)
         assert any(_alive(k) for k in kids)
-        subprocess.run(["sh", "-c", kill_tagged(tag)], check=True, timeout=60)
+        said = subprocess.run(["sh", "-c", kill_tagged(tag)], check=True, timeout=60, capture_output=True, text=True)
+        assert set(said.stdout.splitlines()) == {f"killed {k}" for k in kids}, said.stdout  # each named
         assert wait_for(lambda: not any(_alive(k) for k in kids), 10)
         assert not marker.exists()
         late = subprocess.run(["sh", "-c", bounded(f"touch {marker}", 60, tag)], check=False, timeout=60)
         assert late.returncode == 124 and not marker.exists()  # a start after the kill does not run
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        Path(STEP_MARKS, tag).unlink(missing_ok=True)
+
+
+def test_the_timed_out_commands_whole_process_group_goes_at_once(tmp_path: Path) -> None:
+    """`kill_tagged` kills the group `timeout` leads in one signal: a member that dropped the tag from its
+    environment (`env -i`, `env -u`) goes too, and no shell in it lives to run its next command."""
+    marker = tmp_path / "survived"
+    tag = uuid.uuid4().hex
+    untagged = f"env -u K3_STEP sh -c 'sleep 20; touch {marker}'"
+    proc = subprocess.Popen(["sh", "-c", bounded(f"{untagged} & wait", 60, tag)], start_new_session=True)
+    try:
+        found: list[int] = []
+
+        def three() -> bool:  # timeout's shell, the untagged shell and its sleep
+            found[:] = descendants(proc.pid)
+            return len(found) >= 3
+        assert wait_for(three, 10), found
+        said = subprocess.run(["sh", "-c", kill_tagged(tag)], check=True, timeout=60, capture_output=True, text=True)
+        assert said.stdout, "the tagged processes were found"
+        assert wait_for(lambda: not any(_alive(k) for k in found), 10), [k for k in found if _alive(k)]
+        assert proc.wait(10) == -signal.SIGKILL
+        assert not marker.exists()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
