@@ -1,27 +1,32 @@
 """Predicted time to first token and time per output token of a prefill/decode deployment, per role.
 
-A request's first token comes from a prefill instance: TTFT = that instance's prefill latency and queue (its
-requests answer one token each, so nothing decodes there) + the transfer of the request's MLA KV and its KDA
-state to the decode over the scale-out fabric. Every later token comes from a decode instance: TPOT = its
-decode step at its batch, with no prefill stalling it (prefill runs elsewhere). Each role's instances share
-the concurrency evenly. The service's output rate: the closed loop's (concurrency x answer / request time), no
-more than the decode instances emit at their running batch (one token per request per TPOT) nor than the
-prefill instances admit (their prompts per second x answer length). Pure."""
+A request's first token comes from a prefill instance (its prefill, then the transfer of the request's MLA KV
+and KDA state to a decode over the scale-out fabric); every later token from a decode instance, one a step of
+its running batch, with no prefill stalling it (prefill runs elsewhere). The figures are those of the benchmark
+run itself (`bench_serving --max-concurrency C`, the workload's prompts, 5 x C unless given): the first C
+requests arrive together and queue at the prefill role; each later one is sent as an earlier one finishes; a
+prefilled request waits for a decode slot when the decode's batch is at its cap. Which role bounds the output
+rate follows from that run, not from a choice between caps: the decode's batch is the requests that have come
+through the prefill role and not yet finished, so a faster decode step gives a higher rate at the same
+concurrency. TPOT is the decode step at the run's mean running batch; TTFT the run's mean; the output rate the
+run's tokens over its duration. Each role's instances share the concurrency evenly. Pure."""
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import PerfUnknown, Term
-from k3deploy.planning.prediction import Prediction, predict_topology
+from k3deploy.planning.prediction import Prediction, decode_token_s, predict_topology, timed_topology
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.schema import Topology
 
 
 class RolePrediction(NamedTuple):
-    """TTFT (prefill + transfer) and TPOT (decode), each with the terms that make it up."""
+    """TTFT (prefill, queue and transfer) and TPOT (decode), each with the terms that make it up."""
 
     ttft_s: float | None  # None: the transfer cannot be timed (ttft_unknown says why)
     tpot_s: float
@@ -63,34 +68,105 @@ def transfer_s(t: Topology, catalog: Catalog, input_tokens: int) -> Term:
     return Term("transfer", seconds, f"{nbytes / 2**20:,.1f} MiB of MLA KV and KDA state per GPU over scale-out")
 
 
+class BenchRun(NamedTuple):
+    """One benchmark run against a prefill role and a decode instance: its duration and per-request means."""
+
+    duration_s: float
+    ttft_s: float
+    batch: float  # the decode's running batch as its tokens see it (a step of b requests counted b times)
+
+
+def bench_run(clients: int, prompts: int, out: int, prefill_gap_s: float, first_token_s: float, cap: int,
+              token_s: Callable[[int], float]) -> BenchRun:
+    """`prompts` requests from `clients` closed-loop clients (all sent at once, each next one when one finishes):
+    the prefill role starts one every `prefill_gap_s` in arrival order, its first token reaches the decode
+    `first_token_s` after the start, and waits there for one of `cap` slots; the decode then emits a token per
+    request every `token_s(batch)` until `out`. Event by event: the batch is constant between events."""
+    ready: list[tuple[float, int]] = []  # (first token at the decode, request)
+    running: list[tuple[int, int]] = []  # (the decode step it finishes on, request)
+    sent_at: dict[int, float] = {}
+    free = now = ttft = 0.0
+    step = done = tokens = weighted = 0
+
+    def send(i: int, at: float) -> None:
+        nonlocal free
+        start = max(at, free)
+        free = start + prefill_gap_s
+        sent_at[i] = at
+        heapq.heappush(ready, (start + first_token_s, i))
+
+    for i in range(min(clients, prompts)):
+        send(i, 0.0)
+    sent = len(sent_at)
+    while done < prompts:
+        while ready and ready[0][0] <= now and len(running) < cap:
+            _, i = heapq.heappop(ready)
+            ttft += now - sent_at[i]
+            heapq.heappush(running, (step + out - 1, i))
+        if not running:
+            now = ready[0][0]
+            continue
+        batch, dt = len(running), token_s(len(running))
+        steps = running[0][0] - step
+        if ready and batch < cap:  # the next arrival joins at the first step boundary after it is ready
+            steps = min(steps, max(1, math.ceil((ready[0][0] - now) / dt)))
+        now += steps * dt
+        step += steps
+        tokens += batch * steps
+        weighted += batch * batch * steps
+        while running and running[0][0] <= step:
+            heapq.heappop(running)
+            done += 1
+            if sent < prompts:
+                send(sent, now)
+                sent += 1
+    return BenchRun(now, ttft / prompts, weighted / tokens if tokens else 1.0)
+
+
 def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
-    """The workload's mean TTFT and TPOT across the roles of `t` (PerfUnknown when a role cannot be timed; no
-    TTFT when only the transfer cannot)."""
+    """The workload's mean TTFT and TPOT across the roles of `t`, and the service's output rate, from its
+    benchmark run (module docstring); PerfUnknown when a role cannot be timed, no TTFT when only the transfer
+    cannot."""
     from k3deploy.topology.pd import instance_topology, instances, role_group
 
     assert t.roles is not None
     first = {i.role: i for i in reversed(instances(t))}
-    share = {r: max(1, math.ceil(w.concurrency / role_group(t, r).instances)) for r in ("prefill", "decode")}
-    pre_t = instance_topology(t, first["prefill"])
+    groups = {r: role_group(t, r) for r in ("prefill", "decode")}
+    share = {r: max(1, math.ceil(w.concurrency / groups[r].instances)) for r in ("prefill", "decode")}
+    pre_t, dec_t = instance_topology(t, first["prefill"]), instance_topology(t, first["decode"])
     pre = predict_topology(pre_t, catalog, w._replace(output_tokens=2, concurrency=share["prefill"]))
-    dec = predict_topology(instance_topology(t, first["decode"]), catalog, w._replace(concurrency=share["decode"]))
-    ttft_terms = tuple(Term(f"prefill role: {x.name}", x.seconds, x.how) for x in pre.ttft_terms if x.seconds)
+    admitted, inp = timed_topology(dec_t, catalog, w._replace(concurrency=share["decode"]))
+    gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
+    unknown = ""
+    try:
+        transfer: Term | None = transfer_s(pre_t, catalog, w.input_tokens)
+    except PerfUnknown as exc:  # the decode's figures stand without it
+        transfer, unknown = None, str(exc)
+    hand_off = pre.prefill_latency_s + (transfer.seconds if transfer else 0.0)
+    context = w.input_tokens + w.output_tokens / 2
+    steps: dict[int, float] = {}
+
+    def token_s(batch: int) -> float:
+        if batch not in steps:
+            steps[batch] = decode_token_s(inp, batch, context)
+        return steps[batch]
+
+    # Each decode instance serves its share of the clients, fed by its share of the prefill role's rate.
+    rate = groups["prefill"].instances * pre.prefills_per_s / groups["decode"].instances
+    prompts = math.ceil(w.prompts / groups["decode"].instances)
+    run = bench_run(share["decode"], prompts, w.output_tokens, 1 / rate, hand_off, admitted.running, token_s)
+    dec = predict_topology(dec_t, catalog, w._replace(concurrency=max(1, round(run.batch))))
     tpot_terms = tuple(Term(f"decode role: {x.name}", x.seconds, x.how) for x in dec.tpot_terms
                        if x.name != "prefill stalls")
     tpot = sum(x.seconds for x in tpot_terms)
-    groups = {r: role_group(t, r) for r in ("prefill", "decode")}
-    gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
-    decode_cap = groups["decode"].instances * dec.running / tpot
-    prefill_cap = groups["prefill"].instances * pre.output_throughput / 2 * w.output_tokens  # 2: its answers
-
-    def rate(ttft: float) -> float:
-        loop = w.concurrency * w.output_tokens / (ttft + (w.output_tokens - 1) * tpot)
-        return min(loop, decode_cap, prefill_cap)
-
-    try:
-        ttft_terms += (transfer_s(pre_t, catalog, w.input_tokens),)
-    except PerfUnknown as exc:  # the decode's figure stands without it
-        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=str(exc),
-                              output_throughput=rate(pre.ttft_s), gpus=gpus)
-    ttft = sum(x.seconds for x in ttft_terms)
-    return RolePrediction(ttft, tpot, ttft_terms, tpot_terms, pre, dec, output_throughput=rate(ttft), gpus=gpus)
+    ttft_terms = (Term("prefill role: prefill", pre.prefill_latency_s, pre.ttft_terms[0].how),
+                  Term("queue", run.ttft_s - hand_off,
+                       f"waiting for the prefill role ({rate:,.2f} prompts/s a decode instance) and for one of "
+                       f"{admitted.running} decode slots, over a run of {prompts:,} prompts from {share['decode']} "
+                       f"clients (mean decode batch {run.batch:,.0f})"))
+    output = groups["decode"].instances * prompts * w.output_tokens / run.duration_s
+    if transfer is None:
+        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=unknown,
+                              output_throughput=output, gpus=gpus)
+    return RolePrediction(run.ttft_s, tpot, (*ttft_terms, transfer), tpot_terms, pre, dec,
+                          output_throughput=output, gpus=gpus)

@@ -64,6 +64,8 @@ class Prediction(NamedTuple):
     capped_by: str | None
     band: Band | None = None  # how far the factors behind it are known to hold (planning/perf_band)
     calibration: Calibration | None = None  # the cluster's own factors it applies (planning/calibration)
+    prefill_latency_s: float = 0.0  # one prompt's prefill through every stage, nothing queued ahead
+    prefills_per_s: float = 0.0  # prompts the replica prefills a second when busy (attention groups, PP overlapped)
 
     @property
     def output_throughput_per_gpu(self) -> float:
@@ -130,9 +132,7 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
     hop = p2p_s(inp, math.ceil(running / micro))
 
     def decoding(n: int) -> tuple[Step, float]:
-        """The decode step at batch n and its seconds per kept token."""
-        st = with_draft(decode_step(inp, n, context), draft_cost(inp, math.ceil(n / groups), context))
-        return st, (s.pp * st.seconds + (s.pp - 1) * hop) / inp.accepted * a
+        return _decoding(inp, n, hop, context)
 
     step, step_s = decoding(batch)
     # A slot's turn: its prefill and decode, or its turn at the prefills where those are the bound.
@@ -182,7 +182,21 @@ def predict(inp: PerfInputs, w: Workload, *, max_running: int | None = None, kv_
                       e2el_s=ttft + (w.output_tokens - 1) * tpot, wave_s=wave, decode_step_s=step_s, shape_pp=s.pp,
                       output_throughput=running * w.output_tokens * waves / duration, decode=step, prefill=pre,
                       ttft_terms=ttft_terms, tpot_terms=tpot_terms,
-                      capped_by=None if capped_by == "concurrency" else capped_by, band=inp.band)
+                      capped_by=None if capped_by == "concurrency" else capped_by, band=inp.band,
+                      prefill_latency_s=prefill_latency, prefills_per_s=groups / prefill_gap)
+
+
+def _decoding(inp: PerfInputs, n: int, hop: float, context: float) -> tuple[Step, float]:
+    """The decode step at batch n (per micro-batch) and its seconds per kept token: the PP stages in series with
+    `hop` between them, over the tokens a verify keeps, at the cluster's own decode factor."""
+    st = with_draft(decode_step(inp, n, context), draft_cost(inp, math.ceil(n / inp.attn_groups), context))
+    return st, (inp.shape.pp * st.seconds + (inp.shape.pp - 1) * hop) / inp.accepted * inp.decode_scale
+
+
+def decode_token_s(inp: PerfInputs, running: int, context: float) -> float:
+    """Seconds per kept token of every one of `running` requests decoding together (PP: in micro-batches)."""
+    batch = math.ceil(running / min(running, inp.shape.pp))
+    return _decoding(inp, batch, p2p_s(inp, batch), context)[1]
 
 
 def calibrated(inp: PerfInputs, calibration: Calibration | None) -> PerfInputs:
@@ -211,6 +225,12 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload, calibration: Ca
     """`predict` for a loaded topology without its file positions (validate's effort stage, calibrate): the
     shape and the caches' capacity as `plan` sizes them, with the cluster's own factors when given; PerfUnknown
     when the shape is not legal or cannot be timed."""
+    return timed_topology(t, catalog, w, calibration)[0]
+
+
+def timed_topology(t: Topology, catalog: Catalog, w: Workload, calibration: Calibration | None = None
+                   ) -> tuple[Prediction, PerfInputs]:
+    """`predict_topology`, and the model's inputs it timed the topology with."""
     from k3deploy.engines.kinds import engine_family
     from k3deploy.engines.shape import make_shape
     from k3deploy.planning import rules
@@ -232,7 +252,7 @@ def predict_topology(t: Topology, catalog: Catalog, w: Workload, calibration: Ca
     _issues, cap = memory_issues(budget, family, t.serving.context_length, t.serving.max_running_requests)
     pin = calibrated(perf_inputs_for(t, catalog, model, hw, shape, family), calibration)
     got = predict(pin, w, max_running=cap.max_running_requests or None, kv_tokens=cap.kv_tokens or None)
-    return got._replace(calibration=calibration)
+    return got._replace(calibration=calibration), pin
 
 
 def prediction_json(p: Prediction) -> dict[str, Any]:

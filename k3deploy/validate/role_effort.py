@@ -42,7 +42,7 @@ class RoleEffortStage(EffortStage):
             "decode": {"mean_tpot_ms": round(tpot_ms, 3), "terms": _terms(p.tpot_terms)},
             "workload": w.model_dump(), "band": p.band.model_dump() if p.band is not None else None},
             "share_of_predicted": speed}
-        ttft = (f"prefill role TTFT {ttft_ms:,.1f} ms (prefill + transfer)" if p.ttft_s is not None
+        ttft = (f"prefill role TTFT {ttft_ms:,.1f} ms (prefill, queue and transfer)" if p.ttft_s is not None
                 else f"prefill role TTFT not predicted ({p.ttft_unknown})")
         evidence = (f"predicted per role for cold ({w.input_tokens:,} in / {w.output_tokens:,} out, concurrency "
                     f"{w.concurrency}): {ttft}, decode role TPOT {tpot_ms:.2f} ms; measured TTFT "
@@ -57,7 +57,7 @@ class RoleEffortStage(EffortStage):
                             f"predicted speed)")
         # A TTFT shorter than this is mostly HTTP and scheduling cost, not the prefill the model predicts.
         if share and speed["prefill"] is not None and speed["prefill"] < share and ttft_ms >= JUDGED_TTFT_MS:
-            problems.append(f"cold: the prefill role's TTFT (prefill + transfer) is far above its prediction "
+            problems.append(f"cold: the prefill role's TTFT (prefill, queue and transfer) is far above its prediction "
                             f"({why}): mean TTFT {cold['mean_ttft_ms']:,.0f} "
                             f"ms against {ttft_ms:,.0f} ms predicted ({speed['prefill']:.0%} of its predicted speed)")
         return problems, results, evidence

@@ -1,6 +1,6 @@
 """TTFT and TPOT per role of a prefill/decode deployment (planning/pd_prediction.py): the prefill instance's
 prefill and queue plus the transfer of the MLA KV and KDA state; the decode instance's step with no prefill
-stalling it; each role's instances sharing the concurrency."""
+stalling it; each role's instances sharing the concurrency; the figures those of the benchmark run."""
 from __future__ import annotations
 
 import copy
@@ -12,7 +12,7 @@ import yaml
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.planning.memory import kda_state_bytes_per_slot, mla_kv_bytes_per_token
-from k3deploy.planning.pd_prediction import predict_roles
+from k3deploy.planning.pd_prediction import bench_run, predict_roles
 from k3deploy.planning.prediction import predict_topology
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.loader import parse_topology
@@ -31,18 +31,21 @@ def _topology(**decode: Any) -> Any:
 
 def test_ttft_is_the_prefill_role_plus_the_transfer_and_tpot_the_decode_role_alone() -> None:
     t, catalog = _topology(), load_catalog()
-    p = predict_roles(t, catalog, W)
     pre_t, dec_t = (instance_topology(t, i) for i in instances(t))
-    alone = predict_topology(pre_t, catalog, W._replace(output_tokens=2))
-    assert [x.name for x in p.ttft_terms][-1] == "transfer"
-    assert p.ttft_s == pytest.approx(alone.ttft_s + p.ttft_terms[-1].seconds)
+    alone = predict_topology(pre_t, catalog, W._replace(output_tokens=2, concurrency=1))
     model, hw = catalog.models[t.model.id], catalog.hardware[t.hardware.gpu]
     arch = model.architecture
     nbytes = (W.input_tokens * mla_kv_bytes_per_token(arch, model.cache.kv_cache_dtype)
               + kda_state_bytes_per_slot(arch, pre_t.parallel.tp, model.cache.ssm_state_dtype))
-    assert p.ttft_terms[-1].seconds == pytest.approx(hw.scaleout_latency_us * 1e-6 + nbytes / (hw.scaleout_gbps * 1e9))
+    transfer = hw.scaleout_latency_us * 1e-6 + nbytes / (hw.scaleout_gbps * 1e9)
+    one = predict_roles(t, catalog, W._replace(concurrency=1))  # one client: nothing ahead of it, a free slot
+    assert [x.name for x in one.ttft_terms] == ["prefill role: prefill", "queue", "transfer"]
+    assert one.ttft_terms[-1].seconds == pytest.approx(transfer)
+    assert one.ttft_s == pytest.approx(alone.ttft_s + transfer) and one.ttft_terms[1].seconds == pytest.approx(0)
+    p = predict_roles(t, catalog, W)  # eight at once queue at the prefill
+    assert p.ttft_s == pytest.approx(sum(x.seconds for x in p.ttft_terms)) and p.ttft_s > one.ttft_s
     # The decode instance alone would be stalled by its own prefills; in PD it never prefills.
-    dec = predict_topology(dec_t, catalog, W)
+    dec = predict_topology(dec_t, catalog, W._replace(concurrency=p.decode.workload.concurrency))
     assert p.tpot_s == pytest.approx(dec.decode_step_s) and p.tpot_s < dec.tpot_s
     assert all("prefill" not in x.name for x in p.tpot_terms)
 
@@ -50,8 +53,19 @@ def test_ttft_is_the_prefill_role_plus_the_transfer_and_tpot_the_decode_role_alo
 def test_two_decode_instances_share_the_concurrency() -> None:
     two = _topology(instances=2, parallel={"tp": 8, "ep": 8})
     p = predict_roles(two, load_catalog(), W)
-    assert (p.prefill.workload.concurrency, p.decode.workload.concurrency) == (8, 4)
+    assert p.prefill.workload.concurrency == 8 and p.decode.workload.concurrency <= 4
+    assert "from 4 clients" in p.ttft_terms[1].how
     assert p.prefill.workload.output_tokens == 2  # a prefill instance answers one token, then hands off
+
+
+def test_the_benchmark_run_queues_at_the_prefill_and_waits_for_a_decode_slot() -> None:
+    """Two clients, one prompt each, a prefill every 1 s whose first token reaches the decode 0.5 s after it starts,
+    a 1 s decode step, 3 tokens a request: the second prompt waits out the first's prefill (TTFT 1.5 s), joins the
+    first's decode (a step of two) and ends at 3.5 s. With one decode slot it waits for the first to finish."""
+    free = bench_run(2, 2, 3, 1.0, 0.5, 10, lambda batch: 1.0)
+    assert free == pytest.approx((3.5, (0.5 + 1.5) / 2, (1 + 2 * 2 + 1) / 4))
+    one_slot = bench_run(2, 2, 3, 1.0, 0.5, 1, lambda batch: 1.0)
+    assert one_slot == pytest.approx((4.5, (0.5 + 2.5) / 2, 1.0))
 
 
 def test_without_scale_out_figures_only_the_decode_role_is_predicted() -> None:

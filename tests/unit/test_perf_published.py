@@ -201,18 +201,12 @@ def _flow(d: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k}: {'null' if v is None else format(v, 'g')}" for k, v in d.items()) + "}"
 
 
-# Published pairs the model does not order: EP16 on top of DCP16 in GB200's decode role at concurrency 512, output
-# tok/s per GPU (153.5 vs 144.2 measured): the model holds both to what the PP2 x TP8 prefill role admits (170.5), so
-# they come out equal; the measured runs decode ~285 requests, the model 340. Their TPOT is ordered (DCP16 slower by
-# the padded TP16 expert slices, catalog moe_intermediate_align), as are the pairs at concurrency 64 to 256.
-MISORDERED = {("gb200-pd-dcp16-ep16-c512", "gb200-pd-dcp16-c512", "output_tok_s_per_gpu")}
-
-
 def test_configurations_published_for_one_workload_rank_as_measured() -> None:
     """Where cases share hardware and workload (B300 with and without DSPARK; GB200's decode layouts; Ascend's two
     DSpark runs, apart by their measured acceptance), the
     predictions order them as the measurements do, on TPOT and on output tok/s per GPU (differences under 5% are
-    ties), except the named EP16-vs-DCP16 pairs."""
+    ties). GB200's EP16-on-DCP16 pair at concurrency 512 included: the benchmark run (planning/pd_prediction.py)
+    decodes what has come through the prefill role, so the faster step gives the higher rate."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for c in CASES:
         w = c["workload"]
@@ -227,7 +221,7 @@ def test_configurations_published_for_one_workload_rank_as_measured() -> None:
                         pairs += 1
                         if not predicted(a)[key] > predicted(b)[key]:
                             wrong.add((a["case"], b["case"], key) if key != "tpot_ms" else (b["case"], a["case"], key))
-    assert wrong == MISORDERED
+    assert not wrong, sorted(wrong)
     assert pairs >= 20
 
 
