@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from k3deploy.catalog.specs import Catalog
     from k3deploy.planning.files import FileResult
+    from k3deploy.planning.pd_prediction import RolePrediction
     from k3deploy.planning.prediction import Prediction
     from k3deploy.planning.ranking import RankedShape
     from k3deploy.planning.workload import Workload
@@ -84,10 +85,10 @@ def plan(
         docs = [plan_json(r.plan) if r.plan and not r.load_issues else invalid_json(r.file, list(r.issues))
                 for r in results]
         if load is not None:
-            from k3deploy.planning.prediction import prediction_json
+            from k3deploy.planning.pd_prediction import prediction_document
 
             for doc, p in zip(docs, predictions):
-                doc["prediction"] = prediction_json(p) if p is not None else None
+                doc["prediction"] = prediction_document(p) if p is not None else None
         print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2))
     elif check:
         _check_lines(results)
@@ -119,31 +120,38 @@ def _workload(text: "str | None", search: bool, objective: str, tpot_max: "float
     return parse_workload(text)
 
 
-def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | None") -> "list[Prediction | None]":
-    """One prediction per feasible plan (None for the others); a catalog that cannot time one is exit 2."""
+def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | None"
+                 ) -> "list[Prediction | RolePrediction | None]":
+    """One prediction per feasible plan (None for the others), per role where it has roles; a catalog that cannot
+    time one is exit 2."""
     if load is None:
         return [None] * len(results)
+    from k3deploy.planning.pd_prediction import predict_roles
     from k3deploy.planning.perf_model import PerfUnknown
     from k3deploy.planning.prediction import predict_plan
     from k3deploy.records.calibration import load_calibration
     from k3deploy.records.files import default_state_dir
 
-    out: list[Prediction | None] = []
+    out: list[Prediction | RolePrediction | None] = []
     for r in results:
         if r.plan is None or r.load_issues or not r.plan.feasible:
             out.append(None)
             continue
-        t = r.plan.topology  # a deployment of this name that `calibrate` fitted: its own factors apply
-        cal = load_calibration(Path(t.launch.state_dir).expanduser() if t.launch.state_dir else default_state_dir(),
-                               t.name)
+        t = r.plan.topology
         try:
+            if t.roles is not None:  # `calibrate` fits one instance, never a prefill/decode service
+                out.append(predict_roles(t, cat, load))
+                continue
+            # A deployment of this name that `calibrate` fitted: its own factors apply.
+            cal = load_calibration(Path(t.launch.state_dir).expanduser() if t.launch.state_dir
+                                   else default_state_dir(), t.name)
             out.append(predict_plan(r.plan, cat, load, cal))
         except PerfUnknown as exc:
             raise InputError(f"{r.file}: cannot predict --workload: {exc}") from None
     return out
 
 
-def _show(results: "list[FileResult]", predictions: "list[Prediction | None]", asked: bool) -> None:
+def _show(results: "list[FileResult]", predictions: "list[Prediction | RolePrediction | None]", asked: bool) -> None:
     from rich.text import Text
 
     from k3deploy.plan_report.report import issue_lines, plan_renderable

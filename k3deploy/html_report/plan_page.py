@@ -13,6 +13,7 @@ from k3deploy.planning.arith import GIB
 
 if TYPE_CHECKING:
     from k3deploy.planning.files import FileResult
+    from k3deploy.planning.pd_prediction import RolePrediction
     from k3deploy.planning.plan_model import Plan
     from k3deploy.planning.prediction import Prediction
 
@@ -78,9 +79,12 @@ def capacity_html(plan: Plan, role: str = "") -> str:
         ("longest context at that concurrency", f"{c.max_context_tokens:,}")), numeric=(1,))
 
 
-def prediction_svg(p: Prediction) -> str:
-    """TTFT and TPOT as stacks of their terms, TPOT with its band."""
-    rows = (("TTFT", p.ttft_terms, p.ttft_s), ("TPOT", p.tpot_terms, p.tpot_s))
+def prediction_svg(p: Prediction | RolePrediction) -> str:
+    """TTFT and TPOT as stacks of their terms, TPOT with its band (a TTFT that leaves out an untimed transfer says
+    so)."""
+    untimed = p.ttft_s is None
+    rows = (("TTFT" + (" less the transfer" if untimed else ""), p.ttft_terms, sum(t.seconds for t in p.ttft_terms)),
+            ("TPOT", p.tpot_terms, p.tpot_s))
     with charts.rc():
         fig = charts.new_figure(9.0, 2.9)
         axes = fig.subplots(2, 1)
@@ -109,36 +113,22 @@ def prediction_svg(p: Prediction) -> str:
                           f"{w.concurrency}", loc="left", fontsize=10)
     band = (f"TPOT's band ({p.band.label()}) spans {p.band.low(p.tpot_s) * 1000:,.2f} to "
             f"{p.band.high(p.tpot_s) * 1000:,.2f} ms." if p.band is not None else "No band: no performance factors.")
-    desc = (f"TTFT {p.ttft_s * 1000:,.2f} ms: " + "; ".join(f"{t.name} {t.seconds * 1000:,.2f} ms" for t in p.ttft_terms)
+    desc = (f"{rows[0][0]} {rows[0][2] * 1000:,.2f} ms: " + "; ".join(f"{t.name} {t.seconds * 1000:,.2f} ms" for t in p.ttft_terms)
             + f". TPOT {p.tpot_s * 1000:,.2f} ms: "
             + "; ".join(f"{t.name} {t.seconds * 1000:,.2f} ms" for t in p.tpot_terms) + f". {band}")
     return charts.svg(fig, "predicted TTFT and TPOT", desc)
 
 
-def prediction_html(p: Prediction) -> str:
-    """The headline figures with their band, the chart, and every term."""
-    from k3deploy.plan_report.perf_report import band_line
+def prediction_html(p: Prediction | RolePrediction) -> str:
+    """The headline figures with their band, the chart, and every term (the text report's, plan_report.perf_report)."""
+    from k3deploy.plan_report.perf_report import band_line, shown
 
-    def span(x: float, unit: str) -> str:
-        return f"{p.band.low(x):,.1f}-{p.band.high(x):,.1f}{unit}" if p.band is not None else ""
-
-    w = p.workload
-    head = table(f"Predicted for {w.input_tokens:,} in / {w.output_tokens:,} out at concurrency {w.concurrency} "
-                 f"(effort {w.effort}; {p.gpus} GPUs)", ("figure", "value", "band", "bound by"), (
-        ("TTFT (mean)", f"{p.ttft_s * 1000:,.2f} ms", "", p.bound("ttft")),
-        ("TPOT (mean)", f"{p.tpot_s * 1000:,.2f} ms", span(p.tpot_s * 1000, " ms"), p.bound("tpot")),
-        ("ITL (mean)", f"{p.tpot_s * 1000:,.2f} ms", "", "as TPOT"),
-        ("output tok/s", f"{p.output_throughput:,.0f}", span(p.output_throughput, ""), p.bound("tpot")),
-        ("output tok/s per GPU", f"{p.output_throughput_per_gpu:,.1f}", "", f"over {p.gpus} GPUs")),
-        numeric=(1, 2))
-    parts = [head, f"<p>{esc(band_line(p.band))}</p>"]
-    if p.capped_by:
-        parts.append(f"<p>{p.running} requests run at once (capped by {esc(p.capped_by)}); the rest wait.</p>")
+    s = shown(p)
+    parts = [table(s.title, ("figure", "value", "band", "bound by"), s.rows, numeric=(1, 2)),
+             f"<p>{esc(band_line(s.band))}</p>", *(f"<p>{esc(n)}.</p>" for n in s.notes)]
     parts.append(figure(prediction_svg(p), "Each bar is the sum of the terms in its legend; the whisker on TPOT is "
                         "the prediction's band."))
-    for title, terms in (("TPOT terms", p.tpot_terms), ("TTFT terms", p.ttft_terms),
-                         (f"decode step at batch {p.running} (per GPU)", p.decode.terms),
-                         (f"prefill of {w.input_tokens:,} tokens (per GPU, one stage)", p.prefill.terms)):
+    for title, terms in s.sections:
         parts.append(table(title, ("term", "ms", "how"), [(t.name, f"{t.seconds * 1000:,.2f}", t.how) for t in terms],
                            numeric=(1,)))
     return "".join(parts)
@@ -152,7 +142,7 @@ def _issues(file: str, issues: Sequence[Issue]) -> str:
     return table("Legality and feasibility", ("severity", "finding", "code"), rows)
 
 
-def _plan_section(r: FileResult, p: Prediction | None, asked: bool) -> str:
+def _plan_section(r: FileResult, p: Prediction | RolePrediction | None, asked: bool) -> str:
     plan = r.plan
     if plan is None or r.load_issues:
         return f"<section><h2>{esc(r.file)}: <span class=\"fail\">INVALID</span></h2>{_issues(r.file, r.issues)}</section>"
@@ -185,7 +175,8 @@ def _plan_section(r: FileResult, p: Prediction | None, asked: bool) -> str:
     return "".join(parts) + "</section>"
 
 
-def plan_page(results: Sequence[FileResult], predictions: Sequence[Prediction | None], asked: bool) -> str:
+def plan_page(results: Sequence[FileResult], predictions: Sequence[Prediction | RolePrediction | None], asked: bool
+              ) -> str:
     """The whole `plan --html` page, one section per file."""
     names = ", ".join(r.file for r in results)
     body = "".join(_plan_section(r, p, asked) for r, p in zip(results, predictions))

@@ -15,12 +15,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import PerfUnknown, Term
-from k3deploy.planning.prediction import Prediction, decode_token_s, predict_topology, timed_topology
+from k3deploy.planning.prediction import (
+    Prediction,
+    decode_token_s,
+    predict_topology,
+    prediction_json,
+    timed_topology,
+)
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.schema import Topology
 
@@ -28,15 +34,19 @@ from k3deploy.topology.schema import Topology
 class RolePrediction(NamedTuple):
     """TTFT (prefill, queue and transfer) and TPOT (decode), each with the terms that make it up."""
 
+    workload: Workload
     ttft_s: float | None  # None: the transfer cannot be timed (ttft_unknown says why)
     tpot_s: float
     ttft_terms: tuple[Term, ...]
     tpot_terms: tuple[Term, ...]
-    prefill: Prediction
-    decode: Prediction
+    prefill: Prediction  # one prefill instance's, at its share of the clients
+    decode: Prediction  # one decode instance's, at the run's mean batch
+    instances: dict[str, int]  # role -> instances
+    full_rate_per_s: dict[str, float]  # role -> requests/s it serves flat out (prefill back to back, decode full)
+    full_batch: int  # a decode instance's batch when it holds all it can (its slots, or its clients if fewer)
+    output_throughput: float  # the service's output tokens/s (module docstring)
+    gpus: int  # every GPU of every instance of both roles
     ttft_unknown: str = ""
-    output_throughput: float = 0.0  # the service's output tokens/s (module docstring)
-    gpus: int = 0  # every GPU of every instance of both roles
 
     @property
     def output_throughput_per_gpu(self) -> float:
@@ -47,6 +57,33 @@ class RolePrediction(NamedTuple):
     def band(self) -> Band | None:
         """The decode role's band (TPOT and the output rate come from it)."""
         return self.decode.band
+
+    def busy(self) -> dict[str, float]:
+        """Role -> the service's request rate over the rate that role serves flat out."""
+        rate = self.output_throughput / self.workload.output_tokens
+        return {r: rate / max(x, 1e-12) for r, x in self.full_rate_per_s.items()}
+
+    def bound(self, which: str) -> str:
+        """What bounds `ttft`, `tpot` or `output_throughput`, named with its role. TTFT and TPOT: their largest
+        term; the output rate: the busier role (the prefill role prefilling back to back, or the decode role
+        decoding every request it can hold)."""
+        if which == "output_throughput":
+            busy = self.busy()
+            role = max(busy, key=lambda r: busy[r])
+            how = ("prefilling back to back" if role == "prefill" else
+                   f"decoding {self.full_batch} request{'s' if self.full_batch != 1 else ''} an instance")
+            return f"the {role} role ({busy[role]:.0%} of its rate {how})"
+        if which == "ttft" and self.ttft_s is None:
+            return "not predicted: the transfer cannot be timed"
+        terms = self.ttft_terms if which == "ttft" else self.tpot_terms
+        top = max(terms, key=lambda t: t.seconds)
+        if top.name == "decode role: decode step":
+            return f"decode role: the decode step, bound by {self.decode.decode.bound}"
+        if top.name == "prefill role: prefill":
+            return f"prefill role: the prefill, bound by {self.prefill.prefill.bound}"
+        if top.name == "queue":
+            return "queue: for the prefill role and a decode slot"
+        return top.name
 
 
 def transfer_s(t: Topology, catalog: Catalog, input_tokens: int) -> Term:
@@ -165,8 +202,38 @@ def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
                        f"{admitted.running} decode slots, over a run of {prompts:,} prompts from {share['decode']} "
                        f"clients (mean decode batch {run.batch:,.0f})"))
     output = groups["decode"].instances * prompts * w.output_tokens / run.duration_s
-    if transfer is None:
-        return RolePrediction(None, tpot, ttft_terms, tpot_terms, pre, dec, ttft_unknown=unknown,
-                              output_throughput=output, gpus=gpus)
-    return RolePrediction(run.ttft_s, tpot, (*ttft_terms, transfer), tpot_terms, pre, dec,
-                          output_throughput=output, gpus=gpus)
+    held = min(admitted.running, share["decode"])  # a decode instance's batch when it decodes all it can hold
+    full = {"prefill": groups["prefill"].instances * pre.prefills_per_s,
+            "decode": groups["decode"].instances * held / ((w.output_tokens - 1) * token_s(held))}
+    return RolePrediction(w, run.ttft_s if transfer else None, tpot, (*ttft_terms, *((transfer,) if transfer else ())),
+                          tpot_terms, pre, dec, {r: g.instances for r, g in groups.items()}, full, held, output, gpus,
+                          ttft_unknown=unknown)
+
+
+def roles_json(p: RolePrediction) -> dict[str, Any]:
+    """The service's figures under `vllm bench serve` result names, what bounds each, the band, and each role's
+    terms (milliseconds): `plan --json --workload` and validate's effort stage show this one document."""
+    from k3deploy.planning.prediction import band_json, terms_json
+
+    ttft_ms = p.ttft_s * 1000 if p.ttft_s is not None else None
+    return {
+        "mean_ttft_ms": ttft_ms, "mean_tpot_ms": p.tpot_s * 1000, "mean_itl_ms": p.tpot_s * 1000,
+        "output_throughput": p.output_throughput, "output_throughput_per_gpu": p.output_throughput_per_gpu,
+        "max_concurrency": p.workload.concurrency, "num_prompts": p.workload.prompts, "gpus": p.gpus,
+        "workload": p.workload.model_dump(),
+        "bounds": {"ttft": p.bound("ttft"), "tpot": p.bound("tpot"), "itl": p.bound("tpot"),
+                   "output_throughput": p.bound("output_throughput")},
+        "busy": p.busy(),
+        "prefill": {"instances": p.instances["prefill"], "gpus_per_instance": p.prefill.gpus, "mean_ttft_ms": ttft_ms,
+                    "terms": terms_json(p.ttft_terms), "prefill_terms": terms_json(p.prefill.prefill.terms),
+                    **({"not_timed": p.ttft_unknown} if p.ttft_unknown else {})},
+        "decode": {"instances": p.instances["decode"], "gpus_per_instance": p.decode.gpus,
+                   "running_requests": p.decode.running, "mean_tpot_ms": p.tpot_s * 1000,
+                   "terms": terms_json(p.tpot_terms), "decode_step_terms": terms_json(p.decode.decode.terms)},
+        "band": band_json(p.band, p.tpot_s, p.output_throughput),
+    }
+
+
+def prediction_document(p: Prediction | RolePrediction) -> dict[str, Any]:
+    """`plan --json --workload`'s `prediction`: one deployment's, or a prefill/decode service's per role."""
+    return roles_json(p) if isinstance(p, RolePrediction) else prediction_json(p)

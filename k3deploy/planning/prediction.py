@@ -257,21 +257,23 @@ def timed_topology(t: Topology, catalog: Catalog, w: Workload, calibration: Cali
 
 def prediction_json(p: Prediction) -> dict[str, Any]:
     """`vllm bench serve` result fields, plus the terms behind them (milliseconds) and each figure's bound."""
-    def terms(ts: tuple[Term, ...]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "ms": t.seconds * 1000, "how": t.how} for t in ts]
-
     return {
         **p.bench_fields(),
         "workload": p.workload.model_dump(), "running_requests": p.running, "capped_by": p.capped_by,
         "gpus": p.gpus,
         "bounds": {"ttft": p.bound("ttft"), "tpot": p.bound("tpot"), "itl": p.bound("tpot"),
                    "output_throughput": p.bound("tpot")},
-        "ttft_terms": terms(p.ttft_terms), "tpot_terms": terms(p.tpot_terms),
-        "decode_step_terms": terms(p.decode.terms), "prefill_terms": terms(p.prefill.terms),
+        "ttft_terms": terms_json(p.ttft_terms), "tpot_terms": terms_json(p.tpot_terms),
+        "decode_step_terms": terms_json(p.decode.terms), "prefill_terms": terms_json(p.prefill.terms),
         "band": band_json(p.band, p.tpot_s, p.output_throughput),
         # Only a calibrated prediction carries the key: an uncalibrated document is as it always was.
         **({"calibration": p.calibration.as_json()} if p.calibration is not None else {}),
     }
+
+
+def terms_json(ts: tuple[Term, ...]) -> list[dict[str, Any]]:
+    """Each term's name, milliseconds and how."""
+    return [{"name": t.name, "ms": t.seconds * 1000, "how": t.how} for t in ts]
 
 
 def band_json(band: Band | None, tpot_s: float, output_throughput: float) -> dict[str, Any] | None:

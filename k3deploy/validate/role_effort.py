@@ -10,12 +10,7 @@ from k3deploy.validate.stage import ValidateContext
 from k3deploy.validate.stages.effort import EffortStage
 
 if TYPE_CHECKING:
-    from k3deploy.planning.perf_model import Term
     from k3deploy.topology.schema import Topology
-
-
-def _terms(terms: tuple[Term, ...]) -> list[dict[str, Any]]:
-    return [{"term": x.name, "ms": round(x.seconds * 1000, 3), "how": x.how} for x in terms]
 
 
 class RoleEffortStage(EffortStage):
@@ -27,7 +22,7 @@ class RoleEffortStage(EffortStage):
     def judge(self, ctx: ValidateContext, cold: dict[str, Any], prompts: int) -> tuple[list[str], dict[str, Any], str]:
         """(problems, results, evidence line) of the cold run's TTFT and TPOT against each role's prediction."""
         from k3deploy.catalog.loader import load_catalog
-        from k3deploy.planning.pd_prediction import predict_roles
+        from k3deploy.planning.pd_prediction import predict_roles, roles_json
 
         got = predicted(ctx, cold, prompts, lambda w: predict_roles(self.service, ctx.catalog or load_catalog(), w))
         if isinstance(got, dict):
@@ -36,12 +31,7 @@ class RoleEffortStage(EffortStage):
         ttft_ms, tpot_ms = (p.ttft_s or 0.0) * 1000, p.tpot_s * 1000
         speed = {"prefill": ttft_ms / max(cold["mean_ttft_ms"], 1e-9) if p.ttft_s is not None else None,
                  "decode": tpot_ms / max(cold["mean_tpot_ms"], 1e-9)}
-        results = {"predicted_per_role": {
-            "prefill": {"mean_ttft_ms": round(ttft_ms, 3) if p.ttft_s is not None else None,
-                        "terms": _terms(p.ttft_terms), **({"not_timed": p.ttft_unknown} if p.ttft_unknown else {})},
-            "decode": {"mean_tpot_ms": round(tpot_ms, 3), "terms": _terms(p.tpot_terms)},
-            "workload": w.model_dump(), "band": p.band.model_dump() if p.band is not None else None},
-            "share_of_predicted": speed}
+        results = {"predicted_per_role": roles_json(p), "share_of_predicted": speed}
         ttft = (f"prefill role TTFT {ttft_ms:,.1f} ms (prefill, queue and transfer)" if p.ttft_s is not None
                 else f"prefill role TTFT not predicted ({p.ttft_unknown})")
         evidence = (f"predicted per role for cold ({w.input_tokens:,} in / {w.output_tokens:,} out, concurrency "

@@ -268,15 +268,19 @@ def test_search_html_without_a_workload_is_exit_2(tmp_path: Path) -> None:
 
 
 def test_plan_html_of_roles_and_of_an_invalid_file(tmp_path: Path) -> None:
-    """Prefill/decode roles: each role's budget drawn; a file that does not load: its issues, exit 2 as ever."""
+    """Prefill/decode roles: each role's budget drawn, the service predicted per role as the terminal shows it; a
+    file that does not load: its issues, exit 2 as ever."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nmodel: {id: nope}\n")
     out = tmp_path / "roles.html"
-    done = run_k3deploy("plan", "topologies/pd-h200-1p1d-sglang.yaml", bad, "--html", out)
+    done = run_k3deploy("plan", "topologies/pd-h200-1p1d-sglang.yaml", bad, "--html", out, "--workload", WORKLOAD)
     assert done.returncode == 2, done.stderr
     text = _html(out)
     for role in ("prefill", "decode"):
         assert f">{role}: per-GPU memory budget</title>" in text
+    for shown in ("32 GPUs: 1 prefill x 16 + 1 decode x 16", "decode role: the decode step, bound by HBM reads",
+                  "TTFT (prefill role, queue, transfer)", "over 32 GPUs of both roles"):
+        assert shown in text, shown
     assert f"{bad}: <span class=\"fail\">INVALID</span>" in text
     from k3deploy.html_report.page import esc
 

@@ -3,6 +3,7 @@ ranked by the prediction): output, JSON field names, mistakes, and what they imp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,7 @@ def test_text_search_lists_shapes_and_the_winner() -> None:
 
 @pytest.mark.parametrize("argv", [
     ["plan", "topologies/b300-1x8-sglang.yaml", "--workload", LOAD],
+    ["plan", "topologies/pd-h200-1p1d-sglang.yaml", "--workload", LOAD],
     ["plan", "--search", "--hardware", "b300", "--gpus", "8", "--workload", LOAD],
 ])
 def test_workload_imports_no_heavy_modules(argv: list[str]) -> None:
@@ -260,3 +262,48 @@ def test_a_model_the_performance_model_cannot_time_is_said_so_not_divided_by_zer
         topo = load_topology(f).topology
     with pytest.raises(PerfUnknown, match="MLA \\+ MoE models like K3; this one is GQA with 0 routed experts"):
         predict_topology(topo, catalog, Workload(input_tokens=512, output_tokens=64, concurrency=4))
+
+
+PD = ROOT / "topologies" / "pd-h200-1p1d-sglang.yaml"
+PD_SIM = ROOT / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"  # `sim` has no scale-out figures
+
+
+def test_roles_are_predicted_per_role_in_text_and_json() -> None:
+    """A prefill/decode topology: the service through both roles (planning/pd_prediction.py), not the decode
+    instance's shape as one deployment; each figure names the role that bounds it; the JSON is the library's."""
+    from k3deploy.planning.pd_prediction import predict_roles
+
+    load = "in=8192,out=1024,concurrency=8"
+    text = k3("plan", PD, "--workload", load)
+    assert text.returncode == 0, text.stderr
+    for want in ("32 GPUs: 1 prefill x 16 + 1 decode x 16", "prefill role: the prefill, bound by",
+                 "decode role: the decode step, bound by HBM reads", "of its rate decoding 8 requests an instance",
+                 "over 32 GPUs of both roles", "TTFT (prefill role, queue, transfer)", "decode role: decode step",
+                 "MLA KV and KDA state per GPU over scale-out", "prefill role: prefill of 8,192 tokens"):
+        assert want in text.stdout, want
+    assert "prefill stalls" not in text.stdout  # the decode role never prefills
+    r = k3("plan", "--json", PD, "--workload", load)
+    assert r.returncode == 0, r.stderr
+    pred = json.loads(r.stdout)["prediction"]
+    cat = load_catalog()
+    p = predict_roles(plan_path(PD, cat).plan.topology, cat, parse_workload(load))  # type: ignore[union-attr]
+    assert p.ttft_s is not None
+    assert pred["mean_ttft_ms"] == pytest.approx(p.ttft_s * 1000) == pred["prefill"]["mean_ttft_ms"]
+    assert pred["mean_tpot_ms"] == pytest.approx(p.tpot_s * 1000) == pred["decode"]["mean_tpot_ms"]
+    assert pred["output_throughput_per_gpu"] == pytest.approx(p.output_throughput / 32) and pred["gpus"] == 32
+    assert [t["name"] for t in pred["prefill"]["terms"]] == ["prefill role: prefill", "queue", "transfer"]
+    assert pred["bounds"]["output_throughput"].startswith("the decode role (")
+    assert pred["band"]["kind"] == "extrapolated" and pred["band"]["mean_tpot_ms"][0] < pred["mean_tpot_ms"]
+    for row in ("TPOT (mean)", "output tok/s ", "output tok/s per GPU"):  # each with its band in the table
+        line = next(x for x in text.stdout.splitlines() if x.strip().startswith(row))
+        assert re.search(r"\d-[\d,.]+( ms)?\s+\S", line), line
+
+
+def test_roles_whose_transfer_cannot_be_timed_say_so() -> None:
+    r = k3("plan", PD_SIM, "--workload", "in=1000,out=200,concurrency=4")
+    assert r.returncode == 0, r.stderr
+    assert "not predicted: the transfer cannot be timed" in r.stdout
+    assert "TTFT not predicted: hardware sim has no scaleout_gbps" in r.stdout
+    pred = json.loads(k3("plan", "--json", PD_SIM, "--workload", "in=1000,out=200,concurrency=4").stdout)["prediction"]
+    assert pred["mean_ttft_ms"] is None and "no scaleout_gbps" in pred["prefill"]["not_timed"]
+    assert pred["mean_tpot_ms"] > 0 and "transfer" not in [t["name"] for t in pred["prefill"]["terms"]]
