@@ -2,6 +2,7 @@
 ranked by the prediction): output, JSON field names, mistakes, and what they import."""
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
@@ -300,10 +301,20 @@ def test_roles_are_predicted_per_role_in_text_and_json() -> None:
 
 
 def test_roles_whose_transfer_cannot_be_timed_say_so() -> None:
-    r = k3("plan", PD_SIM, "--workload", "in=1000,out=200,concurrency=4")
-    assert r.returncode == 0, r.stderr
-    assert "not predicted: the transfer cannot be timed" in r.stdout
-    assert "TTFT not predicted: hardware sim has no scaleout_gbps" in r.stdout
-    pred = json.loads(k3("plan", "--json", PD_SIM, "--workload", "in=1000,out=200,concurrency=4").stdout)["prediction"]
+    """In-process (the command's path is the test above): the table and the document `plan` prints."""
+    from rich.console import Console
+
+    from k3deploy.plan_report.perf_report import prediction_renderable
+    from k3deploy.planning.pd_prediction import predict_roles, prediction_document
+
+    cat = load_catalog()
+    p = predict_roles(plan_path(PD_SIM, cat).plan.topology, cat,  # type: ignore[union-attr]
+                      parse_workload("in=1000,out=200,concurrency=4"))
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(prediction_renderable(p))
+    text = console.export_text()
+    assert "not predicted: the transfer cannot be timed" in text and "TTFT (prefill role, queue; the transfer" in text
+    assert "TTFT not predicted: hardware sim has no scaleout_gbps" in text
+    pred = prediction_document(p)
     assert pred["mean_ttft_ms"] is None and "no scaleout_gbps" in pred["prefill"]["not_timed"]
     assert pred["mean_tpot_ms"] > 0 and "transfer" not in [t["name"] for t in pred["prefill"]["terms"]]
