@@ -12,7 +12,8 @@ node before its rename), exactly as `weights sync --from HOST:DIR` runs it (weig
 
 Runs, each onto empty target disks:
 - floor: the sync to one node (one link at the rate; the pure link time, bytes / rate, printed beside it);
-- fan-out to N nodes: one sync, the nodes chained (each pulls a file from the one before once verified there);
+- fan-out to N nodes: one sync, the nodes chained (each pulls each file from the one before, which passes the
+  bytes on as they arrive: all but the last until it has verified the file);
 - sequential to N nodes: one sync per node in turn from the source (what copying from one source costs).
 Prints each time, its ratio to the floor, and the bytes the source's link sent (fan-out ~1x the checkpoint,
 sequential ~N x). Target: fan-out <= 1.3x the floor at 4 and at 8 nodes.
@@ -33,6 +34,18 @@ waits for the file to be verified upstream (store and forward: 7 hops x ~2.2 s a
 52 s over the floor; the rest is the hops' delays adding up on shared CPUs). Not yet tried: one long-lived
 puller per node (one SSH command and one Python start for all its files) and serving a file onward while it
 is still being written.
+Since tried (session 17): one process per node serving and pulling (one start and one `follow` per node, files in
+order, the next pulled while the last is fsync'd and renamed), cut through: a node passes a file on while it
+arrives, holding back its last byte until it has verified it. Same rig, 2 shared cores under a load of 4-9 from
+other sessions, `--rate-mb 20 --sequential-sizes ''`; before = the store-and-forward chain above, run again here:
+| size | floor | fan-out 4 | fan-out 8 |
+| 1 GiB in 32, before | 63.6 s (1.18x link, host CPU 7.5 s) | 76.1 s, 1.20x | 102.0 s, 1.60x (host CPU 62.0 s) |
+| 1 GiB in 32, after | 57.5 s (1.07x link, host CPU 5.2 s) | 60.7 s, 1.06x | 67.9 s, 1.18x (host CPU 40.5 s) |
+| 2 GiB in 64, after | 115.4 s (1.07x link, host CPU 11.1 s) | 122.3 s, 1.06x | 128.2 s, 1.11x (host CPU 71.0 s) |
+(The 2 GiB fan-out 8 is from a second run, floor 115.2 s; the first lost one node to a race since fixed: its
+process removed its plan file while the put still wrote it.) The source's link sent 1.00x the checkpoint in
+every run. What is left over the floor at 8: the pipeline's fill (one 1 MiB read per hop) and CPU: 8 streams
+through the kernel, sha256 and Python on 2 cores shared with other work.
 
 On the 2-core machine, the hashing, the HTTP copies and the veths share the CPUs: the rate must leave the CPU
 idle enough (fan-out to 8 moves 8 x rate through the kernel and the hashes); the run prints the CPU seconds used

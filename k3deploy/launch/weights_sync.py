@@ -2,19 +2,24 @@
 
 Before any byte moves: every node's copy is hashed (verified files are skipped: a rerun resumes), paths that
 leave the checkpoint directory are refused, and every node's free space (statvfs) is held against what it
-still needs. Then every node serves its directory over HTTP on its private IP (started through its executor)
-and the nodes form a chain: the first pulls each file from the source (put by the executor from this machine,
-served by the source node, or the hub's resolve URLs), each next node pulls it from the one before once that one
-has verified it, so the source's link carries each byte once and the chain is pipelined file by file. Nodes on
-one storage (`shared_storage`) get one copy. Every file is written to a temporary name, its sha256 checked
-against the manifest, then renamed. A corrupt source file, or a hub that fails the first node, stops the sync;
-a node lost mid-sync is named, the nodes after it pull from the nearest one before it; a node whose disk fills
-stops, named, and the others finish."""
+still needs. Then every node runs one process (started through its executor; weights_node's "chain") that
+serves its directory over HTTP on its private IP and pulls the files it lacks in order, and the nodes form a
+chain: the first pulls each file from the source (put by the executor from this machine, served by the source
+node, or the hub's resolve URLs), each next node from the one before, which passes the bytes on while they
+arrive (all but the last byte until it has verified the file), so the source's link carries each byte once and
+the hops add no file's time. Each node's plan (its files, its feeders nearest first) is a file put beside its
+log; its lines (progress, each file's result, a put it asks for) come back through `follow`. Nodes on one
+storage (`shared_storage`) get one copy. Every file is written to a temporary name, its sha256 checked against
+the manifest, then renamed. A corrupt source file, or a hub that fails the first node, stops the sync (what the
+nodes had of that file is removed); a node lost mid-sync is named, the nodes after it pull from the nearest one
+before it; a node whose disk fills stops, named, and the others finish."""
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import shlex
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -27,12 +32,13 @@ from typing import Any
 from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import ExecError, InputError, K3Error
 from k3deploy.executors.base import Executor, ProcessHandle
-from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
+from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, probe_source
 from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, SharedStorage, hash_copies, shared_storage
 from k3deploy.probes import weights_node
 
 MIN_COPY_BYTES_PER_S = 10_000_000  # a file's transfer gets this rate at worst before the node is called hung
 SERVE_START_S = 60.0
+FOLLOW_LINES = 1_000_000  # a node's log from its start: no line missed however late the follow begins
 
 
 class SyncError(K3Error):
@@ -132,63 +138,133 @@ def _check_space(fleet: NodeFleet, copies: dict[int, NodeWeights], paths: dict[i
                             "model.path at a larger disk) and rerun")
 
 
-def _serve(ex: Executor, rank: str, path: str, ip: str, log_dir: str, run: str) -> tuple[ProcessHandle, str]:
-    program = probe_source(weights_node)
-    spec = json.dumps({"op": "serve", "path": path, "ip": ip})
-    handle = ex.start(f"exec {NODE_PYTHON} -c {shlex.quote(program)} {shlex.quote(spec)}",
-                      f"{log_dir}/k3weights-{run}-{rank}.log", tag=f"k3weights.{run}.{rank}")
+def _plan_file(log_path: str) -> str:
+    """Where a node's plan is put: beside its process's log."""
+    return f"{log_path}.plan.json"
+
+
+def _start(ex: Executor, rank: str, spec: dict[str, Any], log_dir: str, run: str) -> tuple[ProcessHandle, str]:
+    """A node's process (a server, or a server and its puller) started; its handle and its server's URL."""
+    program, log = probe_source(weights_node), f"{log_dir}/k3weights-{run}-{rank}.log"
+    if spec["op"] == "chain":
+        spec = {**spec, "plan": _plan_file(log)}
+    handle = ex.start(f"exec {NODE_PYTHON} -c {shlex.quote(program)} {shlex.quote(json.dumps(spec))}", log,
+                      tag=f"k3weights.{run}.{rank}")
     deadline = time.monotonic() + SERVE_START_S
     while time.monotonic() < deadline:
         for line in ex.read_log(handle, 5).splitlines():
             if line.startswith('{"type": "serving"'):
-                return handle, f"http://{ip}:{json.loads(line)['port']}"
+                return handle, f"http://{spec['ip']}:{json.loads(line)['port']}"
         if not ex.alive(handle):
             break
         time.sleep(0.2)
     tail = ex.read_log(handle, 5).strip()[-300:]
     ex.terminate(handle, 2.0)
-    raise ExecError(f"the checkpoint server did not start on {ip}: {tail or 'no output'}", host=ex.host)
+    raise ExecError(f"the checkpoint server did not start on {spec['ip']}: {tail or 'no output'}", host=ex.host)
 
 
 def _stop_servers(fleet: NodeFleet, servers: dict[int, tuple[ProcessHandle, str]], source: Source) -> None:
     while servers:
-        r, (handle, _) = servers.popitem()
+        try:
+            r, (handle, _) = servers.popitem()
+        except KeyError:  # another thread stopped the last one
+            return
         try:
             fleet.executor(source.rank if r == -1 and source.rank is not None else r).terminate(handle, 2.0)
         except ExecError:
             pass
 
 
-class _Chain:
-    """Per (rank, file): set once the file is verified there, or once it never will be."""
+def _put_file(ex: Executor, local: str, remote: str) -> None:
+    """`local` put at `remote`, whole: under a name of its own first, then moved there."""
+    ex.put(local, f"{remote}.up")
+    res = ex.run(["mv", "-f", f"{remote}.up", remote], 60.0)
+    if not res.ok:
+        raise ExecError(f"cannot move the put file to {remote}: {res.stderr.strip()}", host=ex.host)
 
-    def __init__(self, ranks: list[int], names: list[str]) -> None:
-        self.ranks = ranks
-        self.done = {(r, n): threading.Event() for r in ranks for n in names}
-        self.ok: dict[tuple[int, str], bool] = {}
-        self.abort = threading.Event()
-        self.fatal: K3Error | None = None
 
-    def settle(self, rank: int, name: str, ok: bool) -> None:
-        self.ok[(rank, name)] = ok
-        self.done[(rank, name)].set()
+@dataclass
+class _Run:
+    """One sync's shared state: the report, and what stops it (a corrupt source file, the hub failing)."""
 
-    def wait_settled(self, timeout_s: float) -> None:
-        """Wait (bounded) until every node's thread has settled every file: done, failed or skipped."""
-        deadline = time.monotonic() + timeout_s
-        for event in self.done.values():
-            if not event.wait(max(0.0, deadline - time.monotonic())):
-                return
+    report: SyncReport
+    manifest: Manifest
+    source: Source
+    paths: dict[int, str]
+    progress: Progress | None
+    servers: dict[int, tuple[ProcessHandle, str]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    fatal: K3Error | None = None
+    bad: str = ""  # the file whose source copy is corrupt: its partial copies are removed everywhere
 
-    def feeder(self, rank: int, name: str) -> int | None:
-        """The nearest node before `rank` that holds `name` verified (waiting on each), or None: the source."""
-        for before in reversed(self.ranks[:self.ranks.index(rank)]):
-            while not self.done[(before, name)].wait(0.5):
-                if self.abort.is_set():
-                    return None
-            if self.ok[(before, name)]:
-                return before
-        return None
+    def abort(self, fleet: NodeFleet, exc: K3Error, name: str = "") -> None:
+        """Stop every node at once: a sync that must not go on."""
+        if self.fatal is None:
+            self.fatal, self.bad = exc, name
+        self.stop.set()
+        _stop_servers(fleet, self.servers, self.source)
+
+    def file_done(self, fleet: NodeFleet, rank: int, ex: Executor, msg: dict[str, Any], todo: list[str]) -> None:
+        """One file's result line from a node."""
+        name, node, path = msg["name"], self.report.nodes[rank], self.paths[rank]
+        want = self.manifest.files[name]
+        if msg.get("ok"):
+            node.sent += 1
+            node.bytes += int(msg.get("bytes", 0))
+            if self.progress is not None:
+                self.progress(rank, name, -1)
+        elif msg.get("full"):  # this node stops, named with its free and needed bytes; the others go on
+            need = sum(self.manifest.files[n].size for n in todo[todo.index(name):])
+            full = DiskFull(f"{ex.host}: the disk at {path} filled up while {name} ({want.size:,} bytes) was "
+                            f"written: {int(msg['free']):,} bytes free; its partial file was removed, nothing of it "
+                            "kept at its name")
+            node.error, node.full = f"{full} ({need:,} bytes still needed there)", True
+        elif msg.get("skipped"):
+            pass
+        elif msg.get("corrupt") and msg.get("source") and not msg.get("upstream"):
+            self.abort(fleet, SyncError(
+                f"source file {posixpath.join(self.source.directory, name)} is corrupt, refused at {ex.host}: "
+                f"{msg['error']}; nothing of it was kept",
+                hint="replace that file in the source (or download it again) and rerun"), name)
+        elif msg.get("source") and self.source.url is not None and not msg.get("upstream"):
+            try:
+                _hub_failed(msg, self.source.url, name, ex.host)
+            except (HubFailed, InputError) as exc:  # the hub failed a node: no other would do better
+                self.abort(fleet, exc)
+        elif node.error is None:
+            node.error = str(ExecError(f"copying {name} to {path} failed: {msg.get('error')}", host=ex.host))
+
+    def node(self, fleet: NodeFleet, rank: int, ex: Executor, plan: dict[str, Any]) -> None:
+        """One node's files: its plan put there, its lines followed until it has settled every file."""
+        handle, todo = self.servers[rank][0], [f["name"] for f in plan["files"]]
+        left = set(todo)
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(plan, f)
+            try:
+                ex.put(f.name, _plan_file(handle.log_path))
+            finally:
+                os.unlink(f.name)
+            for line in ex.follow(handle, FOLLOW_LINES, self.stop):
+                if not line.startswith('{"type": '):
+                    continue
+                msg = json.loads(line)
+                if msg["type"] == "progress" and self.progress is not None:
+                    self.progress(rank, msg["name"], int(msg["done"]))
+                elif msg["type"] == "want":
+                    _put_file(ex, str(Path(self.source.directory) / msg["name"]),
+                              weights_node.put_name(self.paths[rank], msg["name"]))
+                elif msg["type"] == "file":
+                    left.discard(msg["name"])
+                    self.file_done(fleet, rank, ex, msg, todo)
+                elif msg["type"] == "done":
+                    return
+        except ExecError as exc:  # the node is lost: named; the nodes after it pull from before it
+            self.report.nodes[rank].error = str(exc)
+            return
+        if left and not self.stop.is_set() and self.report.nodes[rank].error is None:
+            self.report.nodes[rank].error = str(ExecError(
+                f"the sync's process at {self.paths[rank]} ended with {len(left)} files to go", host=ex.host))
 
 
 def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manifest, source: Source, *,
@@ -220,76 +296,48 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             report.nodes[rank].skipped = len(copy.verified)
     _check_space(fleet, live, paths)
     run = uuid.uuid4().hex[:8]
-    servers: dict[int, tuple[ProcessHandle, str]] = {}
-    chain = _Chain(sorted(live), names)
+    state = _Run(report, manifest, source, paths, progress)
+    servers = state.servers
     try:
-        started = fleet.map(lambda r, ex: _serve(ex, f"{r}", paths[r], targets[r][0], log_dir, run), list(live),
-                            in_pool=True)
+        stall_s = BASE_TIMEOUT_S + max((d.size for d in manifest.files.values()), default=0) / MIN_COPY_BYTES_PER_S
+        started = fleet.map(lambda r, ex: _start(ex, f"{r}", {
+            "op": "chain", "path": paths[r], "ip": targets[r][0], "stall_s": stall_s}, log_dir, run), list(live),
+            in_pool=True)
         for r, o in started.items():
             if not o.ok:  # a node that cannot serve is lost for this run: named, the others go on
                 report.nodes[r].error = str(o.error)
             else:
                 assert o.value is not None
                 servers[r] = o.value
-        src_url = source.url
+        src_feeder = source.url or "put"
         if source.rank is not None:
-            src = _serve(fleet.executor(source.rank), "source", source.directory, source.ip, log_dir, run)
+            src = _start(fleet.executor(source.rank), "source", {"op": "serve", "path": source.directory,
+                                                                   "ip": source.ip}, log_dir, run)
             servers[-1] = src
-            src_url = src[1]
-
-        def node(rank: int, ex: Executor) -> None:
-            verified = set(live[rank].verified)
-            for i, name in enumerate(names):
-                if report.nodes[rank].error is not None or chain.abort.is_set():
-                    chain.settle(rank, name, False)
-                    continue
-                if name in verified:
-                    if progress is not None:
-                        progress(rank, name, -1)
-                    chain.settle(rank, name, True)
-                    continue
-                before = chain.feeder(rank, name)
-                if chain.abort.is_set():
-                    chain.settle(rank, name, False)
-                    continue
-                try:
-                    sent = _copy(ex, rank, name, manifest, paths[rank], source,
-                                 servers[before][1] if before is not None else src_url, before is None, progress)
-                except (HubFailed, InputError) as exc:  # the hub failed the first node: no other would do better
-                    chain.fatal = chain.fatal or exc
-                    chain.abort.set()
-                    chain.settle(rank, name, False)
-                    continue
-                except DiskFull as exc:  # this node stops, named with its free and needed bytes; the others go on
-                    need = sum(manifest.files[n].size for n in names[i:] if n not in verified)
-                    report.nodes[rank].error = f"{exc} ({need:,} bytes still needed there)"
-                    report.nodes[rank].full = True
-                    chain.settle(rank, name, False)
-                    continue
-                except ExecError as exc:  # the node is lost: named; the nodes after it pull from before it
-                    report.nodes[rank].error = str(exc)
-                    chain.settle(rank, name, False)
-                    continue
-                except SyncError as exc:
-                    chain.fatal = chain.fatal or exc
-                    chain.abort.set()
-                    chain.settle(rank, name, False)
-                    continue
-                report.nodes[rank].sent += 1
-                report.nodes[rank].bytes += sent
-                chain.settle(rank, name, True)
-
+            src_feeder = src[1]
+        chain = sorted(r for r in servers if r >= 0)
+        plans = {}
+        for i, r in enumerate(chain):  # each node pulls from the nearest one before it that has the file
+            verified = set(live[r].verified)
+            if progress is not None:
+                for name in sorted(verified):
+                    progress(r, name, -1)
+            plans[r] = {"files": [{"name": n, "size": manifest.files[n].size, "sha256": manifest.files[n].sha256}
+                                  for n in names if n not in verified],
+                        "feeders": [servers[b][1] for b in reversed(chain[:i])] + [src_feeder]}
         try:
-            fleet.map(node, chain.ranks, in_pool=True)
-        except BaseException:  # interrupted (Ctrl-C, `kill`): no node starts another file; partial ones are kept
-            chain.abort.set()
-            _stop_servers(fleet, servers, source)  # the pulls under way end at once (resumed by a rerun)
-            chain.wait_settled(SERVE_START_S)  # before the fleet closes the connections the nodes' threads use
+            fleet.map(lambda r, ex: state.node(fleet, r, ex, plans[r]), chain, in_pool=True)
+        except BaseException:  # interrupted (Ctrl-C, `kill`): every node stops at once; partial files are kept
+            state.stop.set()
+            _stop_servers(fleet, servers, source)
             raise
     finally:
         _stop_servers(fleet, servers, source)
-    if chain.fatal is not None:
-        raise chain.fatal
+    if state.fatal is not None:
+        if state.bad:  # what the nodes after the first had of it (never at its final name) goes too
+            fleet.map(lambda r, ex: ex.run(["rm", "-f", weights_node.temp_name(paths[r], state.bad)], 60.0),
+                      list(live), in_pool=True)
+        raise state.fatal
     for rank, owner in storage.owner.items():  # one storage: the owner's copy is theirs, nothing was sent to them
         if owner != rank:
             n = report.nodes[rank]
@@ -297,45 +345,6 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             n.error, n.full = report.nodes[owner].error, report.nodes[owner].full
     report.elapsed_s = time.monotonic() - t0
     return report
-
-
-def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, source: Source, url: str | None,
-          from_source: bool, progress: Progress | None) -> int:
-    """One file onto one node: pulled from `url` (a node's server), or put from this machine; verified, renamed.
-    The bytes that moved; SyncError when the source's copy is corrupt."""
-    want = manifest.files[name]
-    spec: dict[str, Any] = {"op": "fetch", "path": path, "name": name, "size": want.size, "sha256": want.sha256,
-                            "url": None}
-    if url is None:  # this machine is the source: the executor puts the file at its temporary name
-        tmp = weights_node.temp_name(path, name)
-        ex.run(["mkdir", "-p", posixpath.dirname(tmp)], 60.0)
-        ex.put(str(Path(source.directory) / name), tmp)
-    else:
-        spec["url"] = f"{url}/{urllib.parse.quote(name)}"
-
-    def on_line(line: str) -> None:
-        if progress is not None and line.startswith('{"type": "progress"'):
-            progress(rank, name, int(json.loads(line)["done"]))
-
-    res = ex.run([NODE_PYTHON, "-c", probe_source(weights_node), json.dumps(spec)],
-                 BASE_TIMEOUT_S + want.size / MIN_COPY_BYTES_PER_S, on_line=on_line)
-    out = parse_probe_output(res, ex.host)
-    if not out.get("ok") and out.get("full"):
-        raise DiskFull(f"{ex.host}: the disk at {path} filled up while {name} ({want.size:,} bytes) was written: "
-                       f"{int(out['free']):,} bytes free; its partial file was removed, nothing of it kept at its "
-                       "name", hint=f"free space on {ex.host} (or point model.path at a larger disk) and rerun: "
-                       "verified files are kept")
-    if not out.get("ok"):
-        if out.get("corrupt") and from_source:
-            raise SyncError(f"source file {posixpath.join(source.directory, name)} is corrupt, refused at "
-                            f"{ex.host}: {out['error']}; nothing of it was kept",
-                            hint="replace that file in the source (or download it again) and rerun")
-        if from_source and source.url is not None:
-            _hub_failed(out, source.url, name, ex.host)
-        raise ExecError(f"copying {name} to {path} failed: {out.get('error')}", host=ex.host)
-    if progress is not None:
-        progress(rank, name, -1)
-    return want.size if url is None else int(out.get("bytes", 0))
 
 
 def _hub_failed(out: dict[str, Any], url: str, name: str, host: str) -> None:

@@ -5,7 +5,8 @@ import dataclasses
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -14,7 +15,7 @@ import yaml
 
 from k3deploy.checkpoint.manifest import FileDigest, Manifest
 from k3deploy.errors import ExecError, InputError
-from k3deploy.executors.base import CommandResult
+from k3deploy.executors.base import CommandResult, ProcessHandle
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.local import LocalExecutor
@@ -26,6 +27,7 @@ from k3deploy.launch.weights_unit import node_or_local_source, serving_node
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.probes import weights_node
 from tests.k3deploy_cli import run_k3deploy as cli
+from tests.polling import wait_for
 from tests.rig.fake_hub import fake_hub
 from tests.unit.test_launch_support import fake_topology
 
@@ -114,19 +116,24 @@ def small_checkpoint(root: Path) -> Manifest:
 
 
 class Recording(LocalExecutor):
-    """A local executor that records what it puts, and can be made to lose its node on a copy."""
+    """A local executor that records the checkpoint files it puts, and can be made to lose its node (its sync
+    process killed, the connection gone) once that node has verified a file."""
 
     puts: ClassVar[list[str]] = []
-    lost: ClassVar[set[str]] = set()
+    lost: ClassVar[set[str]] = set()  # log file endings (-RANK.log) of the nodes to lose
 
     def put(self, local_path: str, remote_path: str) -> None:
-        self.puts.append(remote_path)
+        if not remote_path.endswith(".plan.json"):
+            self.puts.append(remote_path)
         super().put(local_path, remote_path)
 
-    def run(self, command: str | Sequence[str], timeout_s: float = 60.0, **kw: Any) -> CommandResult:
-        if any(f'"op": "fetch", "path": "{p}"' in " ".join(command) for p in self.lost):
-            raise ExecError("connection lost", host=self.host)
-        return super().run(command, timeout_s, **kw)
+    def follow(self, handle: ProcessHandle, tail_lines: int = 10, stop: threading.Event | None = None
+               ) -> Iterator[str]:
+        for line in super().follow(handle, tail_lines, stop):
+            yield line
+            if line.startswith('{"type": "file"') and handle.log_path.endswith(tuple(self.lost)):
+                self.terminate(handle, 1.0)
+                raise ExecError("connection lost", host=self.host)
 
 
 @pytest.fixture
@@ -153,7 +160,7 @@ def test_sync_fans_out_node_to_node_and_a_rerun_skips_verified_files(nodes: Any)
     want = {n: d.sha256 for n, d in manifest.files.items()}
     assert all(final_files(p) == want for _, p in targets.values())
     # Only the chain's first node got the files from this machine; the others pulled them from a node.
-    assert sorted(Recording.puts) == sorted(weights_node.temp_name(targets[0][1], n) for n in manifest.files)
+    assert sorted(Recording.puts) == sorted(f"{weights_node.put_name(targets[0][1], n)}.up" for n in manifest.files)
     assert [n.sent for n in report.nodes.values()] == [3, 3, 3]
     Path(targets[1][1], "a.safetensors").unlink()
     Recording.puts.clear()
@@ -170,12 +177,12 @@ def test_a_flipped_source_byte_is_refused_at_the_first_node_and_kept_nowhere(nod
     with pytest.raises(SyncError, match=r"source file .*b\.safetensors is corrupt, refused at localhost"):
         sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
     assert all("b.safetensors" not in final_files(p) for _, p in targets.values())
-    assert not list(Path(targets[0][1]).glob(".*k3part"))
+    assert not any(list(Path(p).glob(".*k3part")) for _, p in targets.values() if Path(p).is_dir())
 
 
 def test_a_node_lost_mid_sync_is_named_and_the_nodes_after_it_finish(nodes: Any) -> None:
     fleet, targets, manifest, src = nodes
-    Recording.lost = {targets[1][1]}
+    Recording.lost = {"-1.log"}
     report = sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
     assert report.exit_code == 3 and "connection lost" in (report.nodes[1].error or "")
     assert final_files(targets[2][1]) == {n: d.sha256 for n, d in manifest.files.items()}
@@ -277,3 +284,60 @@ def test_a_hub_that_does_not_answer_the_first_node_stops_the_sync_naming_the_hub
     with pytest.raises(HubFailed, match=r"^http://127.0.0.1:9: the hub did not give a.safetensors to localhost") as err:
         sync(fleet, targets, manifest, Source(url, url=url), log_dir=str(src.parent / "logs"))
     assert err.value.exit_code == 3 and all(final_files(p) == {} for _, p in targets.values())
+
+
+def test_a_node_drops_what_it_passed_on_once_the_node_before_finds_it_corrupt(tmp_path: Path) -> None:
+    """A node passes a file on while it arrives, all but its last byte until it has verified it: a file the
+    node before finds not the manifest's never completes downstream, and what arrived there of it is dropped."""
+    import http.server
+    import subprocess
+    import sys
+
+    size = 300_000
+    b_part = Path(weights_node.temp_name(str(tmp_path / "b"), "w.bin"))
+
+    class Source(http.server.BaseHTTPRequestHandler):
+        """All but the last byte of wrong bytes; the last one once node b holds the rest (passed on by a)."""
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self.wfile.write(b"x" * (size - 1))
+            wait_for(lambda: b_part.exists() and b_part.stat().st_size == size - 1, 30)
+            self.wfile.write(b"x")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Source)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    plan = {"files": [{"name": "w.bin", "size": size, "sha256": hashlib.sha256(b"y" * size).hexdigest()}]}
+    procs: list[subprocess.Popen[str]] = []
+
+    def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith('{"type": "file"'):
+                return cast(dict[str, Any], json.loads(line))
+        raise AssertionError("no result line")
+
+    try:
+        feeder = f"http://127.0.0.1:{server.server_address[1]}"
+        for node in ("a", "b"):
+            (tmp_path / f"{node}.plan").write_text(json.dumps({**plan, "feeders": [feeder]}))
+            spec = {"op": "chain", "ip": "127.0.0.1", "path": str(tmp_path / node), "plan": str(tmp_path / f"{node}.plan")}
+            proc = subprocess.Popen([sys.executable, weights_node.__file__, json.dumps(spec)], stdout=subprocess.PIPE,
+                                    text=True)
+            procs.append(proc)
+            assert proc.stdout is not None
+            feeder = f"http://127.0.0.1:{json.loads(proc.stdout.readline())['port']}"
+        first, second = result(procs[0]), result(procs[1])
+        assert first["corrupt"] and first["source"] and not first.get("upstream"), first
+        assert second["corrupt"] and second.get("upstream"), second
+        assert [list((tmp_path / node).iterdir()) for node in ("a", "b")] == [[], []]
+    finally:
+        server.shutdown()
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
