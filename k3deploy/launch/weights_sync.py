@@ -27,7 +27,7 @@ from typing import Any
 from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.errors import ExecError, InputError, K3Error
 from k3deploy.executors.base import Executor, ProcessHandle
-from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, parse_probe_output, probe_source
+from k3deploy.executors.fleet import NODE_PYTHON, NodeFleet, ProbeError, parse_probe_output, probe_source
 from k3deploy.launch.weights import BASE_TIMEOUT_S, NodeWeights, SharedStorage, hash_copies, shared_storage
 from k3deploy.probes import weights_node
 
@@ -44,6 +44,11 @@ class SyncError(K3Error):
 class DiskFull(SyncError):
     """A node's disk filled while a file was written there: that node stops (named, with its free and needed
     bytes), the others go on."""
+
+
+class FeederFailed(ExecError):
+    """The node a file was pulled from did not give it (its server gone with it, lost mid-sync): the puller is fine
+    and takes the file from the node before that one, or the source."""
 
 
 class HubFailed(ExecError):
@@ -166,6 +171,7 @@ class _Chain:
         self.ranks = ranks
         self.done = {(r, n): threading.Event() for r in ranks for n in names}
         self.ok: dict[tuple[int, str], bool] = {}
+        self.gone: set[int] = set()  # nodes whose server failed a pull: no node pulls from them again
         self.abort = threading.Event()
         self.fatal: K3Error | None = None
 
@@ -183,10 +189,12 @@ class _Chain:
     def feeder(self, rank: int, name: str) -> int | None:
         """The nearest node before `rank` that holds `name` verified (waiting on each), or None: the source."""
         for before in reversed(self.ranks[:self.ranks.index(rank)]):
+            if before in self.gone:
+                continue
             while not self.done[(before, name)].wait(0.5):
                 if self.abort.is_set():
                     return None
-            if self.ok[(before, name)]:
+            if self.ok[(before, name)] and before not in self.gone:
                 return before
         return None
 
@@ -248,13 +256,22 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
                         progress(rank, name, -1)
                     chain.settle(rank, name, True)
                     continue
-                before = chain.feeder(rank, name)
-                if chain.abort.is_set():
-                    chain.settle(rank, name, False)
-                    continue
                 try:
-                    sent = _copy(ex, rank, name, manifest, paths[rank], source,
-                                 servers[before][1] if before is not None else src_url, before is None, progress)
+                    while True:  # a node before that fails to serve it is passed over (each once, then the source)
+                        before = chain.feeder(rank, name)
+                        if chain.abort.is_set():
+                            break
+                        try:
+                            sent = _copy(ex, rank, name, manifest, paths[rank], source,
+                                         servers[before][1] if before is not None else src_url, before is None,
+                                         progress)
+                            break
+                        except FeederFailed:
+                            assert before is not None
+                            chain.gone.add(before)
+                    if chain.abort.is_set():
+                        chain.settle(rank, name, False)
+                        continue
                 except (HubFailed, InputError) as exc:  # the hub failed the first node: no other would do better
                     chain.fatal = chain.fatal or exc
                     chain.abort.set()
@@ -319,7 +336,11 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
 
     res = ex.run([NODE_PYTHON, "-c", probe_source(weights_node), json.dumps(spec)],
                  BASE_TIMEOUT_S + want.size / MIN_COPY_BYTES_PER_S, on_line=on_line)
-    out = parse_probe_output(res, ex.host)
+    try:
+        out = parse_probe_output(res, ex.host)
+    except ProbeError as exc:  # the copy ended without its answer: killed, or its node lost
+        raise ExecError(f"copying {name} to {path} ended without a result, killed or its node lost: "
+                        f"{str(exc).removeprefix(ex.host + ': ')}", host=ex.host) from None
     if not out.get("ok") and out.get("full"):
         raise DiskFull(f"{ex.host}: the disk at {path} filled up while {name} ({want.size:,} bytes) was written: "
                        f"{int(out['free']):,} bytes free; its partial file was removed, nothing of it kept at its "
@@ -332,6 +353,8 @@ def _copy(ex: Executor, rank: int, name: str, manifest: Manifest, path: str, sou
                             hint="replace that file in the source (or download it again) and rerun")
         if from_source and source.url is not None:
             _hub_failed(out, source.url, name, ex.host)
+        if not from_source:  # this node ran its copy and answered: the node it pulled from failed it
+            raise FeederFailed(f"copying {name} from {url} failed: {out.get('error')}", host=ex.host)
         raise ExecError(f"copying {name} to {path} failed: {out.get('error')}", host=ex.host)
     if progress is not None:
         progress(rank, name, -1)

@@ -1,18 +1,24 @@
 """`k3deploy weights status` and `weights sync` with launch.executor slurm on the Slurm rig: the nodes are reached
 as steps of a job held for the command (the allocation seam preflight uses: submitted, placed, cancelled on the
 way out), each host with its own disk at the checkpoint path, the source h01's own directory (`--from h01:DIR`),
-every file pulled node to node over HTTP between the hosts' private addresses (tests/integration/weights_rig.py)."""
+every file pulled node to node over HTTP between the hosts' private addresses (tests/integration/weights_rig.py).
+A node lost mid-sync (its step processes killed) is named while the others finish; `launch --sync-weights` then
+completes it inside Slurm before the stand-in, which loads that checkpoint, starts."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.integration.test_sbatch_export_slurm import slurm_topology
-from tests.integration.weights_rig import own_disks, status_sync_status
+from k3deploy.checkpoint.manifest import Manifest
+from tests.integration.test_sbatch_export_slurm import engines, slurm_topology
+from tests.integration.weights_rig import copies, own_disks, pulled_from, status_sync_status
+from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
-from tests.rig import HostRig
+from tests.rig import HostRig, disks
 from tests.rig.slurm_cluster import SlurmRig
 
 pytestmark = [
@@ -39,6 +45,73 @@ def test_status_then_sync_then_status_through_a_held_job(slurm: SlurmRig, rig4: 
         topo = slurm_topology(rig4, Path(d.at), tmp_path, "w-slurm")
         status_sync_status(d, topo, [h.name for h in rig4.hosts], {"SLURM_CONF": str(slurm.conf_path)})
     # Each command's job was cancelled on its way out, and nothing it started is left on a node.
+    assert wait_for(lambda: not slurm.client(["squeue", "-h", "-o", "%i"]).stdout.strip(), 60), \
+        slurm.client(["squeue", "-h", "-o", "%i %T %j"]).stdout
+    assert wait_for(lambda: not any(started(rig4).values()), 30), started(rig4)
+
+
+RATE = 4_000_000  # bytes/s on every private link while a node is lost: a shard (3.2 MB) takes ~0.8 s a hop
+
+
+def kill_copy(rig: HostRig, i: int) -> bool:
+    """Once host i+1 pulls a file from host i while host i copies the next, SIGKILL host i's copy and its
+    checkpoint server (the sync's processes there): True once done."""
+    if not pulled_from(rig, i):
+        return False
+    fetch, serve = copies(rig, i)
+    pids = [line.split()[0] for line in fetch] + serve
+    return bool(fetch) and rig.exec(rig.hosts[i], ["kill", "-KILL", *pids]).returncode == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_node_lost_mid_sync_is_named_and_launch_sync_weights_completes_it_before_the_engine(
+        slurm: SlurmRig, rig4: HostRig, checkpoint_manifest: tuple[Path, Manifest], tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    ckpt, man = checkpoint_manifest
+    env = {"SLURM_CONF": str(slurm.conf_path)}
+    want = {n: f.sha256 for n, f in man.files.items()}
+    with own_disks(rig4, tmp_path, {n: (ckpt / n).read_bytes() for n in man.files}) as d:
+        topo = slurm_topology(rig4, Path(d.at), tmp_path, "w-slurm-lost")
+        doc = yaml.safe_load(topo.read_text())
+        doc["validate"] = {"manifest": str(d.manifest)}  # what launch --sync-weights syncs against
+        topo.write_text(yaml.safe_dump(doc, sort_keys=False))
+        for h in rig4.hosts:
+            disks.limit(rig4, h.name, RATE)
+        try:
+            proc = start_k3deploy("weights", "sync", topo, "--from", f"h01:{d.src}", "--json", env=env)
+            try:
+                killed = wait_for(lambda: kill_copy(rig4, 2), 120)
+            finally:
+                out, err = proc.communicate(timeout=180)
+        finally:
+            for h in rig4.hosts:
+                disks.unlimit(rig4, h.name)
+        assert killed, err
+        assert proc.returncode == 3 and "Traceback" not in err, err
+        nodes = json.loads(out)["nodes"]
+        lost = nodes[2]["error"] or ""
+        # The node, and what ended its copy.
+        assert lost.startswith("h03: copying ") and "ended without a result, killed or its node lost: " \
+            "probe failed (exit 137)" in lost, nodes[2]
+        assert [n["error"] for i, n in enumerate(nodes) if i != 2] == [None] * 3, nodes
+        held = [d.finals(i) for i in range(4)]
+        assert held[0] == held[1] == held[3] == want, held  # h04 finished, pulling past h03
+        assert 0 < len(held[2]) < len(want) and all(want[n] == sha for n, sha in held[2].items()), held[2]
+        kept = {(i, n): (d.tmp / f"disk{i}" / n).stat().st_ino for i in range(4) for n in held[i]}
+
+        run = run_k3deploy("launch", topo, "--sync-weights", f"h01:{d.src}", "--skip-preflight", "--json",
+                           timeout_s=180, env=env)
+        try:
+            assert run.returncode == 0, run.stderr + run.stdout[-3000:]
+            rec = json.loads(run.stdout)
+            assert rec["status"] == "ready" and [n["host"] for n in rec["nodes"]] == [h.name for h in rig4.hosts]
+            assert [d.finals(i) for i in range(4)] == [want] * 4
+            # Verified files were not sent again (a new copy lands under a new inode).
+            assert {k: (d.tmp / f"disk{k[0]}" / k[1]).stat().st_ino for k in kept} == kept
+        finally:
+            stop = run_k3deploy("stop", topo, timeout_s=120, env=env)
+        assert stop.returncode == 0, stop.stderr
+        assert wait_for(lambda: not any(engines(rig4).values()), 60), engines(rig4)
     assert wait_for(lambda: not slurm.client(["squeue", "-h", "-o", "%i"]).stdout.strip(), 60), \
         slurm.client(["squeue", "-h", "-o", "%i %T %j"]).stdout
     assert wait_for(lambda: not any(started(rig4).values()), 30), started(rig4)

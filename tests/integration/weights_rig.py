@@ -35,11 +35,11 @@ class WeightsDisks:
 
 
 @contextlib.contextmanager
-def own_disks(rig: HostRig, tmp: Path) -> Iterator[WeightsDisks]:
-    """Each host's own empty disk at `tmp/ckpt`, the checkpoint on h01's at `tmp/src`; unmounted on the way out
-    (the rig outlives the test)."""
+def own_disks(rig: HostRig, tmp: Path, files: Mapping[str, bytes] | None = None) -> Iterator[WeightsDisks]:
+    """Each host's own empty disk at `tmp/ckpt`, the checkpoint (`files`, else FILES of random bytes) on h01's at
+    `tmp/src`; unmounted on the way out (the rig outlives the test)."""
     d = WeightsDisks(at=str(tmp / "ckpt"), src=str(tmp / "src"), manifest=tmp / "m.json", tmp=tmp)
-    data = {name: os.urandom(size) for name, size in FILES.items()}
+    data = dict(files) if files is not None else {name: os.urandom(size) for name, size in FILES.items()}
     mounted: list[tuple[str, str]] = []
     try:
         for i, h in enumerate(rig.hosts):
@@ -48,6 +48,7 @@ def own_disks(rig: HostRig, tmp: Path) -> Iterator[WeightsDisks]:
         disks.own_disk(rig, rig.hosts[0].name, d.src, tmp / "srcdisk")
         mounted.append((rig.hosts[0].name, d.src))
         for name, blob in data.items():
+            (tmp / "srcdisk" / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "srcdisk" / name).write_bytes(blob)
         Manifest(revision="r1", files={n: FileDigest(size=len(b), sha256=hashlib.sha256(b).hexdigest())
                                        for n, b in data.items()}).save(d.manifest)
@@ -82,3 +83,16 @@ def status_sync_status(d: WeightsDisks, topo: Path, hosts: list[str], env: Mappi
     rc, after, err = weights(env, "status", topo, "--manifest", d.manifest)
     assert rc == 0, err
     assert [(n["verified"], n["complete"]) for n in after["nodes"]] == [(len(FILES), True)] * len(hosts), after
+
+
+def copies(rig: HostRig, i: int) -> tuple[list[str], list[str]]:
+    """Host i's file copies under way (PID and command line of each) and its checkpoint servers' PIDs."""
+    ps = rig.exec(rig.hosts[i], ["ps", "-ww", "-eo", "pid=,args="]).stdout.splitlines()
+    fetch = [line.strip() for line in ps if '"op": "fetch"' in line]
+    return fetch, [line.split()[0] for line in ps if '"op": "serve"' in line]
+
+
+def pulled_from(rig: HostRig, i: int) -> bool:
+    """Host i+1 pulls a file from host i's server while host i copies the next one (the moment to lose host i)."""
+    return any(f'"url": "http://{rig.hosts[i].priv_ip}:' in line for line in copies(rig, i + 1)[0]) and \
+        bool(copies(rig, i)[0])
