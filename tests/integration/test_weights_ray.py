@@ -15,10 +15,10 @@ import pytest
 from k3deploy.checkpoint.manifest import Manifest
 from tests import figures
 from tests.integration.sim_deployments import RAY_CLI_ENV, RayDeployments
-from tests.integration.weights_rig import FILES, own_disks, pulled_from, status_sync_status, weights
+from tests.integration.weights_rig import FILES, own_disks, pulled_from, slowed, status_sync_status, weights
 from tests.k3deploy_cli import start_k3deploy
 from tests.polling import wait_for
-from tests.rig import HostRig, disks
+from tests.rig import HostRig
 from tests.rig.ray_cluster import RayRig
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray_cluster]
@@ -45,10 +45,8 @@ def test_a_host_lost_mid_sync_is_named_the_others_finish_and_a_rerun_completes_i
         deployments = RayDeployments(rig4, ray4, Path(d.at), tmp_path)
         topo = deployments.topology("w-ray-lost")
         source = f"{rig4.hosts[0].mgmt_ip}:{d.src}"
-        for h in rig4.hosts:
-            disks.limit(rig4, h.name, RATE)
         back = None
-        try:
+        with slowed(rig4, RATE) as lift:
             proc = start_k3deploy("weights", "sync", topo, "--from", source, "--manifest", d.manifest, "--json",
                                   env=RAY_CLI_ENV)
             try:
@@ -56,18 +54,14 @@ def test_a_host_lost_mid_sync_is_named_the_others_finish_and_a_rerun_completes_i
                 if lost:  # h03 crashes: its raylet, workers, copy and server at once
                     rig4.kill_host_processes(h03)
                     figures.fault_injected()
-                    disks.unlimit(rig4, h03.name)
+                    lift()  # the rest at full speed
                     # Its Ray node starts again (a new node, same IP) while the sync waits for Ray to call the old
                     # one dead (GCS health checks, ~15 s).
                     back = pool.submit(ray4.rejoin, h03)
             finally:
                 out, err = proc.communicate(timeout=180)
-        finally:
-            for h in rig4.hosts:
-                if h is not h03 or back is None:
-                    disks.unlimit(rig4, h.name)
-            if back is not None:
-                back.result()
+        if back is not None:
+            back.result()
         assert lost, err
         assert proc.returncode == 3 and "Traceback" not in err, err
         nodes = json.loads(out)["nodes"]  # stdout holds the report alone: none of Ray's messages about the node

@@ -15,10 +15,10 @@ import yaml
 
 from k3deploy.checkpoint.manifest import Manifest
 from tests.integration.test_sbatch_export_slurm import engines, slurm_topology
-from tests.integration.weights_rig import copies, own_disks, pulled_from, status_sync_status
+from tests.integration.weights_rig import copies, own_disks, pulled_from, slowed, status_sync_status
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
 from tests.polling import wait_for
-from tests.rig import HostRig, disks
+from tests.rig import HostRig
 from tests.rig.slurm_cluster import SlurmRig
 
 pytestmark = [
@@ -75,17 +75,13 @@ def test_a_node_lost_mid_sync_is_named_and_launch_sync_weights_completes_it_befo
         doc = yaml.safe_load(topo.read_text())
         doc["validate"] = {"manifest": str(d.manifest)}  # what launch --sync-weights syncs against
         topo.write_text(yaml.safe_dump(doc, sort_keys=False))
-        for h in rig4.hosts:
-            disks.limit(rig4, h.name, RATE)
-        try:
+        with slowed(rig4, RATE) as lift:
             proc = start_k3deploy("weights", "sync", topo, "--from", f"h01:{d.src}", "--json", env=env)
             try:
                 killed = wait_for(lambda: kill_copy(rig4, 2), 120)
+                lift()  # the rest at full speed
             finally:
                 out, err = proc.communicate(timeout=180)
-        finally:
-            for h in rig4.hosts:
-                disks.unlimit(rig4, h.name)
         assert killed, err
         assert proc.returncode == 3 and "Traceback" not in err, err
         nodes = json.loads(out)["nodes"]

@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,24 @@ def own_disks(rig: HostRig, tmp: Path, files: Mapping[str, bytes] | None = None)
     finally:
         for host, at in mounted:
             rig.exec(host, ["umount", at])
+
+
+@contextlib.contextmanager
+def slowed(rig: HostRig, rate_bytes_s: int) -> Iterator[Callable[[], None]]:
+    """Every host's private link capped at `rate_bytes_s` each way (a sync slow enough to act during it) until
+    the function it gives is called, or on the way out."""
+    capped: list[str] = []
+
+    def lift() -> None:
+        while capped:
+            disks.unlimit(rig, capped.pop())
+    try:
+        for h in rig.hosts:
+            disks.limit(rig, h.name, rate_bytes_s)
+            capped.append(h.name)
+        yield lift
+    finally:
+        lift()
 
 
 def weights(env: Mapping[str, str], *args: object) -> tuple[int, dict[str, Any], str]:
