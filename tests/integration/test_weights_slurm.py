@@ -3,17 +3,20 @@ as steps of a job held for the command (the allocation seam preflight uses: subm
 way out), each host with its own disk at the checkpoint path, the source h01's own directory (`--from h01:DIR`),
 every file pulled node to node over HTTP between the hosts' private addresses (tests/integration/weights_rig.py).
 A node lost mid-sync (its step processes killed) is named while the others finish; `launch --sync-weights` then
-completes it inside Slurm before the stand-in, which loads that checkpoint, starts."""
+completes it (sending only what it lacks) before the stand-in starts on that checkpoint."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from k3deploy.checkpoint.manifest import Manifest
+from tests.integration.sim_deployments import engine_pids
 from tests.integration.test_sbatch_export_slurm import engines, slurm_topology
 from tests.integration.weights_rig import copies, own_disks, pulled_from, slowed, status_sync_status
 from tests.k3deploy_cli import run_k3deploy, start_k3deploy
@@ -63,6 +66,15 @@ def kill_copy(rig: HostRig, i: int) -> bool:
     return bool(fetch) and rig.exec(rig.hosts[i], ["kill", "-KILL", *pids]).returncode == 0
 
 
+def engine_started(rig: HostRig, i: int) -> float:
+    """When the stand-in on host i started (seconds since the epoch, to the clock tick)."""
+    (pid,) = engine_pids(rig, rig.hosts[i].name)
+    stat = rig.exec(rig.hosts[i], ["cat", f"/proc/{pid}/stat"]).stdout
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+    booted = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    return booted + ticks / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.timeout(240)
 def test_a_node_lost_mid_sync_is_named_and_launch_sync_weights_completes_it_before_the_engine(
         slurm: SlurmRig, rig4: HostRig, checkpoint_manifest: tuple[Path, Manifest], tmp_path: Path) -> None:
@@ -104,6 +116,9 @@ def test_a_node_lost_mid_sync_is_named_and_launch_sync_weights_completes_it_befo
             assert [d.finals(i) for i in range(4)] == [want] * 4
             # Verified files were not sent again (a new copy lands under a new inode).
             assert {k: (d.tmp / f"disk{k[0]}" / k[1]).stat().st_ino for k in kept} == kept
+            # The sync came first: h03's engine started after its last file was written.
+            last = max((d.tmp / "disk2" / n).stat().st_mtime for n in want)
+            assert engine_started(rig4, 2) > last, (engine_started(rig4, 2), last)
         finally:
             stop = run_k3deploy("stop", topo, timeout_s=120, env=env)
         assert stop.returncode == 0, stop.stderr

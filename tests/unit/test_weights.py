@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -114,10 +115,13 @@ def small_checkpoint(root: Path) -> Manifest:
 
 
 class Recording(LocalExecutor):
-    """A local executor that records what it puts, and can be made to lose its node on a copy."""
+    """A local executor that records what it puts and whence each node pulls, and can be made to lose its node on a
+    copy, or to have a node's first pull from another node's server refused (that server lost)."""
 
     puts: ClassVar[list[str]] = []
     lost: ClassVar[set[str]] = set()
+    refused: ClassVar[set[str]] = set()
+    pulls: ClassVar[list[tuple[str, str]]] = []  # (the puller's path, the URL)
 
     def put(self, local_path: str, remote_path: str) -> None:
         self.puts.append(remote_path)
@@ -126,6 +130,13 @@ class Recording(LocalExecutor):
     def run(self, command: str | Sequence[str], timeout_s: float = 60.0, **kw: Any) -> CommandResult:
         if any(f'"op": "fetch", "path": "{p}"' in " ".join(command) for p in self.lost):
             raise ExecError("connection lost", host=self.host)
+        spec = json.loads(command[-1]) if not isinstance(command, str) and '"op": "fetch"' in command[-1] else {}
+        if spec.get("url"):
+            self.pulls.append((spec["path"], spec["url"]))
+            if spec["path"] in self.refused:
+                self.refused.discard(spec["path"])
+                answer = {"type": "result", "ok": False, "error": f"{spec['url']}: Connection refused"}
+                return CommandResult(exit_code=0, stdout=json.dumps(answer) + "\n", stderr="")
         return super().run(command, timeout_s, **kw)
 
 
@@ -133,7 +144,7 @@ class Recording(LocalExecutor):
 def nodes(tmp_path: Path) -> Iterator[tuple[NodeFleet, dict[int, tuple[str, str]], Manifest, Path]]:
     src = tmp_path / "src"
     manifest = small_checkpoint(src)
-    Recording.puts, Recording.lost = [], set()
+    Recording.puts, Recording.lost, Recording.refused, Recording.pulls = [], set(), set(), []
     targets = {i: ("127.0.0.1", str(tmp_path / f"n{i}" / "ckpt")) for i in range(3)}
     with NodeFleet({i: LocalTarget(host="localhost") for i in targets},
                    cast(ExecutorFactory, lambda t: Recording(t.host))) as fleet:
@@ -179,6 +190,20 @@ def test_a_node_lost_mid_sync_is_named_and_the_nodes_after_it_finish(nodes: Any)
     report = sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
     assert report.exit_code == 3 and "connection lost" in (report.nodes[1].error or "")
     assert final_files(targets[2][1]) == {n: d.sha256 for n, d in manifest.files.items()}
+
+
+def test_a_node_whose_server_fails_a_pull_is_passed_over_and_the_puller_finishes(nodes: Any) -> None:
+    fleet, targets, manifest, src = nodes
+    Recording.refused = {targets[2][1]}  # node 2's first pull, from node 1 (the node before it), is refused
+    report = sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
+    assert report.exit_code == 0 and [n.error for n in report.nodes.values()] == [None] * 3, report.as_json()
+    assert final_files(targets[2][1]) == {n: d.sha256 for n, d in manifest.files.items()}
+    at = {path: [urllib.parse.urlsplit(url).netloc for p, url in Recording.pulls if p == path]
+          for _, path in targets.values()}
+    (node0,) = set(at[targets[1][1]])  # node 1 pulls every file from node 0's server
+    by_node2 = at[targets[2][1]]
+    # Refused by node 1, then every file from node 0: node 1 is not asked again.
+    assert by_node2[0] != node0 and by_node2[1:] == [node0] * len(manifest.files), by_node2
 
 
 def test_sync_refuses_before_copying_paths_outside_and_nodes_without_room(nodes: Any) -> None:
