@@ -141,6 +141,9 @@ def connect(address: str, host: str) -> None:
     try:
         init_retrying(lambda: ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR,
                                        log_to_driver=False), address, host)
+        # The driver prints the errors any node publishes ("Raylet is terminated" when one dies) on stdout, which
+        # `--json` owns; log_to_driver does not cover them. A lost node is named by the command itself.
+        ray._private.worker._worker_logs_enabled = False
     finally:
         worker_log.setLevel(level)
         if main and sigterm is not None:

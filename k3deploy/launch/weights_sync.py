@@ -39,6 +39,7 @@ from k3deploy.probes import weights_node
 MIN_COPY_BYTES_PER_S = 10_000_000  # a file's transfer gets this rate at worst before the node is called hung
 SERVE_START_S = 60.0
 FOLLOW_LINES = 1_000_000  # a node's log from its start: no line missed however late the follow begins
+NODE_CHECK_S = 30.0  # after a node's sync process ended early: how long the node may take to answer at all
 
 
 class SyncError(K3Error):
@@ -263,8 +264,13 @@ class _Run:
             self.report.nodes[rank].error = str(exc)
             return
         if left and not self.stop.is_set() and self.report.nodes[rank].error is None:
-            self.report.nodes[rank].error = str(ExecError(
-                f"the sync's process at {self.paths[rank]} ended with {len(left)} files to go", host=ex.host))
+            ended = f"the sync's process at {self.paths[rank]} ended with {len(left)} files to go"
+            try:  # the node itself gone (a host crash) is the cause to name, in the executor's words
+                ex.run("true", NODE_CHECK_S)
+            except ExecError as exc:
+                self.report.nodes[rank].error = f"{exc} ({ended})"
+                return
+            self.report.nodes[rank].error = str(ExecError(ended, host=ex.host))
 
 
 def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manifest, source: Source, *,

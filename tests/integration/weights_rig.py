@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,11 @@ class WeightsDisks:
 
 
 @contextlib.contextmanager
-def own_disks(rig: HostRig, tmp: Path) -> Iterator[WeightsDisks]:
-    """Each host's own empty disk at `tmp/ckpt`, the checkpoint on h01's at `tmp/src`; unmounted on the way out
-    (the rig outlives the test)."""
+def own_disks(rig: HostRig, tmp: Path, files: Mapping[str, bytes] | None = None) -> Iterator[WeightsDisks]:
+    """Each host's own empty disk at `tmp/ckpt`, the checkpoint (`files`, else FILES of random bytes) on h01's at
+    `tmp/src`; unmounted on the way out (the rig outlives the test)."""
     d = WeightsDisks(at=str(tmp / "ckpt"), src=str(tmp / "src"), manifest=tmp / "m.json", tmp=tmp)
-    data = {name: os.urandom(size) for name, size in FILES.items()}
+    data = dict(files) if files is not None else {name: os.urandom(size) for name, size in FILES.items()}
     mounted: list[tuple[str, str]] = []
     try:
         for i, h in enumerate(rig.hosts):
@@ -48,6 +48,7 @@ def own_disks(rig: HostRig, tmp: Path) -> Iterator[WeightsDisks]:
         disks.own_disk(rig, rig.hosts[0].name, d.src, tmp / "srcdisk")
         mounted.append((rig.hosts[0].name, d.src))
         for name, blob in data.items():
+            (tmp / "srcdisk" / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "srcdisk" / name).write_bytes(blob)
         Manifest(revision="r1", files={n: FileDigest(size=len(b), sha256=hashlib.sha256(b).hexdigest())
                                        for n, b in data.items()}).save(d.manifest)
@@ -55,6 +56,24 @@ def own_disks(rig: HostRig, tmp: Path) -> Iterator[WeightsDisks]:
     finally:
         for host, at in mounted:
             rig.exec(host, ["umount", at])
+
+
+@contextlib.contextmanager
+def slowed(rig: HostRig, rate_bytes_s: int) -> Iterator[Callable[[], None]]:
+    """Every host's private link capped at `rate_bytes_s` each way (a sync slow enough to act during it) until
+    the function it gives is called, or on the way out."""
+    capped: list[str] = []
+
+    def lift() -> None:
+        while capped:
+            disks.unlimit(rig, capped.pop())
+    try:
+        for h in rig.hosts:
+            disks.limit(rig, h.name, rate_bytes_s)
+            capped.append(h.name)
+        yield lift
+    finally:
+        lift()
 
 
 def weights(env: Mapping[str, str], *args: object) -> tuple[int, dict[str, Any], str]:
@@ -82,3 +101,17 @@ def status_sync_status(d: WeightsDisks, topo: Path, hosts: list[str], env: Mappi
     rc, after, err = weights(env, "status", topo, "--manifest", d.manifest)
     assert rc == 0, err
     assert [(n["verified"], n["complete"]) for n in after["nodes"]] == [(len(FILES), True)] * len(hosts), after
+
+
+def copies(rig: HostRig, i: int) -> list[str]:
+    """The PIDs of host i's sync process (it serves the host's checkpoint and pulls what the host lacks)."""
+    ps = rig.exec(rig.hosts[i], ["ps", "-ww", "-eo", "pid=,args="]).stdout.splitlines()
+    return [line.split()[0] for line in ps if '"op": "chain"' in line]
+
+
+def mid_sync(rig: HostRig, d: WeightsDisks, i: int) -> bool:
+    """Host i has verified some of the checkpoint but not all, its sync process still running, and host i+1,
+    which pulls from it, has a file begun (the moment to lose host i)."""
+    held = len(d.finals(i))
+    begun = any(p.is_file() for p in (d.tmp / f"disk{i + 1}").rglob("*"))
+    return 0 < held < len(Manifest.load(d.manifest).files) and begun and bool(copies(rig, i))

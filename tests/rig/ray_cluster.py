@@ -105,9 +105,7 @@ class RayRig:
         for _ in range(2 * len(self.hosts) + 1):  # at most JOIN_BATCH `ray start`s at once, the head's included
             while pending and len(running) < JOIN_BATCH:
                 host = pending.pop(0)
-                running.append((host, self._in_host(host, [
-                    "ray", "start", f"--address={self.address}", f"--node-ip-address={host.priv_ip}",
-                    *NODE_FLAGS, "--include-log-monitor=false", f"--temp-dir={self.temp_dir(host.name)}"])))
+                running.append((host, self._join(host)))
             if not running:
                 break
             host, proc = running.pop(0)
@@ -136,6 +134,24 @@ class RayRig:
         if missing:
             raise RigError(f"Ray nodes missing after {timeout_s:g} s: {missing}; seen {nodes}")
         self.timings["all_alive_s"] = time.monotonic() - t0
+
+    def _join(self, host: RigHost) -> subprocess.Popen[str]:
+        """`ray start` of a worker host's node, joining the head."""
+        return self._in_host(host, [
+            "ray", "start", f"--address={self.address}", f"--node-ip-address={host.priv_ip}", *NODE_FLAGS,
+            "--include-log-monitor=false", f"--temp-dir={self.temp_dir(host.name)}"])
+
+    def rejoin(self, host: RigHost, timeout_s: float = 90.0) -> None:
+        """Start a worker host's Ray node again once a test has killed it (every process of the host): a fresh temp
+        dir, `ray start` as at the rig's start, then wait until every node is alive again."""
+        self.rig.kill_host_processes(host)  # whatever of the old node is left
+        shutil.rmtree(self.temp_dir(host.name), ignore_errors=True)
+        code, err = _finish(self._join(host), timeout_s)
+        if code != 0:
+            raise RigError(f"ray start on {host.name} failed (exit {code}): {err[-1500:]}")
+        alive = sum(ok for _, ok in self.nodes(len(self.hosts) + 1, timeout_s))
+        if alive < len(self.hosts) + 1:
+            raise RigError(f"Ray node on {host.name} did not come back within {timeout_s:g} s")
 
     def _start_root_node(self) -> subprocess.Popen[bytes]:
         log = self.rig.workdir / "ray-root.log"
