@@ -113,3 +113,17 @@ def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
     with held_unit(prep) as jobs:
         src, target = serving_node(src, host, jobs) if host is not None else (src, None)
         return run_sync(prep, checkpoint_nodes(prep, jobs), man, src, target, where, quiet)
+
+
+def on_synced_nodes(prep: Prepared, report: SyncReport) -> Prepared:
+    """`launch --sync-weights` on Slurm: the sync held a job of its own, so the launch's job asks for exactly the
+    nodes that job had and the sync filled (sbatch --nodelist); the scheduler could otherwise place it on nodes
+    without the weights. A topology that pins its nodes (launch.slurm.nodelist) already asks for those; replicas
+    behind a router each hold a job of their own and are left to the scheduler."""
+    t = prep.plan.topology
+    if prep.service is not None or t.launch.slurm.nodelist or not prep.jobs or prep.jobs[0].target.kind != "slurm":
+        return prep
+    hosts = list(dict.fromkeys(n.host for _, n in sorted(report.nodes.items())))
+    slurm = t.launch.slurm.model_copy(update={"nodelist": hosts})
+    topology = t.model_copy(update={"launch": t.launch.model_copy(update={"slurm": slurm})})
+    return dataclasses.replace(prep, plan=prep.plan._replace(topology=topology))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -116,6 +117,12 @@ def test_a_node_lost_mid_sync_is_named_and_launch_sync_weights_completes_it_befo
             assert run.returncode == 0, run.stderr + run.stdout[-3000:]
             rec = json.loads(run.stdout)
             assert rec["status"] == "ready" and [n["host"] for n in rec["nodes"]] == [h.name for h in rig4.hosts]
+            # The launch's job asked for the nodes the sync's job had filled (its own job, cancelled before).
+            job = slurm.client(["scontrol", "show", "job", str(rec["slurm_job"]["job_id"])]).stdout
+            asked = re.search(r"ReqNodeList=(\S+)", job)
+            assert asked, job
+            names = slurm.client(["scontrol", "show", "hostnames", asked.group(1)]).stdout.split()
+            assert names == [h.name for h in rig4.hosts], job
             assert [d.finals(i) for i in range(4)] == [want] * 4
             # Verified files were not sent again (a new copy lands under a new inode).
             assert {k: (d.tmp / f"disk{k[0]}" / k[1]).stat().st_ino for k in kept} == kept
