@@ -78,6 +78,9 @@ class Gang:
         self.readiness.close()
         self.fleet.close()
 
+    def _job(self, rank: int | None) -> NodeJob:
+        return next(j for j in self.jobs if j.rank == rank)
+
     def _event(self, job: NodeJob, phase: str, detail: str = "") -> None:
         self.emit(NodeEvent(job.rank, job.host, phase, detail))
 
@@ -94,25 +97,30 @@ class Gang:
     def start(self, run_id: str, on_started: Callable[[NodeJob, ProcessHandle], None] | None = None) -> None:
         """Rank 0 first, then every worker at once; a failed start raises ExecError (caller stops the rest)."""
         jobs = {j.rank: j for j in self.jobs}
+        tags = {j.rank: j.tag(self.name, run_id) for j in self.jobs}
+        commands = {rank: with_ipc_dir(jobs[rank].command, tag) for rank, tag in tags.items()}
         self._stopping.clear()
+
+        def stop_late(job: NodeJob, ex: Executor, handle: ProcessHandle) -> None:
+            """The stop has gone by without this node: it is stopped here (its IPC directory too)."""
+            gone = terminate(ex, handle, self._grace_s, job.container)
+            self._event(job, "stopped" if gone else "failed", "" if gone else "processes survived SIGKILL")
+            raise ExecError("started as the group was being stopped; stopped again", host=job.host)
 
         def one(rank: int, ex: Executor) -> ProcessHandle:
             job = jobs[rank]
             if self._stopping.is_set():
                 raise ExecError("not started: the group is being stopped", host=job.host)
             self._event(job, "starting")
-            tag = job.tag(self.name, run_id)
-            handle = ex.start(with_ipc_dir(job.command, tag), job.log_path,
-                              workdir=posixpath.dirname(job.log_path) or "/", tag=tag)
+            handle = ex.start(commands[rank], job.log_path, workdir=posixpath.dirname(job.log_path) or "/",
+                              tag=tags[rank])
             with self._handles_lock:
                 self.handles[rank] = handle
-                late = self._stopping.is_set()  # the stop has gone by without this node: stop it here
+                late = self._stopping.is_set()
             if on_started is not None:
                 on_started(job, handle)
             if late:
-                gone = terminate(ex, handle, self._grace_s, job.container)  # its IPC directory too
-                self._event(job, "stopped" if gone else "failed", "" if gone else "processes survived SIGKILL")
-                raise ExecError("started as the group was being stopped; stopped again", host=job.host)
+                stop_late(job, ex, handle)
             self._event(job, "started", f"pid {handle.pid}")
             return handle
 
@@ -158,7 +166,7 @@ class Gang:
         ended = failure is not None and failure.cause.startswith(("exited with status", "its process is gone"))
         if failure is None or not ended or (ENDED_CAUSE in failure.cause and KNOWN_CAUSE in failure.cause):
             return failure
-        job = next(j for j in self.jobs if j.rank == failure.rank)
+        job = self._job(failure.rank)
         tail = self._tail(job, CAUSE_TAIL_LINES)
         why = cause_line(tail) if ENDED_CAUSE not in failure.cause else None
         cause = failure.cause.split(KNOWN_CAUSE)[0] + (f"{ENDED_CAUSE}{why}" if why else "")
@@ -168,8 +176,7 @@ class Gang:
     def wait_ready(self, timeout_s: float, interrupt: threading.Event | None = None) -> None:
         """Until rank 0 serves every readiness path (asked every READY_POLL_S), following every node's log on
         one stream each; GroupFailed on any failure or the deadline (the caller stops the group)."""
-        head = self.jobs[0]
-        jobs = {j.rank: j for j in self.jobs}
+        head = self.jobs[0].rank
         deadline = time.monotonic() + timeout_s
         loading: set[int] = set()
         why = "not asked yet"
@@ -181,11 +188,9 @@ class Gang:
                     raise KeyboardInterrupt
                 asked = time.monotonic()
                 if asked >= next_ask:
-                    ok, why = self.head_serving()
-                    if ok:
-                        ok, why, fatal = self.readiness.completes()
-                        if fatal:
-                            self._fail(Failure(rank=head.rank, host=head.host, cause=fatal, log_tail=self._tail(head)))
+                    ok, why, fatal = self.readiness.check()
+                    if fatal:
+                        self._fail(self._failure(head, fatal))
                     if ok:
                         for job in self.jobs:
                             self._event(job, "ready")
@@ -200,40 +205,43 @@ class Gang:
                     if seen.kind == "poll":
                         self._poll_round(loading)
                         continue
-                    job = jobs[seen.rank]
                     if seen.kind == "line" and seen.rank not in loading:
                         loading.add(seen.rank)
-                        self._event(job, "loading")
+                        self._event(self._job(seen.rank), "loading")
                     line = fatal_line(seen.text) if seen.kind == "line" else None
                     if line:
-                        named = known_cause(line, job.rank, job.host, job.ip, job.iface)
-                        self._fail(Failure(rank=job.rank, host=job.host, cause=f"fatal error in its log: {line}{named}",
-                                           log_tail=self._tail(job)))
+                        self._fail(self._failure(seen.rank, f"fatal error in its log: {line}", line))
                     if seen.ends_process:
                         self._check_after_end(seen.rank, watch)
         finally:
             watch.close(wait_s=0)  # followers end within a read timeout; ready need not wait for them
-        raise GroupFailed(self.explain(self._stalled(Failure(
-            rank=head.rank, host=head.host, cause=f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
-            log_tail=self._tail(head)))))
+        raise GroupFailed(self._failure(head, f"not ready after {timeout_s:g} s (launch.ready_timeout_s): {why}",
+                                        stalled=True))
 
-    def _stalled(self, failure: Failure) -> Failure:
-        """A deadline passed: the first node whose log stops at a known cause (a hang's last words, as a Ray
-        placement group vLLM waits for) is named with it, else rank 0."""
-        for job in self.jobs:
-            tail = self._tail(job, CAUSE_TAIL_LINES)
-            named = known_cause(tail, job.rank, job.host, job.ip, job.iface)
+    def _failure(self, rank: int, cause: str, line: str = "", stalled: bool = False) -> Failure:
+        """Why the wait failed, worked out in one place: the node's log end and the catalog's cause of its fatal
+        `line`; past the deadline (`stalled`) the first node whose log stops at a known cause (a hang's last
+        words, as a Ray placement group vLLM waits for), else rank 0; then the node whose link is down."""
+        job = self._job(rank)
+        failure = Failure(rank=rank, host=job.host, cause=cause, log_tail=self._tail(job))
+        for other in self.jobs if stalled else ():
+            tail = self._tail(other, CAUSE_TAIL_LINES)
+            named = known_cause(tail, other.rank, other.host, other.ip, other.iface)
             if named:
-                return Failure(rank=job.rank, host=job.host, cause=f"{failure.cause}; stopped here{named}",
-                               log_tail="\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
-        return failure
+                failure = Failure(rank=other.rank, host=other.host, cause=f"{cause}; stopped here{named}",
+                                  log_tail="\n".join(tail.splitlines()[-LOG_TAIL_LINES:]))
+                break
+        if line:
+            failure = failure.model_copy(update={
+                "cause": cause + known_cause(line, job.rank, job.host, job.ip, job.iface)})
+        return self.explain(failure)
 
     def _poll_round(self, loading: set[int]) -> None:
         """Every node asked (alive and log): the first failure raised, a first log line reported."""
         probes = self.probe(with_logs=True)
         failure = self.first_failure(probes)
         if failure is not None:
-            self._fail(failure)
+            self._fail(self.explain(failure))
         for p in probes:
             if p.log.strip() and p.job.rank not in loading:
                 loading.add(p.job.rank)
@@ -243,13 +251,12 @@ class Gang:
         """The failure, or the node whose private link is down when there is one (see links)."""
         blamed = blame_link(failure, self.fleet, self.jobs)
         if blamed.rank != failure.rank:
-            job = next(j for j in self.jobs if j.rank == blamed.rank)
+            job = self._job(blamed.rank)
             blamed = blamed.model_copy(update={"log_tail": self._tail(job)})
         return blamed
 
     def _fail(self, failure: Failure) -> None:
-        failure = self.explain(failure)
-        self._event(next(j for j in self.jobs if j.rank == failure.rank), "failed", failure.cause)
+        self._event(self._job(failure.rank), "failed", failure.cause)
         raise GroupFailed(failure)
 
     def _check_after_end(self, rank: int, watch: NodeWatch) -> None:
@@ -260,7 +267,7 @@ class Gang:
             probes = self.probe(with_logs=True)
             failure = self.first_failure(probes)
             if failure is not None:
-                self._fail(failure)
+                self._fail(self.explain(failure))
             mine = next((p for p in probes if p.job.rank == rank), None)
             if mine is None or exit_record(mine.log) is None:
                 break

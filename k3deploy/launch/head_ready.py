@@ -46,14 +46,19 @@ class HeadReadiness:
         except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
             return False, str(exc)
 
-    def completes(self) -> tuple[bool, str, str | None]:
-        """Rank 0 answers a one-token completion: (ok, why not, the cause to fail the group with when it keeps
-        answering with a server error while every process still runs)."""
-        if self.head.ready.kind != "http" or not self.head.ready.url:
+    def check(self) -> tuple[bool, str, str | None]:
+        """One round: rank 0 answers every readiness path, then (HTTP readiness) a one-token completion, on one
+        client: (ok, why not, the cause to fail the group with when the completion keeps answering with a
+        server error while every process still runs)."""
+        if self.head.ready.kind == "none" or not self.head.ready.url:
             return True, "", None
         try:
-            ok, status, why = completes(self.client(), COMPLETION_TIMEOUT_S)
-        except ExecError as exc:
+            http = self.client()
+            ok, why = serving(http, self.head.ready.paths)
+            if not ok or self.head.ready.kind != "http":
+                return ok, why, None
+            ok, status, why = completes(http, COMPLETION_TIMEOUT_S)
+        except ExecError as exc:  # a forward that could not be opened: not serving as far as we can tell
             return False, str(exc), None
         self._server_errors = self._server_errors + 1 if status >= 500 and status != 503 else 0
         fatal = (f"answers /health but cannot serve: {SERVER_ERRORS_FAIL} completions in a row failed ({why})"
