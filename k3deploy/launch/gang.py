@@ -79,6 +79,7 @@ class Gang:
         self.fleet.close()
 
     def _job(self, rank: int | None) -> NodeJob:
+        """The job of one rank."""
         return next(j for j in self.jobs if j.rank == rank)
 
     def _event(self, job: NodeJob, phase: str, detail: str = "") -> None:
