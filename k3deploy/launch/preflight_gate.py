@@ -3,25 +3,23 @@ router checks (its machine, before any instance starts)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import ExecError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.gang import Gang, GroupFailed
-from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.nodeplan.router_job import router_job
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Failure
-from k3deploy.records.store import StateStore
+from k3deploy.records.recorder import Recorder, Verdict
 
 if TYPE_CHECKING:
     from k3deploy.preflight.report import CheckResult, Report
 
-Verdict = Literal["passed", "failed"]
 HINT = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
 
 
@@ -37,16 +35,16 @@ class PreflightFailed(GroupFailed):
         self.hint = HINT
 
 
-def preflight_gate(plan: Plan, catalog: Catalog, jobs: Sequence[NodeJob], store: StateStore) -> Callable[[Gang], None]:
-    """The preflight launch runs on the connected gang's fleet before anything starts; records the verdict."""
+def preflight_gate(plan: Plan, catalog: Catalog, recorder: Recorder) -> Callable[[Gang], None]:
+    """The preflight launch runs on the connected gang's nodes before anything starts; the verdict is recorded."""
     def gate(gang: Gang) -> None:
         from k3deploy.preflight.runner import run_preflight
 
-        report = run_preflight(plan, catalog, jobs, gang.fleet)
-        verdict: Verdict = "failed" if report.exit_code else "passed"
-        store.update(gang.name, lambda d: d.model_copy(update={"preflight": verdict}))
-        if report.exit_code:
-            raise PreflightFailed(report)
+        report = run_preflight(plan, catalog, gang.jobs, gang.fleet)
+        refusal = PreflightFailed(report) if report.exit_code else None
+        recorder.checked("passed" if refusal is None else "failed")
+        if refusal is not None:
+            raise refusal
 
     return gate
 

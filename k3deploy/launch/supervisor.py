@@ -21,8 +21,9 @@ from k3deploy.launch.bringup import bring_up, open_gang, teardown
 from k3deploy.launch.events import GROUP, EventSink, NodeEvent, ignore
 from k3deploy.launch.gang import Gang
 from k3deploy.launch.watch import REFOLLOW_DELAY_S, NodeWatch
-from k3deploy.records.deployment import Attempt, Deployment, Failure
+from k3deploy.records.deployment import Deployment, Failure
 from k3deploy.records.owner import Identity
+from k3deploy.records.recorder import Recorder
 from k3deploy.records.store import StateStore
 
 # A process that ends is seen through its node's stream at once; this round only finds hosts gone silent.
@@ -42,7 +43,8 @@ class Supervisor:
     def __init__(self, store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
                  on_event: EventSink = ignore, stop_event: threading.Event | None = None,
                  poll_s: float = POLL_S) -> None:
-        self.store, self.name, self.factory, self.emit = store, name, factory, on_event
+        self.recorder = Recorder(store, name)
+        self.factory, self.emit = factory, on_event
         self.stop_event = stop_event or threading.Event()
         self.poll_s = poll_s
         self.gang: Gang | None = None
@@ -50,17 +52,18 @@ class Supervisor:
 
     def run(self) -> Deployment:
         """Supervise; returns the final record (status ready when asked to stop, failed when gave up)."""
-        dep = self.store.require(self.name)
+        dep = self.recorder.record()
         self.allocation = allocation_of(dep)
         self.gang = open_gang(dep, self.factory, self.emit)
         try:
             self._watch(self.gang)
-            if self.stop_event.is_set() and self.store.require(self.name).status == "stopping":
+            now = self.recorder.record() if self.stop_event.is_set() else None
+            if now is not None and now.status == "stopping":
                 # `stop` asked: stop the nodes over these live connections instead of it reconnecting.
-                teardown(self.gang, self.store, None, status="stopped", release_owner=True)
+                teardown(self.gang, self.recorder, now, None, status="stopped", release_owner=True)
         finally:
             self.gang.close()
-        return self.store.require(self.name)
+        return self.recorder.record()
 
     def _watch(self, gang: Gang) -> None:
         """Each node's log on one long-lived stream: a process that ends is seen at once (its stream ends, or
@@ -117,9 +120,9 @@ class Supervisor:
                 continue
             failure = self.allocation.explain(gang.explain(failure), gang.jobs)
             self.emit(NodeEvent(GROUP, "", "failed", f"rank {failure.rank} ({failure.host}): {failure.cause}"))
-            dep = self.store.require(self.name)
+            dep = self.recorder.record()
             budget_left = len(dep.attempts) - 1 < dep.restart_max
-            teardown(gang, self.store, failure, status="restarting" if budget_left else "failed",
+            teardown(gang, self.recorder, dep, failure, status="restarting" if budget_left else "failed",
                      release_owner=not budget_left)
             if not budget_left or not self._restart(gang):
                 return
@@ -130,7 +133,7 @@ class Supervisor:
     def _restart(self, gang: Gang) -> bool:
         """Relaunch the whole group with doubling backoff until ready or the budget is spent."""
         for _ in range(10**6):
-            dep = self.store.require(self.name)
+            dep = self.recorder.record()
             used = len(dep.attempts) - 1
             if used >= dep.restart_max:
                 return False  # the failed try already recorded status failed and released ownership
@@ -139,10 +142,10 @@ class Supervisor:
                                 f"restart {used + 1} of {dep.restart_max} in {backoff_s:g} s"))
             if self.stop_event.wait(backoff_s):
                 return False
-            self.store.update(self.name, _next_attempt)
+            attempt = self.recorder.restarting()
             gang.handles.clear()
             try:
-                bring_up(gang, self.store, dep.ready_timeout_s, interrupt=self.stop_event,
+                bring_up(gang, self.recorder, attempt, interrupt=self.stop_event,
                          last_try=used + 1 >= dep.restart_max)
                 return True
             except KeyboardInterrupt:
@@ -150,12 +153,6 @@ class Supervisor:
             except K3Error:
                 continue  # recorded by bring_up; the next round decides whether to try again
         return False
-
-
-def _next_attempt(d: Deployment) -> Deployment:
-    attempt = Attempt(number=len(d.attempts) + 1, started_at=time.time())
-    nodes = tuple(n.model_copy(update={"handle": None, "phase": "pending"}) for n in d.nodes)
-    return d.model_copy(update={"attempts": (*d.attempts, attempt), "nodes": nodes, "status": "restarting"})
 
 
 def _wait_for_ownership(store: StateStore, name: str, me: Identity) -> bool:
@@ -199,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         dep = Supervisor(store, name, on_event=log, stop_event=stop_event).run()
     except (K3Error, ExecError) as exc:
         failure = Failure(rank=None, host=getattr(exc, "host", None), cause=f"supervisor error: {exc}")
-        store.update(name, lambda d: d.model_copy(update={"failure": failure, "owner": None}))
+        Recorder(store, name).owned_by(None, failure)
         print(f"supervisor error: {exc}", flush=True)
         return 1
     print(f"{stamp(time.time())} supervisor exits; deployment {dep.status}", flush=True)

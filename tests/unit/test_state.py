@@ -1,4 +1,4 @@
-"""The deployment record: atomic private writes, locking, clear errors."""
+"""The deployment record: atomic private writes, locking, clear errors; its one writer (the recorder)."""
 from __future__ import annotations
 
 import json
@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from k3deploy.errors import StateError
+from k3deploy.executors.base import ProcessHandle
 from k3deploy.executors.target import SshTarget
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck
-from k3deploy.records.deployment import Attempt, Deployment, NodeState
+from k3deploy.records.deployment import Attempt, Deployment, Failure, NodeState
 from k3deploy.records.files import default_state_dir
 from k3deploy.records.owner import Identity
+from k3deploy.records.recorder import Recorder
 from k3deploy.records.store import StateStore
+from tests.polling import wait_for
 
 
 def record(name: str = "demo") -> Deployment:
@@ -193,3 +196,79 @@ def test_a_target_with_a_field_no_kind_has_is_refused() -> None:
 
     with pytest.raises(ValidationError, match="no_such_field"):
         SshTarget.model_validate({"kind": "ssh", "host": "h", "no_such_field": 1})
+
+
+class CountingStore(StateStore):
+    """A real store that counts the records it writes."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.saves = 0
+
+    def save(self, dep: Deployment) -> None:
+        """Write, and count it."""
+        self.saves += 1
+        super().save(dep)
+
+
+def four_nodes() -> Deployment:
+    one = record()
+    jobs = tuple(one.jobs[0].model_copy(update={"rank": r, "head": r == 0}) for r in range(4))
+    return one.model_copy(update={"jobs": jobs, "nodes": tuple(NodeState(rank=r, host="h01") for r in range(4))})
+
+
+@pytest.mark.timeout(60)
+def test_a_started_handle_is_on_disk_when_its_start_returns_and_a_wave_is_one_write(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    recorder = Recorder(store, "demo")
+    recorder.created(four_nodes())
+    jobs = store.require("demo").jobs
+    handles = {j.rank: ProcessHandle(host="h01", pid=100 + j.rank, tag=f"t.{j.rank}", log_path="/tmp/x.log")
+               for j in jobs}
+    on_disk: dict[int, ProcessHandle | None] = {}
+
+    def start(job: NodeJob) -> None:
+        recorder.started(job, handles[job.rank])
+        on_disk[job.rank] = store.require("demo").nodes[job.rank].handle  # as its start returns
+
+    with store.lock("demo"):  # the head's write waits here; the workers' handles queue behind it
+        head = threading.Thread(target=start, args=(jobs[0],))
+        head.start()
+        assert wait_for(lambda: recorder._writing.locked() and not recorder._pending, 10)  # its write under way
+        workers = [threading.Thread(target=start, args=(j,)) for j in jobs[1:]]
+        for t in workers:
+            t.start()
+        assert wait_for(lambda: len(recorder._pending) == 3, 10)
+        saves_before = store.saves
+    for t in (head, *workers):
+        t.join(30)
+    assert on_disk == handles
+    assert store.saves - saves_before == 2  # the head's write, then one for the three workers together
+    assert {n.phase for n in store.require("demo").nodes} == {"started"}
+
+
+def test_a_name_still_active_is_not_created_again(tmp_path: Path) -> None:
+    recorder = Recorder(StateStore(tmp_path), "demo")
+    recorder.created(record())
+    with pytest.raises(StateError, match="deployment demo is already starting") as err:
+        recorder.created(record())
+    assert err.value.hint == "stop it first: k3deploy stop demo"
+    recorder.stopped(None, "stopped", {}, release_owner=True)
+    recorder.created(record())  # a stopped one is replaced
+
+
+def test_stopped_keeps_the_logs_and_closes_the_record_in_one_write(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path)
+    recorder = Recorder(store, "demo")
+    recorder.created(four_nodes())
+    failure = Failure(rank=2, host="h01", cause="exited with status 3")
+    saves_before = store.saves
+    dep = recorder.stopped(failure, "failed", {0: "stopped", 1: "stopped", 2: "stopped", 3: "survived"},
+                           {0: "rank 0 log\n", 1: ""}, release_owner=True)
+    assert store.saves - saves_before == 1 and store.require("demo") == dep
+    assert dep.status == "failed" and dep.owner is None and dep.failure == failure
+    assert dep.attempts[-1].ended_at is not None and dep.attempts[-1].cause == "exited with status 3"
+    assert [n.phase for n in dep.nodes] == ["stopped", "stopped", "stopped", "unknown"]
+    logs = store.logs_dir("demo")
+    assert [p.name for p in logs.iterdir()] == ["rank0.log"]  # an empty log keeps its earlier copy
+    assert (logs / "rank0.log").read_text() == "rank 0 log\n" and stat.S_IMODE((logs / "rank0.log").stat().st_mode) == 0o600
