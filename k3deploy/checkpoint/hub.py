@@ -3,10 +3,11 @@ fetched and hashed), and a pinned revision's files downloaded to a directory her
 manifest before anything is sent on (`weights sync --from hub --staging DIR`)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,30 +58,32 @@ def _translated(exc: Exception, repo: str, revision: str) -> Exception:
                      "(HF_HUB_OFFLINE=1 forbids any download)")
 
 
-def _call(where: tuple[str, str], fn: Any, *args: Any, **kwargs: Any) -> Any:
+@contextlib.contextmanager
+def _hub_errors(repo: str, revision: str) -> Iterator[None]:
+    """Every hub library or network failure inside, as one K3Error (`_translated`); anything else as it is."""
     try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # every library or network failure becomes one K3Error here
+        yield
+    except Exception as exc:
         if type(exc).__module__.split(".")[0] not in ("huggingface_hub", "requests", "httpx", "urllib3"):
             raise
-        raise _translated(exc, *where) from exc
+        raise _translated(exc, repo, revision) from exc
 
 
 def manifest_from_hub(repo: str, revision: str, api: HubApi | None = None) -> Manifest:
     """Every file of `repo` at `revision`: LFS files from the hub's sha256, others downloaded and hashed."""
     hub = api if api is not None else _default_api()
-    info = _call((repo, revision), hub.model_info, repo, revision=revision, files_metadata=True)
     files: dict[str, FileDigest] = {}
     small: dict[str, bytes] = {}
-    for sibling in info.siblings or ():
-        lfs = sibling.lfs
-        if lfs is not None:
-            files[sibling.rfilename] = FileDigest(size=int(lfs["size"]), sha256=str(lfs["sha256"]))
-            continue
-        local = _call((repo, revision), hub.hf_hub_download, repo, sibling.rfilename, revision=info.sha or revision)
-        data = Path(local).read_bytes()
-        small[sibling.rfilename] = data
-        files[sibling.rfilename] = FileDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    with _hub_errors(repo, revision):
+        info = hub.model_info(repo, revision=revision, files_metadata=True)
+        for sibling in info.siblings or ():
+            lfs = sibling.lfs
+            if lfs is not None:
+                files[sibling.rfilename] = FileDigest(size=int(lfs["size"]), sha256=str(lfs["sha256"]))
+                continue
+            data = Path(hub.hf_hub_download(repo, sibling.rfilename, revision=info.sha or revision)).read_bytes()
+            small[sibling.rfilename] = data
+            files[sibling.rfilename] = FileDigest(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     if INDEX_FILE not in small:
         raise InputError(f"hub repo {repo}@{revision} has no {INDEX_FILE}: not a sharded safetensors checkpoint")
     try:
@@ -116,28 +119,28 @@ def fetch_revision(repo: str, revision: str, manifest: Manifest, directory: Path
                          hint=f"make the manifest for the pinned revision: k3deploy manifest from-hub {repo} "
                          f"--revision {revision} -o FILE")
     directory.mkdir(parents=True, exist_ok=True)
-    todo = verify_directory(directory, manifest)
-    need = sum(manifest.files[n].size for n in todo)
-    room = free_bytes(directory)
-    if room < need:
-        raise HubFileRejected(f"this machine: {room:,} bytes free at {directory}, the hub download needs "
-                              f"{need:,} more; nothing was downloaded",
-                              hint=f"free {need - room:,} bytes, or pass --staging DIR on a larger disk, or let the "
-                              "nodes pull from the hub (--from hub without --staging)")
-    hub = api if api is not None else _default_api()
-    for name in sorted(set(manifest.files) - set(todo)):
-        if on_file is not None:
-            on_file(name, manifest.files[name].size, False)
-    for name in todo:
-        want = manifest.files[name]
-        local = Path(_call((repo, revision), hub.hf_hub_download, repo, name, revision=revision,
-                           local_dir=str(directory)))
-        if verify_directory(directory, manifest.model_copy(update={"files": {name: want}})):
-            local.unlink(missing_ok=True)
-            raise HubFileRejected(f"hub repo {repo}@{revision}: {name} is not the manifest's bytes (size {want.size:,}, "
-                                  f"sha256 {want.sha256[:12]}...): removed, sent to no node",
-                                  hint=f"check that the manifest is for this revision (k3deploy manifest from-hub "
-                                  f"{repo} --revision {revision}); rerun to download it again")
-        if on_file is not None:
-            on_file(name, want.size, True)
+    with _hub_errors(repo, revision):
+        todo = verify_directory(directory, manifest)
+        need = sum(manifest.files[n].size for n in todo)
+        room = free_bytes(directory)
+        if room < need:
+            raise HubFileRejected(f"this machine: {room:,} bytes free at {directory}, the hub download needs "
+                                  f"{need:,} more; nothing was downloaded",
+                                  hint=f"free {need - room:,} bytes, or pass --staging DIR on a larger disk, or let "
+                                  "the nodes pull from the hub (--from hub without --staging)")
+        hub = api if api is not None else _default_api()
+        for name in sorted(set(manifest.files) - set(todo)):
+            if on_file is not None:
+                on_file(name, manifest.files[name].size, False)
+        for name in todo:
+            want = manifest.files[name]
+            local = Path(hub.hf_hub_download(repo, name, revision=revision, local_dir=str(directory)))
+            if verify_directory(directory, manifest.model_copy(update={"files": {name: want}})):
+                local.unlink(missing_ok=True)
+                raise HubFileRejected(f"hub repo {repo}@{revision}: {name} is not the manifest's bytes (size "
+                                      f"{want.size:,}, sha256 {want.sha256[:12]}...): removed, sent to no node",
+                                      hint=f"check that the manifest is for this revision (k3deploy manifest "
+                                      f"from-hub {repo} --revision {revision}); rerun to download it again")
+            if on_file is not None:
+                on_file(name, want.size, True)
     return directory

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -13,6 +14,15 @@ from k3deploy.probes.shard_names import CONFIG_FILE, INDEX_FILE, MANIFEST_FILE, 
 from k3deploy.probes.shard_structure import is_single_file, read_weight_map
 
 FORMAT: Literal["k3deploy-manifest/1"] = "k3deploy-manifest/1"
+
+
+class CopyState(NamedTuple):
+    """One copy's files sorted against the manifest, and the bytes it still lacks (wrong and missing files)."""
+
+    verified: tuple[str, ...]
+    wrong: tuple[str, ...]  # present with a size or sha256 the manifest does not give
+    missing: tuple[str, ...]
+    bytes_to_go: int
 
 
 class FileDigest(BaseModel):
@@ -63,6 +73,27 @@ class Manifest(BaseModel):
     def expected(self) -> dict[str, list[int | str]]:
         """{name: [size, sha256]}: the shape the node probe takes."""
         return {name: [d.size, d.sha256] for name, d in sorted(self.files.items())}
+
+    def check_paths(self, where: str) -> None:
+        """Refuse file paths that would leave the checkpoint directory (`where`: the manifest, as messages name
+        it)."""
+        for name in self.files:
+            norm = posixpath.normpath(name)
+            if name.startswith("/") or norm == "." or norm.startswith("../") or norm == ".." or "\\" in name:
+                raise InputError(f"{where}: file {name!r} leaves the checkpoint directory",
+                                 hint="a manifest lists paths relative to the checkpoint; make it again with "
+                                 "`k3deploy manifest create DIR`")
+
+    def sort_copy(self, got: dict[str, tuple[int, str]]) -> CopyState:
+        """A copy's files (name -> size, sha256) sorted against the manifest."""
+        verified: list[str] = []
+        wrong: list[str] = []
+        missing: list[str] = []
+        for name, want in sorted(self.files.items()):
+            have = got.get(name)
+            (missing if have is None else verified if have == (want.size, want.sha256) else wrong).append(name)
+        return CopyState(tuple(verified), tuple(wrong), tuple(missing),
+                         sum(self.files[n].size for n in (*wrong, *missing)))
 
 
 def _weight_map(text: bytes, where: str) -> dict[str, str]:
@@ -121,3 +152,13 @@ def topology_manifest(given: str | None, topology_file: Path | str, override: Pa
         return None
     path = Path(given).expanduser()
     return Manifest.load(path if path.is_absolute() else Path(topology_file).parent / path)
+
+
+def required_manifest(given: str | None, topology_file: Path | str, override: Path | None = None) -> Manifest:
+    """`topology_manifest`, which `weights` needs: InputError naming the fix when there is none."""
+    found = topology_manifest(given, topology_file, override)
+    if found is None:
+        raise InputError(f"{topology_file}: no checkpoint manifest to sync or check against",
+                         hint="pass --manifest FILE, or set validate.manifest (make one with `k3deploy manifest "
+                         "create DIR` or `k3deploy manifest from-hub REPO --revision SHA`)")
+    return found

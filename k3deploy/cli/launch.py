@@ -64,15 +64,15 @@ def launch(
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(prep.warnings, prep.plan.file)
     if sync_weights is not None and not dry_run:
-        from k3deploy.launch.weights_unit import on_synced_nodes, sync_unit
+        from k3deploy.launch.weights_unit import sync_unit
 
-        synced = sync_unit(prep, sync_weights, None, as_json)
+        synced, kept = sync_unit(prep, sync_weights, None, as_json)
         if synced.exit_code:
             lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
             print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",
                   file=sys.stderr)
             raise typer.Exit(synced.exit_code)
-        prep = on_synced_nodes(prep, synced)
+        prep = kept  # the launch gets the nodes the sync filled
     if prep.service is not None:
         from k3deploy.cli.launch_service import launch_service
 

@@ -50,11 +50,12 @@ def status(
     the Slurm job holding the nodes does not run within launch.ready_timeout_s."""
     from rich.console import Console
 
+    from k3deploy.checkpoint.manifest import required_manifest
     from k3deploy.launch.prepare import prepare
-    from k3deploy.launch.weights import load_manifest, weights_status
+    from k3deploy.launch.weights import weights_status
 
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report = weights_status(prep, load_manifest(prep, manifest))
+    report = weights_status(prep, required_manifest(prep.plan.topology.validate_.manifest, prep.plan.file, manifest))
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     else:
@@ -108,7 +109,7 @@ def sync(
 
     sigterm_interrupts()  # `kill` unwinds like Ctrl-C: the nodes' servers are stopped, partial files kept
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report = sync_unit(prep, source, manifest, as_json, staging)
+    report, _ = sync_unit(prep, source, manifest, as_json, staging)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     raise typer.Exit(report.exit_code)

@@ -60,6 +60,15 @@ class Allocation(Protocol):
         """One line for `status` ('' when there is nothing to say)."""
         ...
 
+    def kept_to(self, plan: Plan, jobs: Sequence[NodeJob]) -> Plan:
+        """The plan whose next allocation gets the nodes `jobs` are on again (a launch after a sync that held
+        them: where the weights were copied)."""
+        ...
+
+    def pin_setting(self) -> str:
+        """The topology setting that pins which nodes this allocation gets ('' when they are the topology's own)."""
+        ...
+
 
 class StaticHosts:
     """The topology's hosts, as they are: the identity allocation."""
@@ -95,6 +104,14 @@ class StaticHosts:
 
     def summary(self) -> str:
         """Nothing to say."""
+        return ""
+
+    def kept_to(self, plan: Plan, jobs: Sequence[NodeJob]) -> Plan:
+        """The hosts are the topology's: the same ones every time."""
+        return plan
+
+    def pin_setting(self) -> str:
+        """The topology names its hosts itself."""
         return ""
 
 

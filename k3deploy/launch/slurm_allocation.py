@@ -410,6 +410,19 @@ class SlurmAllocation:
         """The job as `scontrol show job` says it (there may be no accounting database for sacct)."""
         return job_summary(SlurmClient(self.job.slurm_conf), self.job.job_id, self.job.nodes) if self.job else ""
 
+    def kept_to(self, plan: Plan, jobs: Sequence[NodeJob]) -> Plan:
+        """The next job asks for exactly the nodes `jobs` were on (sbatch --nodelist), which the scheduler could
+        otherwise replace; a topology that pins its nodes (launch.slurm.nodelist) already asks for those."""
+        t = plan.topology
+        if t.launch.slurm.nodelist or not jobs:
+            return plan
+        slurm = t.launch.slurm.model_copy(update={"nodelist": list(dict.fromkeys(j.target.host for j in jobs))})
+        return plan._replace(topology=t.model_copy(update={"launch": t.launch.model_copy(update={"slurm": slurm})}))
+
+    def pin_setting(self) -> str:
+        """The job's nodes are the scheduler's choice unless the topology names them."""
+        return "launch.slurm.nodelist"
+
 
 def recorded(dep: Deployment) -> SlurmAllocation | None:
     """The Slurm allocation a record says its deployment runs in, if any."""

@@ -10,11 +10,9 @@ import posixpath
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from k3deploy.checkpoint.manifest import Manifest, topology_manifest
-from k3deploy.errors import InputError
+from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.prepare import Prepared, held_unit
@@ -75,17 +73,6 @@ class WeightsReport:
                 "nodes": [n.as_json() for n in self.nodes]}
 
 
-def load_manifest(prep: Prepared, manifest: Path | None) -> Manifest:
-    """`--manifest`, else the topology's `validate.manifest` (relative to the topology file, as the shards stage
-    reads it); InputError naming the fix when there is none."""
-    found = topology_manifest(prep.plan.topology.validate_.manifest, prep.plan.file, manifest)
-    if found is None:
-        raise InputError(f"{prep.plan.file}: no checkpoint manifest to sync or check against",
-                         hint="pass --manifest FILE, or set validate.manifest (make one with `k3deploy manifest "
-                         "create DIR` or `k3deploy manifest from-hub REPO --revision SHA`)")
-    return found
-
-
 def checkpoint_nodes(prep: Prepared, jobs: Sequence[NodeJob]) -> dict[tuple[str, str], list[NodeJob]]:
     """Every instance's nodes (`jobs`, as their allocation holds them) by (host, checkpoint path): one copy per
     host and path, whichever ranks share it."""
@@ -96,32 +83,25 @@ def checkpoint_nodes(prep: Prepared, jobs: Sequence[NodeJob]) -> dict[tuple[str,
     return out
 
 
-def judge_copy(host: str, path: str, answer: Any, manifest: Manifest, ranks: tuple[str, ...]) -> NodeWeights:
-    """Sort the shards probe's answer for one node against the manifest."""
-    if not isinstance(answer, dict) or answer.get("type") != "result":
-        return NodeWeights(host, path, error=f"the checkpoint probe gave no result ({str(answer)[:200]})",
-                           ranks=ranks)
-    got = {n: (int(d[0]), str(d[1])) for n, d in answer.get("files", {}).items()}
-    verified: list[str] = []
-    wrong: list[str] = []
-    missing: list[str] = []
-    for name, want in sorted(manifest.files.items()):
-        have = got.get(name)
-        (missing if have is None else verified if have == (want.size, want.sha256) else wrong).append(name)
-    to_go = sum(manifest.files[n].size for n in (*wrong, *missing))
-    return NodeWeights(host, path, tuple(verified), tuple(wrong), tuple(missing), to_go, ranks=ranks)
-
-
 def hash_copies(fleet: NodeFleet, ranks: list[int], paths: dict[int, str], manifest: Manifest) \
         -> dict[int, NodeWeights | str]:
-    """Hash the given nodes' copies at once (the shards probe, against the manifest): each node's sorted files,
-    or why it could not be asked."""
+    """Hash the given nodes' copies at once (the shards probe, against the manifest): each node's files sorted
+    against the manifest (`Manifest.sort_copy`), or why it could not be asked."""
     spec = {"expect": {}, "hash": True, "files": manifest.expected(), "progress_s": 5.0}
     total = sum(d.size for d in manifest.files.values())
     out = fleet.run_probe(probe, timeout_s=BASE_TIMEOUT_S + total / probe.MIN_HASH_BYTES_PER_S, ranks=ranks,
                           args_for=lambda r: [json.dumps({**spec, "path": paths[r]})])
-    return {r: judge_copy(fleet.host(r), paths[r], o.value, manifest, ()) if o.ok else str(o.error)
-            for r, o in out.items()}
+    copies: dict[int, NodeWeights | str] = {}
+    for r, o in out.items():
+        if not o.ok:
+            copies[r] = str(o.error)
+        elif not isinstance(o.value, dict) or o.value.get("type") != "result":
+            copies[r] = NodeWeights(fleet.host(r), paths[r],
+                                    error=f"the checkpoint probe gave no result ({str(o.value)[:200]})")
+        else:
+            copies[r] = NodeWeights(fleet.host(r), paths[r], *manifest.sort_copy(
+                {n: (int(d[0]), str(d[1])) for n, d in o.value.get("files", {}).items()}))
+    return copies
 
 
 @dataclass(frozen=True)

@@ -80,12 +80,13 @@ class NodeSync:
     error: str | None = None
     full: bool = False  # the error is its disk filling up (exit 1), not the node lost (exit 3)
     shared_with: str = ""  # host:path (fs) whose storage this node's directory is; "" its own
+    log: str = ""  # its sync process's log there, kept when the node did not complete ("" removed, or none)
 
     def as_json(self) -> dict[str, Any]:
         """The node's line of `--json`."""
         return {"host": self.host, "path": self.path, "skipped": self.skipped, "sent": self.sent,
                 "bytes": self.bytes, "error": self.error, "disk_full": self.full,
-                "shared_with": self.shared_with or None}
+                "shared_with": self.shared_with or None, "log": self.log or None}
 
 
 @dataclass
@@ -111,16 +112,6 @@ class SyncReport:
 
 # (rank, file, bytes of that file done so far) while copying; (rank, file, -1) once it is verified at its final name
 Progress = Callable[[int, str, int], None]
-
-
-def check_paths(manifest: Manifest, where: str) -> None:
-    """Refuse manifest paths that would leave the checkpoint directory."""
-    for name in manifest.files:
-        norm = posixpath.normpath(name)
-        if name.startswith("/") or norm == "." or norm.startswith("../") or norm == ".." or "\\" in name:
-            raise InputError(f"{where}: file {name!r} leaves the checkpoint directory",
-                             hint="a manifest lists paths relative to the checkpoint; make it again with "
-                             "`k3deploy manifest create DIR`")
 
 
 def _check_space(fleet: NodeFleet, copies: dict[int, NodeWeights], paths: dict[int, str]) -> None:
@@ -274,12 +265,11 @@ class _Run:
 
 
 def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manifest, source: Source, *,
-         log_dir: str, manifest_file: str = "the manifest", progress: Progress | None = None,
-         shared: SharedStorage | None = None) -> SyncReport:
-    """Make every target rank's directory (rank -> (private ip, path)) hold exactly the manifest's files: one copy
-    per storage (`shared`, else `shared_storage` asks the nodes), the other nodes on it reported shared with it."""
+         log_dir: str, progress: Progress | None = None, shared: SharedStorage | None = None) -> SyncReport:
+    """Make every target rank's directory (rank -> (private ip, path)) hold exactly the manifest's files (its
+    paths checked: `Manifest.check_paths`): one copy per storage (`shared`, else `shared_storage` asks the nodes),
+    the other nodes on it reported shared with it."""
     t0 = time.monotonic()
-    check_paths(manifest, manifest_file)
     paths = {r: p for r, (_, p) in targets.items()}
     names = sorted(manifest.files)
     if source.rank is None and source.url is None:
@@ -304,6 +294,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
     run = uuid.uuid4().hex[:8]
     state = _Run(report, manifest, source, paths, progress)
     servers = state.servers
+    logs: dict[int, str] = {}  # each started process's log (rank -1: the source node's server)
     try:
         stall_s = BASE_TIMEOUT_S + max((d.size for d in manifest.files.values()), default=0) / MIN_COPY_BYTES_PER_S
         started = fleet.map(lambda r, ex: _start(ex, f"{r}", {
@@ -322,6 +313,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             servers[-1] = src
             src_feeder = src[1]
         chain = sorted(r for r in servers if r >= 0)
+        logs.update({r: handle.log_path for r, (handle, _) in servers.items()})
         plans = {}
         for i, r in enumerate(chain):  # each node pulls from the nearest one before it that has the file
             verified = set(live[r].verified)
@@ -344,6 +336,7 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             fleet.map(lambda r, ex: ex.run(["rm", "-f", weights_node.temp_name(paths[r], state.bad)], 60.0),
                       list(live), in_pool=True)
         raise state.fatal
+    _drop_logs(fleet, report, logs)
     for rank, owner in storage.owner.items():  # one storage: the owner's copy is theirs, nothing was sent to them
         if owner != rank:
             n = report.nodes[rank]
@@ -351,6 +344,16 @@ def sync(fleet: NodeFleet, targets: dict[int, tuple[str, str]], manifest: Manife
             n.error, n.full = report.nodes[owner].error, report.nodes[owner].full
     report.elapsed_s = time.monotonic() - t0
     return report
+
+
+def _drop_logs(fleet: NodeFleet, report: SyncReport, logs: dict[int, str]) -> None:
+    """Each node's process log (and its plan beside it) removed where its sync completed (the source node's where
+    every node's did); kept where it did not, and named in its report."""
+    failed = [r for r in logs if r >= 0 and report.nodes[r].error is not None]
+    for r in failed:
+        report.nodes[r].log = logs[r]
+    done = [r for r in logs if r not in failed and (r >= 0 or not failed)]
+    fleet.map(lambda r, ex: ex.run(["rm", "-f", logs[r], _plan_file(logs[r])], 60.0), done, in_pool=True)
 
 
 def _hub_failed(out: dict[str, Any], url: str, name: str, host: str) -> None:
@@ -368,8 +371,8 @@ def _hub_failed(out: dict[str, Any], url: str, name: str, host: str) -> None:
                     "(verified and partial files are kept); or --staging DIR to download here first")
 
 
-def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manifest, source: Source,
-             source_target: Any, manifest_file: str, quiet: bool) -> SyncReport:
+def run_sync(log_dir: str, nodes: dict[tuple[str, str], list[Any]], manifest: Manifest, source: Source,
+             source_target: Any, quiet: bool) -> SyncReport:
     """The CLI's sync: one target per host and path (every instance's nodes), rich progress per node and in
     total (bytes, rate, ETA) unless `quiet`; each node's outcome printed."""
     from rich.console import Console
@@ -399,14 +402,13 @@ def run_sync(prep: Any, nodes: dict[tuple[str, str], list[Any]], manifest: Manif
                 bars.advance(per[rank], step)
                 bars.advance(total, step)
 
-        log_dir = prep.plan.topology.launch.log_dir
-        report = sync(fleet, targets, manifest, source, log_dir=log_dir, manifest_file=manifest_file,
-                      progress=tick, shared=shared)
+        report = sync(fleet, targets, manifest, source, log_dir=log_dir, progress=tick, shared=shared)
     if not quiet:
         for n in report.nodes.values():
             fix = "free space there (or point model.path at a larger disk), then rerun" if n.full else \
                 "rerun to complete it"
-            what = f"error: {n.error} ({fix})" if n.error else \
+            log = f"; its log: {n.log}" if n.log else ""
+            what = f"error: {n.error} ({fix}{log})" if n.error else \
                 f"the same storage as {n.shared_with}: synced there" if n.shared_with else \
                 f"{n.sent} files, {n.bytes:,} bytes copied, {n.skipped} already verified"
             console.print(f"{n.host}:{n.path}: {what}")

@@ -20,6 +20,7 @@ from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.executors.fleet import NodeFleet
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.executors.target import ExecTarget, LocalTarget, SlurmTarget
+from k3deploy.launch.allocation import allocation_for
 from k3deploy.launch.prepare import prepare
 from k3deploy.launch.weights import weights_status
 from k3deploy.launch.weights_sync import HubFailed, Source, SyncError, sync
@@ -162,6 +163,7 @@ def test_sync_fans_out_node_to_node_and_a_rerun_skips_verified_files(nodes: Any)
     # Only the chain's first node got the files from this machine; the others pulled them from a node.
     assert sorted(Recording.puts) == sorted(f"{weights_node.put_name(targets[0][1], n)}.up" for n in manifest.files)
     assert [n.sent for n in report.nodes.values()] == [3, 3, 3]
+    assert list((src.parent / "logs").glob("k3weights-*")) == []  # a node that completed keeps no log, no plan
     Path(targets[1][1], "a.safetensors").unlink()
     Recording.puts.clear()
     again = sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
@@ -185,6 +187,8 @@ def test_a_node_lost_mid_sync_is_named_and_the_nodes_after_it_finish(nodes: Any)
     Recording.lost = {"-1.log"}
     report = sync(fleet, targets, manifest, Source(str(src)), log_dir=str(src.parent / "logs"))
     assert report.exit_code == 3 and "connection lost" in (report.nodes[1].error or "")
+    kept = sorted(p.name for p in (src.parent / "logs").glob("k3weights-*.log"))
+    assert [Path(report.nodes[1].log).name] == kept and report.nodes[0].log == report.nodes[2].log == ""
     assert final_files(targets[2][1]) == {n: d.sha256 for n, d in manifest.files.items()}
 
 
@@ -192,7 +196,7 @@ def test_sync_refuses_before_copying_paths_outside_and_nodes_without_room(nodes:
     fleet, targets, manifest, src = nodes
     escape = manifest.model_copy(update={"files": {**manifest.files, "../x": manifest.files["sub/c.json"]}})
     with pytest.raises(InputError, match=r"'\.\./x' leaves the checkpoint directory"):
-        sync(fleet, targets, escape, Source(str(src)), log_dir=str(src.parent / "logs"))
+        escape.check_paths("the manifest")
     huge = manifest.model_copy(update={"files": {**manifest.files, "a.safetensors": FileDigest(
         size=1 << 60, sha256=manifest.files["a.safetensors"].sha256)}})
     with pytest.raises(SyncError, match=r"localhost: [\d,]+ bytes free at .*, the checkpoint needs [\d,]+ more"):
@@ -223,6 +227,19 @@ def test_a_source_node_is_taken_as_its_allocation_holds_it_and_one_it_does_not_h
     with pytest.raises(InputError, match="localhost is not among the nodes held for the sync") as refused:
         serving_node(src, "localhost", placed)
     assert "held: n0, n1" in str(refused.value.hint)
+    assert "(or pin the allocation's nodes, launch.slurm.nodelist)" in str(refused.value.hint)
+
+
+def test_a_launch_after_a_sync_is_kept_to_the_nodes_the_sync_held(tmp_path: Path) -> None:
+    prep = prepare(fake_topology(tmp_path, "w-kept", nodes=2), None, ExecOverrides())
+    assert allocation_for(prep.jobs).kept_to(prep.plan, prep.jobs) is prep.plan  # static hosts: the same ones
+    placed = tuple(j.model_copy(update={"target": SlurmTarget(host=f"n{5 - j.rank}", job_id=7)}) for j in prep.jobs)
+    slurm = allocation_for(placed)
+    assert slurm.kept_to(prep.plan, placed).topology.launch.slurm.nodelist == ["n5", "n4"]
+    t = prep.plan.topology
+    pinned = prep.plan._replace(topology=t.model_copy(update={"launch": t.launch.model_copy(update={
+        "slurm": t.launch.slurm.model_copy(update={"nodelist": ["n9"]})})}))
+    assert slurm.kept_to(pinned, placed) is pinned  # a topology that names its nodes asks for those already
 
 
 def test_launch_sync_weights_refuses_a_corrupt_source_and_starts_nothing(tmp_path: Path) -> None:
