@@ -369,7 +369,15 @@ def test_search_of_a_roles_topology_ranks_its_prefill_decode_layouts() -> None:
     name = "/".join([f"TP{top['prefill']['tp']}", *(f"{k.upper()}{top['prefill'][k]}" for k in ("ep", "dp", "pp", "dcp")
                                                     if top["prefill"][k] > 1)])
     assert first[0] == name and first[4] == f"{top['prediction']['output_throughput_per_gpu']:,.1f}"
-    assert doc["why"][:60] in " ".join(text.split()) and "no: PD_SGLANG_PP" in text
+    flat = " ".join(text.split())
+    assert doc["why"] in flat
+    # What does not fit: counted by the code that refuses it, as many as the JSON lists, each code with a reason.
+    assert f"{len(refused):,} layouts do not fit" in flat
+    for code in {x["code"] for x in refused}:
+        example = next(x for x in refused if x["code"] == code)
+        count = sum(x["code"] == code for x in refused)
+        assert f"{count:,} {code}, e.g. prefill " in flat and example["reason"] in flat, code
+    assert len(lines) < len(rows) / 4  # the ranking is not buried under the refused layouts
 
 
 @pytest.mark.parametrize("argv, says", [
