@@ -261,6 +261,7 @@ def _layouts(cat: "Catalog", files: "list[Path]", pool: "tuple[str | None, int |
              as_json: bool, load: "Workload | None", objective: str, tpot_max: "float | None", speculation: bool,
              html: "Path | None") -> None:
     """`plan FILE --search --workload`: the prefill/decode layouts of one topology with roles, ranked."""
+    from k3deploy.planning.ranking import objective_of
     from k3deploy.planning.role_search import rank_layouts, search_layouts, why_top_layout
     from k3deploy.topology.loader import load_topology
     from k3deploy.topology.pd import ROLE_NAMES, role_group
@@ -272,13 +273,14 @@ def _layouts(cat: "Catalog", files: "list[Path]", pool: "tuple[str | None, int |
     if any(x is not None for x in pool) or speculation:
         raise InputError("--hardware, --gpus, --gpus-per-node, --engine, --model and --speculation shape a search "
                          "without a FILE: the FILE's roles give its pool", hint=hint)
+    goal = objective_of(objective)
     loaded = load_topology(files[0])
     t = loaded.topology
     if t.roles is None:
         raise InputError(f"{files[0]}: --search with a FILE ranks the layouts of a topology with `roles`; this one "
                          "is one deployment", hint="search its pool with --search --hardware H --gpus N --workload ...")
-    rows = rank_layouts(search_layouts(loaded, cat, load, tpot_max), objective)  # type: ignore[arg-type]
-    why = why_top_layout(rows, objective)  # type: ignore[arg-type]
+    rows = rank_layouts(search_layouts(loaded, cat, load, tpot_max), goal)
+    why = why_top_layout(rows, goal)
     gpus = {r: len(role_group(t, r).nodes) * t.hardware.gpus_per_node for r in ROLE_NAMES}
     if html is not None:
         from k3deploy.html_report.page import write_page

@@ -3,7 +3,7 @@ the top one wins."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar, cast
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.kinds import Family as EngineFamily
@@ -41,6 +41,13 @@ class RankedShape(NamedTuple):
                 "prediction": prediction_json(self.prediction) if self.prediction else None}
 
 
+def objective_of(text: str) -> Objective:
+    """`--objective` checked: throughput or latency."""
+    if text not in OBJECTIVES:
+        raise InputError(f"--objective {text}: expected {' or '.join(OBJECTIVES)}")
+    return cast(Objective, text)
+
+
 def _key(objective: Objective, r: RankedShape) -> tuple[Any, ...]:
     p = r.prediction
     if p is None:
@@ -57,8 +64,7 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`; with
     `speculation`, each fitting shape also with every DSpark draft length the catalog has an acceptance for,
     as the engine's DSPARK recipe serves it (SGLang: with ReplaySSM verify when the catalog has its ring)."""
-    if objective not in OBJECTIVES:
-        raise InputError(f"--objective {objective}: expected {' or '.join(OBJECTIVES)}")
+    objective_of(objective)
     perf = catalog.performance.get(engine_id)
     if perf is None:
         raise InputError(f"the catalog has no performance entry for engine '{engine_id}'",

@@ -386,6 +386,8 @@ def test_search_of_a_roles_topology_ranks_its_prefill_decode_layouts() -> None:
     (["plan", str(PD), "--search", "--workload", PD_LOAD, "--gpus", "16"], "the FILE's roles give its pool"),
     (["plan", str(PD), "--search", "--workload", PD_LOAD, "--speculation"], "the FILE's roles give its pool"),
     (["plan", str(B300), "--search", "--workload", PD_LOAD], "this one is one deployment"),
+    (["plan", str(PD), "--search", "--workload", PD_LOAD, "--objective", "cost"],
+     "--objective cost: expected throughput or latency"),
 ])
 def test_search_of_a_file_needs_roles_and_a_workload(argv: list[str], says: str) -> None:
     r = k3(*argv)
