@@ -25,7 +25,9 @@ def plan(
     files: Annotated[list[Path] | None, typer.Argument(help="topology YAML files", show_default=False)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON (schema in README)")] = False,
     check: Annotated[bool, typer.Option("--check", help="CI mode: one line per file + GitHub annotations")] = False,
-    search: Annotated[bool, typer.Option("--search", help="list every legal shape for --hardware x --gpus")] = False,
+    search: Annotated[bool, typer.Option("--search", help="list every legal shape for --hardware x --gpus; with a "
+                                         "FILE that has roles and --workload, rank its prefill/decode layouts")
+                      ] = False,
     hardware: Annotated[str | None, typer.Option(help="accelerator id (with --search)")] = None,
     gpus: Annotated[int | None, typer.Option(help="number of accelerators (with --search)")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="accelerators per node (with --search)")] = None,
@@ -63,6 +65,10 @@ def plan(
                              hint="e.g. --search --hardware b300 --gpus 8 --workload in=8192,out=1024,concurrency=16 "
                              "--html search.html")
         require("report", what="--html")
+    if search and files:
+        _layouts(cat, files, (hardware, gpus, gpus_per_node, engine, model), as_json, load, objective, tpot_max,
+                 speculation, html)
+        return
     if search:
         if load is not None:
             _ranked(cat, hardware, gpus, gpus_per_node, engine, model, as_json, load, objective, tpot_max,
@@ -249,3 +255,43 @@ def _ranked(cat: "Catalog", hardware: "str | None", gpus: "int | None", per_node
         from k3deploy.plan_report.ranking_report import ranked_table
 
         _console().print(ranked_table(hardware, gpus, engine, load, objective, rows, why))
+
+
+def _layouts(cat: "Catalog", files: "list[Path]", pool: "tuple[str | None, int | None, int | None, str | None, str | None]",
+             as_json: bool, load: "Workload | None", objective: str, tpot_max: "float | None", speculation: bool,
+             html: "Path | None") -> None:
+    """`plan FILE --search --workload`: the prefill/decode layouts of one topology with roles, ranked."""
+    from k3deploy.planning.ranking import objective_of
+    from k3deploy.planning.role_search import rank_layouts, search_layouts, why_top_layout
+    from k3deploy.topology.loader import load_topology
+    from k3deploy.topology.pd import ROLE_NAMES, role_group
+
+    hint = "e.g. k3deploy plan topologies/pd-h200-1p1d-sglang.yaml --search --workload in=8192,out=1024,concurrency=8"
+    if len(files) != 1 or load is None:
+        raise InputError("--search with a topology FILE ranks that one file's prefill/decode layouts by a "
+                         "prediction: it needs exactly one FILE and --workload", hint=hint)
+    if any(x is not None for x in pool) or speculation:
+        raise InputError("--hardware, --gpus, --gpus-per-node, --engine, --model and --speculation shape a search "
+                         "without a FILE: the FILE's roles give its pool", hint=hint)
+    goal = objective_of(objective)
+    loaded = load_topology(files[0])
+    t = loaded.topology
+    if t.roles is None:
+        raise InputError(f"{files[0]}: --search with a FILE ranks the layouts of a topology with `roles`; this one "
+                         "is one deployment", hint="search its pool with --search --hardware H --gpus N --workload ...")
+    rows = rank_layouts(search_layouts(loaded, cat, load, tpot_max), goal)
+    why = why_top_layout(rows, goal)
+    gpus = {r: len(role_group(t, r).nodes) * t.hardware.gpus_per_node for r in ROLE_NAMES}
+    if html is not None:
+        from k3deploy.html_report.page import write_page
+        from k3deploy.html_report.search_page import layouts_page
+
+        write_page(html, layouts_page(str(files[0]), gpus, t.hardware.gpu, load, objective, tpot_max, rows, why))
+    if as_json:
+        print(json.dumps({"file": str(files[0]), "hardware": t.hardware.gpu, "engine": t.engine.kind,
+                          "model": t.model.id, "gpus": gpus, "workload": load.model_dump(), "objective": objective,
+                          "tpot_max_ms": tpot_max, "why": why, "layouts": [r.model_dump() for r in rows]}, indent=2))
+    else:
+        from k3deploy.plan_report.ranking_report import layouts_table
+
+        _console().print(layouts_table(str(files[0]), gpus, load, objective, rows, why))

@@ -12,8 +12,8 @@ concurrency. TPOT is the decode step at the run's mean running batch; TTFT the r
 run's tokens over its duration. Each role's instances share the concurrency evenly. Pure."""
 from __future__ import annotations
 
-import heapq
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -119,45 +119,102 @@ def bench_run(clients: int, prompts: int, out: int, prefill_gap_s: float, first_
     the prefill role starts one every `prefill_gap_s` in arrival order, its first token reaches the decode
     `first_token_s` after the start, and waits there for one of `cap` slots; the decode then emits a token per
     request every `token_s(batch)` until `out`. Event by event: the batch is constant between events."""
-    ready: list[tuple[float, int]] = []  # (first token at the decode, request)
-    running: list[tuple[int, int]] = []  # (the decode step it finishes on, request)
-    sent_at: dict[int, float] = {}
+    # Both queues stay in order: the prefill starts prompts in arrival order, and a request admitted later
+    # finishes on a later step; so they are plain FIFOs.
+    ready: deque[float] = deque()  # when each prefilled request's first token is at the decode, in arrival order
+    sent_at: deque[float] = deque()  # when each of those was sent
+    running: deque[int] = deque()  # the decode step each running request finishes on
     free = now = ttft = 0.0
     step = done = tokens = weighted = 0
-
-    def send(i: int, at: float) -> None:
-        nonlocal free
-        start = max(at, free)
-        free = start + prefill_gap_s
-        sent_at[i] = at
-        heapq.heappush(ready, (start + first_token_s, i))
-
-    for i in range(min(clients, prompts)):
-        send(i, 0.0)
-    sent = len(sent_at)
+    sent = min(clients, prompts)
+    for _ in range(sent):
+        ready.append(free + first_token_s)
+        sent_at.append(0.0)
+        free += prefill_gap_s
     while done < prompts:
-        while ready and ready[0][0] <= now and len(running) < cap:
-            _, i = heapq.heappop(ready)
-            ttft += now - sent_at[i]
-            heapq.heappush(running, (step + out - 1, i))
+        while ready and ready[0] <= now and len(running) < cap:
+            ready.popleft()
+            ttft += now - sent_at.popleft()
+            running.append(step + out - 1)
         if not running:
-            now = ready[0][0]
+            now = ready[0]
             continue
-        batch, dt = len(running), token_s(len(running))
-        steps = running[0][0] - step
+        batch = len(running)
+        dt = token_s(batch)
+        steps = running[0] - step
         if ready and batch < cap:  # the next arrival joins at the first step boundary after it is ready
-            steps = min(steps, max(1, math.ceil((ready[0][0] - now) / dt)))
+            steps = min(steps, max(1, math.ceil((ready[0] - now) / dt)))
         now += steps * dt
         step += steps
         tokens += batch * steps
         weighted += batch * batch * steps
-        while running and running[0][0] <= step:
-            heapq.heappop(running)
+        while running and running[0] <= step:
+            running.popleft()
             done += 1
-            if sent < prompts:
-                send(sent, now)
+            if sent < prompts:  # the client sends its next prompt; the prefill starts it when free
+                start = max(now, free)
+                free = start + prefill_gap_s
+                ready.append(start + first_token_s)
+                sent_at.append(now)
                 sent += 1
     return BenchRun(now, ttft / prompts, weighted / tokens if tokens else 1.0)
+
+
+class PrefillRole(NamedTuple):
+    """One prefill instance's part of a service: its prediction at its share of the clients and the hand-off of a
+    request to a decode (its transfer: None, with why, where it cannot be timed)."""
+
+    prediction: Prediction
+    instances: int
+    transfer: Term | None
+    transfer_unknown: str
+
+
+def prefill_role(t: Topology, catalog: Catalog, w: Workload, instances: int) -> PrefillRole:
+    """The prefill part of `instances` instances laid out as `t` (one instance's topology) under workload `w`."""
+    share = max(1, math.ceil(w.concurrency / instances))
+    pre = predict_topology(t, catalog, w._replace(output_tokens=2, concurrency=share))
+    try:
+        return PrefillRole(pre, instances, transfer_s(t, catalog, w.input_tokens), "")
+    except PerfUnknown as exc:  # the decode's figures stand without it
+        return PrefillRole(pre, instances, None, str(exc))
+
+
+class DecodeRole:
+    """One decode instance's part of a service: the batch its caches admit, and its decode step and prediction at
+    each batch a run asks for, each worked out once (a search pairs one decode layout with many prefill ones)."""
+
+    def __init__(self, t: Topology, catalog: Catalog, w: Workload, instances: int) -> None:
+        self.topology, self.catalog, self.workload, self.instances = t, catalog, w, instances
+        self.clients = max(1, math.ceil(w.concurrency / instances))
+        self.admitted, self.inputs = timed_topology(t, catalog, w._replace(concurrency=self.clients))
+        self.context = w.input_tokens + w.output_tokens / 2
+        self.prompts = math.ceil(w.prompts / instances)
+        self._steps: dict[int, float] = {}
+        self._at: dict[int, Prediction] = {}
+        self._runs: dict[tuple[float, float], BenchRun] = {}
+
+    def token_s(self, batch: int) -> float:
+        """Seconds per output token of every request of a decode batch."""
+        if batch not in self._steps:
+            self._steps[batch] = decode_token_s(self.inputs, batch, self.context)
+        return self._steps[batch]
+
+    def run(self, prefill_gap_s: float, first_token_s: float) -> BenchRun:
+        """The instance's benchmark run fed one prompt every `prefill_gap_s`, each first token `first_token_s`
+        after its prefill starts (prefill layouts of equal figures share one run)."""
+        key = (prefill_gap_s, first_token_s)
+        if key not in self._runs:
+            self._runs[key] = bench_run(self.clients, self.prompts, self.workload.output_tokens, prefill_gap_s,
+                                        first_token_s, self.admitted.running, self.token_s)
+        return self._runs[key]
+
+    def at_batch(self, batch: int) -> Prediction:
+        """The instance's prediction with `batch` requests running (TPOT's terms at a run's mean batch)."""
+        if batch not in self._at:
+            self._at[batch] = predict_topology(self.topology, self.catalog,
+                                               self.workload._replace(concurrency=batch))
+        return self._at[batch]
 
 
 def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
@@ -169,45 +226,38 @@ def predict_roles(t: Topology, catalog: Catalog, w: Workload) -> RolePrediction:
     assert t.roles is not None
     first = {i.role: i for i in reversed(instances(t))}
     groups = {r: role_group(t, r) for r in ("prefill", "decode")}
-    share = {r: max(1, math.ceil(w.concurrency / groups[r].instances)) for r in ("prefill", "decode")}
-    pre_t, dec_t = instance_topology(t, first["prefill"]), instance_topology(t, first["decode"])
-    pre = predict_topology(pre_t, catalog, w._replace(output_tokens=2, concurrency=share["prefill"]))
-    admitted, inp = timed_topology(dec_t, catalog, w._replace(concurrency=share["decode"]))
     gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
-    unknown = ""
-    try:
-        transfer: Term | None = transfer_s(pre_t, catalog, w.input_tokens)
-    except PerfUnknown as exc:  # the decode's figures stand without it
-        transfer, unknown = None, str(exc)
-    hand_off = pre.prefill_latency_s + (transfer.seconds if transfer else 0.0)
-    context = w.input_tokens + w.output_tokens / 2
-    steps: dict[int, float] = {}
+    pre = prefill_role(instance_topology(t, first["prefill"]), catalog, w, groups["prefill"].instances)
+    return service(pre, DecodeRole(instance_topology(t, first["decode"]), catalog, w, groups["decode"].instances),
+                   gpus)
 
-    def token_s(batch: int) -> float:
-        if batch not in steps:
-            steps[batch] = decode_token_s(inp, batch, context)
-        return steps[batch]
 
+def service(p: PrefillRole, d: DecodeRole, gpus: int) -> RolePrediction:
+    """A prefill role and a decode role on `gpus` GPUs in all, as one service: its benchmark run (module
+    docstring) and the figures of it."""
+    w, pre, admitted = d.workload, p.prediction, d.admitted
+    hand_off = pre.prefill_latency_s + (p.transfer.seconds if p.transfer else 0.0)
     # Each decode instance serves its share of the clients, fed by its share of the prefill role's rate.
-    rate = groups["prefill"].instances * pre.prefills_per_s / groups["decode"].instances
-    prompts = math.ceil(w.prompts / groups["decode"].instances)
-    run = bench_run(share["decode"], prompts, w.output_tokens, 1 / rate, hand_off, admitted.running, token_s)
-    dec = predict_topology(dec_t, catalog, w._replace(concurrency=max(1, round(run.batch))))
+    rate = p.instances * pre.prefills_per_s / d.instances
+    prompts = d.prompts
+    run = d.run(1 / rate, hand_off)
+    dec = d.at_batch(max(1, round(run.batch)))
     tpot_terms = tuple(Term(f"decode role: {x.name}", x.seconds, x.how) for x in dec.tpot_terms
                        if x.name != "prefill stalls")
     tpot = sum(x.seconds for x in tpot_terms)
     ttft_terms = (Term("prefill role: prefill", pre.prefill_latency_s, pre.ttft_terms[0].how),
                   Term("queue", run.ttft_s - hand_off,
                        f"waiting for the prefill role ({rate:,.2f} prompts/s a decode instance) and for one of "
-                       f"{admitted.running} decode slots, over a run of {prompts:,} prompts from {share['decode']} "
+                       f"{admitted.running} decode slots, over a run of {prompts:,} prompts from {d.clients} "
                        f"clients (mean decode batch {run.batch:,.0f})"))
-    output = groups["decode"].instances * prompts * w.output_tokens / run.duration_s
-    held = min(admitted.running, share["decode"])  # a decode instance's batch when it decodes all it can hold
-    full = {"prefill": groups["prefill"].instances * pre.prefills_per_s,
-            "decode": groups["decode"].instances * held / ((w.output_tokens - 1) * token_s(held))}
-    return RolePrediction(w, run.ttft_s if transfer else None, tpot, (*ttft_terms, *((transfer,) if transfer else ())),
-                          tpot_terms, pre, dec, {r: g.instances for r, g in groups.items()}, full, held, output, gpus,
-                          ttft_unknown=unknown)
+    output = d.instances * prompts * w.output_tokens / run.duration_s
+    held = min(admitted.running, d.clients)  # a decode instance's batch when it decodes all it can hold
+    full = {"prefill": p.instances * pre.prefills_per_s,
+            "decode": d.instances * held / ((w.output_tokens - 1) * d.token_s(held))}
+    transfer = (p.transfer,) if p.transfer else ()
+    return RolePrediction(w, run.ttft_s if p.transfer else None, tpot, (*ttft_terms, *transfer), tpot_terms, pre,
+                          dec, {"prefill": p.instances, "decode": d.instances}, full, held, output, gpus,
+                          ttft_unknown=p.transfer_unknown)
 
 
 def roles_json(p: RolePrediction) -> dict[str, Any]:

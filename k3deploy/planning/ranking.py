@@ -2,7 +2,8 @@
 the top one wins."""
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar, cast
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.kinds import Family as EngineFamily
@@ -40,6 +41,13 @@ class RankedShape(NamedTuple):
                 "prediction": prediction_json(self.prediction) if self.prediction else None}
 
 
+def objective_of(text: str) -> Objective:
+    """`--objective` checked: throughput or latency."""
+    if text not in OBJECTIVES:
+        raise InputError(f"--objective {text}: expected {' or '.join(OBJECTIVES)}")
+    return cast(Objective, text)
+
+
 def _key(objective: Objective, r: RankedShape) -> tuple[Any, ...]:
     p = r.prediction
     if p is None:
@@ -56,8 +64,7 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
     """Shapes (DCP included) sized for the workload's concurrency, best first for `objective`; with
     `speculation`, each fitting shape also with every DSpark draft length the catalog has an acceptance for,
     as the engine's DSPARK recipe serves it (SGLang: with ReplaySSM verify when the catalog has its ring)."""
-    if objective not in OBJECTIVES:
-        raise InputError(f"--objective {objective}: expected {' or '.join(OBJECTIVES)}")
+    objective_of(objective)
     perf = catalog.performance.get(engine_id)
     if perf is None:
         raise InputError(f"the catalog has no performance entry for engine '{engine_id}'",
@@ -103,39 +110,76 @@ def rank_shapes(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int,
 
 def shape_name(r: RankedShape) -> str:
     """TP8/EP8/DCP8/DSPARK7: TP, then every other degree above 1, then the draft tokens per step."""
-    s = r.candidate.shape
+    return parallel_name(r.candidate.shape, r.drafts)
+
+
+def parallel_name(s: Shape, drafts: int = 0) -> str:
+    """TP8/EP8/DCP8 (with `drafts`: /DSPARK7): TP, then every other degree above 1, then the draft tokens."""
     rest = [f"{k}{v}" for k, v in (("EP", s.ep), ("DP", s.dp), ("PP", s.pp), ("DCP", s.dcp)) if v > 1]
-    rest += [f"DSPARK{r.drafts}"] if r.drafts else []
+    rest += [f"DSPARK{drafts}"] if drafts else []
     return "/".join([f"TP{s.tp}", *rest])
+
+
+class _Figures(Protocol):
+    """What a ranking compares of a prediction (one deployment's or a prefill/decode service's)."""
+
+    @property
+    def output_throughput_per_gpu(self) -> float: ...
+    @property
+    def tpot_s(self) -> float: ...
+
+
+class _Ranked(Protocol):
+    @property
+    def prediction(self) -> _Figures | None: ...
+    @property
+    def meets_tpot(self) -> bool: ...
+
+
+R = TypeVar("R", bound=_Ranked)
+
+
+def figure(objective: Objective, p: _Figures) -> str:
+    """The figure a ranking is by: `12.3 output tok/s per GPU` or `TPOT 45.67 ms`."""
+    return (f"{p.output_throughput_per_gpu:,.1f} output tok/s per GPU" if objective == "throughput"
+            else f"TPOT {p.tpot_s * 1000:,.2f} ms")
+
+
+def contest(rows: Sequence[R], objective: Objective, noun: str, name: Callable[[R], str]) -> tuple[R, R] | str:
+    """The first of the ranked `rows` that fit and meet the limits, and the first after it that predicts more than
+    0.5% apart; or, where there is no such pair, the sentence that says why the first wins (`noun`: shape, layout)."""
+    ranked = [r for r in rows if r.prediction is not None and r.meets_tpot]
+    if not ranked:
+        return f"no {noun} fits and meets the TPOT limit" if rows else f"no legal {noun}"
+    top = ranked[0]
+    p = top.prediction
+    assert p is not None
+    if len(ranked) == 1:
+        return f"{name(top)} wins with {figure(objective, p)}: the only {noun} that fits and meets the limits"
+
+    def figure_of(pr: _Figures) -> float:
+        return pr.output_throughput_per_gpu if objective == "throughput" else pr.tpot_s
+
+    runner = next((r for r in ranked[1:] if r.prediction is not None
+                   and abs(figure_of(r.prediction) - figure_of(p)) > 0.005 * figure_of(p)), None)
+    if runner is None:
+        return f"{name(top)} wins with {figure(objective, p)}; every other {noun} that fits predicts the same"
+    return top, runner
 
 
 def why_top(rows: list[RankedShape], objective: Objective) -> str:
     """Why the first row wins over the runner-up: the figures, and the per-token term that differs most."""
-    ranked = [r for r in rows if r.prediction is not None and r.meets_tpot]
-    if not ranked:
-        return "no shape fits and meets the TPOT limit" if rows else "no legal shape"
-    top = ranked[0]
-    p = top.prediction
-    assert p is not None
-    figure = (f"{p.output_throughput_per_gpu:,.1f} output tok/s per GPU" if objective == "throughput"
-              else f"TPOT {p.tpot_s * 1000:,.2f} ms")
-    if len(ranked) == 1:
-        return f"{shape_name(top)} wins with {figure}: the only shape that fits and meets the limits"
-    def figure_of(pr: Prediction) -> float:
-        return pr.output_throughput_per_gpu if objective == "throughput" else pr.tpot_s
-
-    mine_figure = figure_of(p)
-    runner = next((r for r in ranked[1:] if r.prediction is not None
-                   and abs(figure_of(r.prediction) - mine_figure) > 0.005 * mine_figure), None)
-    if runner is None:
-        return f"{shape_name(top)} wins with {figure}; every other shape that fits predicts the same"
-    q = runner.prediction
-    assert q is not None
+    got = contest(rows, objective, "shape", shape_name)
+    if isinstance(got, str):
+        return got
+    top, runner = got
+    p, q = top.prediction, runner.prediction
+    assert p is not None and q is not None
     other = (f"{q.output_throughput_per_gpu:,.1f}" if objective == "throughput" else f"{q.tpot_s * 1000:,.2f} ms")
     diffs = _term_diffs(p, q)
     name, mine, theirs = max(diffs, key=lambda d: abs(d[1] - d[2]))
-    return (f"{shape_name(top)} wins with {figure} against {other} for {shape_name(runner)}: per output "
-            f"token its {name} takes {mine * 1000:,.3f} GPU-ms against {theirs * 1000:,.3f}")
+    return (f"{shape_name(top)} wins with {figure(objective, p)} against {other} for {shape_name(runner)}: per "
+            f"output token its {name} takes {mine * 1000:,.3f} GPU-ms against {theirs * 1000:,.3f}")
 
 
 def _term_diffs(p: Prediction, q: Prediction) -> list[tuple[str, float, float]]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from k3deploy.catalog.specs import Catalog
+from k3deploy.catalog.specs import Catalog, ModelSpec
 from k3deploy.diagnostics import fmt_gib
 from k3deploy.engines.kinds import Family as EngineFamily
 from k3deploy.engines.shape import Shape, make_shape
@@ -70,6 +70,21 @@ def default_pairing(catalog: Catalog, hardware_id: str, engine_id: str | None,
     return engine, (fits[0] if fits else next(iter(catalog.models)))
 
 
+def legal_shapes(model: ModelSpec, family: EngineFamily, *, gpus: int, nnodes: int, gpus_per_node: int,
+                 dcp_options: bool = False) -> list[Shape]:
+    """Every shape of `gpus` accelerators on `nnodes` nodes the engine's parallel rules allow for `model`; with
+    `dcp_options`, each also with decode-context parallel over its attention TP."""
+    out = []
+    for tp, ep, dp, pp, adp in _candidates(family, gpus, model.architecture.num_hidden_layers):
+        base = make_shape(family, tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attention_dp=adp, nnodes=nnodes,
+                          gpus_per_node=gpus_per_node, num_experts=model.architecture.num_experts)
+        for dcp in sorted({1, base.attn_tp} if dcp_options else {1}):
+            shape = base._replace(dcp=dcp)
+            if not any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
+                out.append(shape)
+    return out
+
+
 class Candidate(NamedTuple):
     """A legal shape with its budget, capacity and the first memory error (None: it fits)."""
 
@@ -108,31 +123,26 @@ def candidates(catalog: Catalog, *, model_id: str, hardware_id: str, gpus: int, 
                      else catalog.planner.runtime_reserve_gib) * (1 << 30))
     serving = serving or Serving()
     out = []
-    for tp, ep, dp, pp, adp in _candidates(family, gpus, model.architecture.num_hidden_layers):
-        base = make_shape(family, tp=tp, ep=ep, dp=dp, pp=pp, dcp=1, attention_dp=adp, nnodes=nnodes,
-                          gpus_per_node=per_node, num_experts=model.architecture.num_experts)
-        for dcp in sorted({1, base.attn_tp} if dcp_options else {1}):
-            shape = base._replace(dcp=dcp)
-            if any(i.severity == "error" for i in rules.parallel_rules(model.architecture, family, shape)):
-                continue
-            inp = MemoryInputs(family=family, engine=eng, reserve_bytes=reserve,
-                               mem_fraction=serving.mem_fraction or eng.default_mem_fraction,
-                               kv_dtype=serving.kv_cache_dtype or model.cache.kv_cache_dtype,
-                               ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
-                               prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
-                               max_running_requests=serving.max_running_requests, drafts=drafts,
-                               replay_ring_len=replay_ring_len,
-                               # a proposal sized for its workload: SGLang's pools split by the K3 calculator's
-                               # ratio (`mamba_full_memory_ratio: calculator` in a topology), not the default 0.9
-                               pool_calculator=True,
-                               # the engine's default flags: the tower where its rules put it at this shape
-                               vision=VisionServing(images_per_request=serving.images_per_request,
-                                                    max_running_requests=serving.max_running_requests or 1,
-                                                    context_length=serving.context_length))
-            m = memory_budget(model, hw.usable_bytes, shape, inp)
-            issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
-            errors = [i for i in issues if i.severity == "error"]
-            out.append(Candidate(shape, m, cap, errors[0].message if errors else None))
+    for shape in legal_shapes(model, family, gpus=gpus, nnodes=nnodes, gpus_per_node=per_node,
+                              dcp_options=dcp_options):
+        inp = MemoryInputs(family=family, engine=eng, reserve_bytes=reserve,
+                           mem_fraction=serving.mem_fraction or eng.default_mem_fraction,
+                           kv_dtype=serving.kv_cache_dtype or model.cache.kv_cache_dtype,
+                           ssm_dtype=serving.state_dtype or model.cache.ssm_state_dtype,
+                           prefix_cache=serving.prefix_cache, prefix_cache_strategy=serving.prefix_cache_strategy,
+                           max_running_requests=serving.max_running_requests, drafts=drafts,
+                           replay_ring_len=replay_ring_len,
+                           # a proposal sized for its workload: SGLang's pools split by the K3 calculator's
+                           # ratio (`mamba_full_memory_ratio: calculator` in a topology), not the default 0.9
+                           pool_calculator=True,
+                           # the engine's default flags: the tower where its rules put it at this shape
+                           vision=VisionServing(images_per_request=serving.images_per_request,
+                                                max_running_requests=serving.max_running_requests or 1,
+                                                context_length=serving.context_length))
+        m = memory_budget(model, hw.usable_bytes, shape, inp)
+        issues, cap = memory_issues(m, family, serving.context_length, serving.max_running_requests)
+        errors = [i for i in issues if i.severity == "error"]
+        out.append(Candidate(shape, m, cap, errors[0].message if errors else None))
     return out
 
 

@@ -288,6 +288,27 @@ def test_plan_html_of_roles_and_of_an_invalid_file(tmp_path: Path) -> None:
     assert issues and all(esc(i.render(str(bad))) in text for i in issues)  # every issue, as the terminal says it
 
 
+def test_search_html_of_a_roles_topology_draws_its_layouts(tmp_path: Path) -> None:
+    """`plan FILE --search --workload --html` on a topology with roles: the layouts' Pareto front at the asked
+    concurrency and the ranking as `--json` gives it, first row first, every layout that does not fit with its
+    reason; the terminal output unchanged."""
+    argv = ("plan", "topologies/pd-h200-1p1d-sglang.yaml", "--search", "--workload", "in=8192,out=1024,concurrency=8")
+    out = tmp_path / "layouts.html"
+    plain, done = run_k3deploy(*argv), run_k3deploy(*argv, "--html", out)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout
+    text = _html(out)
+    doc = json.loads(run_k3deploy(*argv, "--json").stdout)
+    from k3deploy.html_report.page import esc
+
+    first = doc["layouts"][0]
+    assert esc(doc["why"]) in text and "Pareto front (layout @ concurrency)" in text and "<svg" in text
+    assert f"{first['prediction']['output_throughput_per_gpu']:,.1f}" in text
+    refused = [x for x in doc["layouts"] if not x["feasible"]]
+    assert refused and all(esc(f"does not fit: {x['reason']}") in text for x in refused[:20])
+    assert text.count("<tr>") >= len(doc["layouts"])
+
+
 def test_validate_html_of_roles_holds_ttft_to_the_prefill_role_and_tpot_to_the_decode_role() -> None:
     """Behind a PD router the effort stage predicts per role (validate/role_effort.py): the page draws TTFT against
     the prefill role's prediction, TPOT and ITL against the decode role's, with its band."""

@@ -20,6 +20,7 @@ from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import expert_padding
 from k3deploy.planning.prediction import perf_inputs, predict, predict_plan
 from k3deploy.planning.ranking import RankedShape, rank_shapes
+from k3deploy.planning.role_search import RoleLayout, rank_layouts, search_layouts
 from k3deploy.planning.speculation import draft_tokens
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.loader import parse_topology
@@ -281,19 +282,63 @@ def test_search_ranks_the_configurations_published_for_one_workload_as_measured(
     assert pairs >= 6
 
 
-def test_search_puts_gb200s_published_decode_layouts_in_their_measured_order() -> None:
-    """GB200 4 x 4, concurrency 8: PP2 x TP8 measured fastest (TPOT 17.3 ms against 24.6-25.2 for TP16, DCP16 and
-    DCP16 + EP16, sglang#32592); `plan --search --workload` on 16 GPUs ranks it above each of them, on latency and
-    on throughput."""
-    layouts = [c for c in CASES if "roles" in c and c["workload"]["concurrency"] == 8]
-    assert len(layouts) == 4
-    for objective in ("latency", "throughput"):
-        rows = rank_shapes(load_catalog(), model_id="kimi-k3", hardware_id="gb200", gpus=16, family="sglang",
-                           engine_id="sglang", workload=Workload(8192, 1024, 8), objective=objective)
-        ordered = sorted(layouts, key=lambda c: c["published"]["tpot_ms"])
-        first = _position(rows, {**ordered[0], "parallel": ordered[0]["roles"]["decode"]})
-        for c in ordered[1:]:
-            assert first < _position(rows, {**c, "parallel": c["roles"]["decode"]}), (c["case"], objective)
+def _published_role_groups() -> list[list[dict[str, Any]]]:
+    """Prefill/decode cases that share hardware, GPU count and workload (GB200's decode layouts at each
+    concurrency)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for c in CASES:
+        if "roles" in c:
+            w = c["workload"]
+            key = (c["hardware"], c["nodes"] * c["gpus_per_node"], w["in"], w["out"], w["concurrency"])
+            groups.setdefault(key, []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _layout_position(rows: list[RoleLayout], case: dict[str, Any]) -> int:
+    """Where the case's prefill and decode shapes land in a `plan FILE --search --workload` ranking."""
+    def degrees(par: dict[str, int]) -> tuple[int, ...]:
+        return (par["tp"], par.get("ep", 1), par.get("dp", 1), par.get("pp", 1), par.get("dcp", 1))
+
+    want = (degrees(case["roles"]["prefill"]), degrees(case["roles"]["decode"]))
+    for i, r in enumerate(rows):
+        if tuple((s.tp, s.ep, s.dp, s.pp, s.dcp) for s in (r.prefill, r.decode)) == want:
+            assert r.prediction is not None, (case["case"], r.reason)
+            return i
+    raise AssertionError(f"{case['case']}: its layout is not among the searched ones")
+
+
+def test_role_layout_search_ranks_the_layouts_published_for_one_workload_as_measured() -> None:
+    """`plan FILE --search --workload` on the published GB200 prefill/decode setup (4 prefill + 4 decode nodes of 4,
+    prefill PP2 x TP8; sglang#32592) finds every published decode layout among its layouts, predicts each as `plan
+    FILE --workload` does, and puts the one measured faster above the slower one, at every published concurrency
+    (throughput: output tok/s per GPU of both roles; latency: TPOT; measured differences under 5% are ties). At
+    concurrency 8 that is PP2 x TP8 above TP16, DCP16 and DCP16 + EP16, on both."""
+    cat, pairs = load_catalog(), 0
+    groups = _published_role_groups()
+    assert sorted(g[0]["workload"]["concurrency"] for g in groups) == [8, 64, 128, 256, 512]
+    for group in groups:
+        c0, w = group[0], group[0]["workload"]
+        assert all(c["roles"]["prefill"] == c0["roles"]["prefill"] and c["nodes"] == c0["nodes"] for c in group)
+        loaded = parse_topology(yaml.safe_dump(_pd_doc(c0), sort_keys=False), "t.yaml")
+        rows = search_layouts(loaded, cat, Workload(w["in"], w["out"], w["concurrency"]))
+        ranked = {objective: rank_layouts(rows, objective) for objective in ("throughput", "latency")}  # type: ignore[arg-type]
+        for c in group:
+            p = ranked["latency"][_layout_position(ranked["latency"], c)].prediction
+            assert p is not None
+            assert (round(p.tpot_s * 1000, 2), round(p.output_throughput_per_gpu, 2)) == (
+                predicted(c)["tpot_ms"], predicted(c)["output_tok_s_per_gpu"]), c["case"]
+        for a in group:
+            for b in group:
+                pa, pb = a["published"], b["published"]
+                if pa["output_tok_s_per_gpu"] > 1.05 * pb["output_tok_s_per_gpu"]:
+                    pairs += 1
+                    rows = ranked["throughput"]
+                    assert _layout_position(rows, a) < _layout_position(rows, b), (a["case"], b["case"], "throughput")
+                if pa["tpot_ms"] is not None and pb["tpot_ms"] is not None and pa["tpot_ms"] < pb["tpot_ms"] / 1.05:
+                    pairs += 1
+                    rows = ranked["latency"]
+                    assert _layout_position(rows, a) < _layout_position(rows, b), (a["case"], b["case"], "latency")
+    assert pairs >= 20
 
 
 def test_one_sources_runs_at_other_concurrencies_order_as_measured() -> None:

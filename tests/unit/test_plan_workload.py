@@ -318,3 +318,78 @@ def test_roles_whose_transfer_cannot_be_timed_say_so() -> None:
     pred = prediction_document(p)
     assert pred["mean_ttft_ms"] is None and "no scaleout_gbps" in pred["prefill"]["not_timed"]
     assert pred["mean_tpot_ms"] > 0 and "transfer" not in [t["name"] for t in pred["prefill"]["terms"]]
+
+
+PD = ROOT / "topologies" / "pd-h200-1p1d-sglang.yaml"
+PD_LOAD = "in=8192,out=1024,concurrency=8"
+
+
+def test_search_of_a_roles_topology_ranks_its_prefill_decode_layouts() -> None:
+    """`plan FILE --search --workload` on a topology with roles: one row per prefill shape and decode shape over
+    each role's 16 GPUs, ranked by output tok/s per GPU of both roles; the file's own layout predicted as `plan FILE
+    --workload` predicts it; what does not fit last, each with its reason and code; the table shows the same."""
+    r = k3("plan", PD, "--search", "--workload", PD_LOAD, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["file"], doc["hardware"], doc["gpus"], doc["objective"]) == (str(PD), "h200",
+                                                                           {"prefill": 16, "decode": 16}, "throughput")
+    rows = doc["layouts"]
+    ranked = [x for x in rows if x["prediction"]]
+    assert len(ranked) >= 50 and rows[:len(ranked)] == ranked  # what does not fit or is not timed comes last
+    per_gpu = [x["prediction"]["output_throughput_per_gpu"] for x in ranked]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    for x in rows:
+        for role in ("prefill", "decode"):
+            s = x[role]
+            assert set(s) == {"tp", "ep", "dp", "pp", "dcp", "attn_tp"} and s["tp"] * s["pp"] == 16, x
+    refused = [x for x in rows if not x["feasible"]]
+    assert refused and all(x["reason"] and x["code"] and x["prediction"] is None for x in refused)
+    assert {"PD_SGLANG_PP", "decode MEM_WEIGHTS"} <= {x["code"] for x in refused}  # cross-role rule; a role's plan
+    own = next(x for x in ranked if (x["prefill"]["tp"], x["prefill"]["ep"], x["prefill"]["dp"]) == (16, 16, 1)
+               and (x["decode"]["tp"], x["decode"]["ep"], x["decode"]["dp"], x["decode"]["dcp"]) == (16, 16, 2, 1))
+    plain = json.loads(k3("plan", PD, "--workload", PD_LOAD, "--json").stdout)["prediction"]
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "output_throughput_per_gpu"):
+        assert own["prediction"][key] == pytest.approx(plain[key]), key
+    assert own["prediction"]["band"] == plain["band"]
+    top = ranked[0]
+    assert doc["why"].startswith(f"prefill TP{top['prefill']['tp']}") and " wins with " in doc["why"]
+    latency = json.loads(k3("plan", PD, "--search", "--workload", PD_LOAD, "--json", "--objective", "latency",
+                            "--tpot-max", "20").stdout)["layouts"]
+    timed = [x for x in latency if x["prediction"]]
+    meets = [x["meets_tpot_max"] for x in timed]
+    assert meets == sorted(meets, reverse=True) and True in meets and False in meets
+    tpots = [x["prediction"]["mean_tpot_ms"] for x in timed if x["meets_tpot_max"]]
+    assert tpots == sorted(tpots) and max(tpots) <= 20
+    text = k3("plan", PD, "--search", "--workload", PD_LOAD).stdout
+    lines = text.splitlines()
+    assert f"Prefill/decode layouts of {PD} (16 prefill + 16 decode GPUs), ranked by throughput" in " ".join(
+        text.split())
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["prefill", "decode"])
+    first = lines[head + 2].split()
+    name = "/".join([f"TP{top['prefill']['tp']}", *(f"{k.upper()}{top['prefill'][k]}" for k in ("ep", "dp", "pp", "dcp")
+                                                    if top["prefill"][k] > 1)])
+    assert first[0] == name and first[4] == f"{top['prediction']['output_throughput_per_gpu']:,.1f}"
+    flat = " ".join(text.split())
+    assert doc["why"] in flat
+    # What does not fit: counted by the code that refuses it, as many as the JSON lists, each code with a reason.
+    assert f"{len(refused):,} layouts do not fit" in flat
+    for code in {x["code"] for x in refused}:
+        example = next(x for x in refused if x["code"] == code)
+        count = sum(x["code"] == code for x in refused)
+        assert f"{count:,} {code}, e.g. prefill " in flat and example["reason"] in flat, code
+    assert len(lines) < len(rows) / 4  # the ranking is not buried under the refused layouts
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", str(PD), "--search"], "it needs exactly one FILE and --workload"),
+    (["plan", str(PD), str(PD), "--search", "--workload", PD_LOAD], "it needs exactly one FILE and --workload"),
+    (["plan", str(PD), "--search", "--workload", PD_LOAD, "--gpus", "16"], "the FILE's roles give its pool"),
+    (["plan", str(PD), "--search", "--workload", PD_LOAD, "--speculation"], "the FILE's roles give its pool"),
+    (["plan", str(B300), "--search", "--workload", PD_LOAD], "this one is one deployment"),
+    (["plan", str(PD), "--search", "--workload", PD_LOAD, "--objective", "cost"],
+     "--objective cost: expected throughput or latency"),
+])
+def test_search_of_a_file_needs_roles_and_a_workload(argv: list[str], says: str) -> None:
+    r = k3(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
