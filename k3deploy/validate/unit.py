@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from k3deploy.records.deployment import Deployment
     from k3deploy.records.service import Service
     from k3deploy.records.store import StateStore
+    from k3deploy.topology.schema import Topology
 
 # Stages about one instance's processes and nodes; the others send requests.
 NODE_STAGES = ("shards", "kernels", "topology")
@@ -89,12 +90,7 @@ def _passes(target: Target, stages: Sequence[Stage]) -> Iterator[Pass]:
         for unit in everyone:
             yield Pass(Target(unit.topology, target.file, _ready(store, unit, running)), node_stages,
                        f"[{unit.label}]")
-    request_stages = [s for s in stages if s.name not in NODE_STAGES]
-    if any(u.role for u in everyone):
-        from k3deploy.validate.role_effort import RoleEffortStage
-
-        # One instance's prediction has no prefill/transfer/decode path: effort is judged per role instead.
-        request_stages = [RoleEffortStage(t) if s.name == "effort" else s for s in request_stages]
+    request_stages, routed = _through_router(t, everyone, svc, [s for s in stages if s.name not in NODE_STAGES])
     if request_stages:
         # Replicas judge requests with any of them; roles with a decode (where generation happens).
         judges = [u for u in everyone if u.role in ("", "decode")]
@@ -103,7 +99,7 @@ def _passes(target: Target, stages: Sequence[Stage]) -> Iterator[Pass]:
         if dep is not None and svc is not None:
             # Requests go to the router; logs and liveness are the judging instance's.
             dep = dep.model_copy(update={"url": svc.router_url, "probe_from": "here"})
-        yield Pass(Target(front.topology, target.file, dep), request_stages, "", _routed(everyone, svc) if dep else None)
+        yield Pass(Target(front.topology, target.file, dep), request_stages, "", routed if dep else None)
 
 
 def _ready(store: StateStore, unit: UnitInstance, running: bool) -> Deployment | None:
@@ -112,13 +108,20 @@ def _ready(store: StateStore, unit: UnitInstance, running: bool) -> Deployment |
     return dep if dep is not None and dep.status == "ready" else None
 
 
-def _routed(everyone: Sequence[UnitInstance], svc: Service | None) -> Routed | None:
-    """Who serves through the router, for replicas (roles: a request is served by a prefill and a decode)."""
+def _through_router(t: Topology, everyone: Sequence[UnitInstance], svc: Service | None,
+                    stages: list[Stage]) -> tuple[list[Stage], Routed | None]:
+    """The request stages as the router's requests are judged, and who serves them: replicas each answer a request
+    whole (the router names who, when it says); with roles a request passes a prefill and a decode, so effort is
+    judged per role (one instance's prediction has no prefill/transfer/decode path) and no one instance served it."""
     from k3deploy.engines.router_api import SERVED_BY_HEADER
 
-    if svc is None or any(u.role for u in everyone):
-        return None
-    return Routed({r.url.rstrip("/"): r.name for r in svc.replicas}, SERVED_BY_HEADER.get(svc.router_kind))
+    if any(u.role for u in everyone):
+        from k3deploy.validate.role_effort import RoleEffortStage
+
+        return [RoleEffortStage(t) if s.name == "effort" else s for s in stages], None
+    if svc is None:
+        return stages, None
+    return stages, Routed({r.url.rstrip("/"): r.name for r in svc.replicas}, SERVED_BY_HEADER.get(svc.router_kind))
 
 
 def _run(one: Pass, runner_factory: RunnerFactory, catalog: Catalog, *, manifest: Manifest | None, fail_fast: bool,
