@@ -51,6 +51,6 @@ def rollout(
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    print(launch_summary(rollout_unit(prep, store, say=say, drain_s=drain_s, checks_for=lambda plans, url: [] if skip_short
-                                      else [("short", replica_stage(plans, prep.catalog, store, "short",
-                                                                    router_url=url))])))
+    print(launch_summary(rollout_unit(prep, store, say=say, drain_s=drain_s, checks_for=lambda plans, reach: [] if
+                                      skip_short else [("short", replica_stage(plans, prep.catalog, store, "short",
+                                                                               reach))])))

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from k3deploy.planning.plan import Plan
 
 
+# Where a check's requests go: the instance's record as they should reach it.
+Reach = Callable[[Deployment], Deployment]
 # An event of one part of the unit: "" for a deployment alone, else the instance's or the router's name.
 UnitSink = Callable[[str, NodeEvent], None]
 
@@ -205,11 +207,12 @@ def unit_view(report: lookup.StatusReport | ServiceReport) -> tuple[RenderableTy
 
 
 def rollout_unit(prep: Prepared, store: StateStore, *, say: Say, drain_s: float,
-                 checks_for: Callable[[Sequence[Plan], str | None], Sequence[ReplicaCheck]]) -> Service:
+                 checks_for: Callable[[Sequence[Plan], Reach], Sequence[ReplicaCheck]]) -> Service:
     """Restart the service's instances behind its router one at a time: replicas in turn, or prefill/decode
     instances by role; InputError for a deployment alone (no router keeps anything serving while it restarts).
-    `checks_for(instances' plans, router_url)` gives each new instance's checks: a replica is checked straight,
-    an instance of a role through the router (neither role answers a request alone)."""
+    `checks_for(instances' plans, reach)` gives each new instance's checks, its requests sent where `reach` points
+    its record: a replica's straight to it (before it is back in the router), an instance of a role's through the
+    router once it is back (neither role answers a request alone)."""
     sp = prep.service
     if sp is None:
         from k3deploy.errors import InputError
@@ -220,12 +223,16 @@ def rollout_unit(prep: Prepared, store: StateStore, *, say: Say, drain_s: float,
     if not sp.roles:
         from k3deploy.launch.rollout import rollout
 
-        return rollout(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, None))
+        return rollout(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, lambda dep: dep))
     from k3deploy.launch.pd_rollout import rollout_roles
 
     svc = _service(store, sp.name)
-    return rollout_roles(sp, store, say=say, drain_s=drain_s,
-                         checks=checks_for(plans, svc.router_url if svc is not None else None))
+
+    def through_router(dep: Deployment) -> Deployment:
+        # Logs and liveness stay the instance's own.
+        return dep.model_copy(update={"url": svc.router_url, "probe_from": "here"}) if svc is not None else dep
+
+    return rollout_roles(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, through_router))
 
 
 def launched_from(store: StateStore, name: str) -> Path | None:
