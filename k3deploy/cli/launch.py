@@ -1,7 +1,6 @@
 """`k3deploy launch`: bring a topology up on its nodes, gang-supervised."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,10 +18,7 @@ from k3deploy.cli.common import (
 from k3deploy.cli.interrupts import sigterm_interrupts
 
 if TYPE_CHECKING:
-    from k3deploy.catalog.specs import Catalog
     from k3deploy.launch.events import NodeEvent
-    from k3deploy.nodeplan.jobs import NodeJob
-    from k3deploy.planning.plan import Plan
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="deployment records (default: launch.state_dir, else $XDG_STATE_HOME/k3deploy)")]
@@ -73,72 +69,56 @@ def launch(
                   file=sys.stderr)
             raise typer.Exit(synced.exit_code)
         prep = kept  # the launch gets the nodes the sync filled
-    if prep.service is not None:
-        from k3deploy.cli.launch_service import launch_service
-
-        launch_service(prep.service, dry_run=dry_run, as_json=as_json, attach=attach, skip_preflight=skip_preflight,
-                       state_dir=state_dir)
-        return
-    if dry_run:
-        _print_dry_run(prep.jobs, as_json)
-        return
-    _launch(prep.plan, prep.jobs, state_dir, as_json, attach, None if skip_preflight else prep.catalog)
-
-
-def _print_dry_run(jobs: tuple[NodeJob, ...], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps([j.model_dump(mode="json") for j in jobs], indent=2))
-        return
-    from rich.console import Console
-
-    from k3deploy.launch.views import dry_run
-
-    Console(highlight=False, soft_wrap=True).print(dry_run(jobs))
-
-
-def _launch(plan: Plan, jobs: tuple[NodeJob, ...], state_dir: Path | None, as_json: bool, attach: bool,
-            catalog: Catalog | None) -> None:
-    """Launch; `catalog` None means --skip-preflight."""
     from rich.console import Console
     from rich.live import Live
 
-    from k3deploy.launch import deploy
-    from k3deploy.launch.views import Progress, deployment_summary, event_line
-    from k3deploy.records.files import default_state_dir
-    from k3deploy.records.store import StateStore
+    from k3deploy.launch.unit import (
+        dry_run_json,
+        dry_run_view,
+        launch_summary,
+        launch_unit,
+        unit_launch,
+        unit_record,
+    )
+    from k3deploy.launch.views import Progress, event_line
 
-    store = StateStore(state_dir or plan.topology.launch.state_dir or default_state_dir())
+    unit = unit_launch(prep, state_dir, attach=attach)
+    if dry_run:
+        if as_json:
+            print(dry_run_json(unit))
+        else:
+            Console(highlight=False, soft_wrap=True).print(dry_run_view(unit))
+        return
     err = Console(stderr=True, highlight=False)
-    progress = Progress(jobs)
+    progress = Progress([(p.name, p.jobs) for p in unit.parts])
     live = Live(progress.table(), console=err, refresh_per_second=4, get_renderable=progress.table) \
         if err.is_terminal and not as_json else None
 
-    def on_event(event: NodeEvent) -> None:
-        progress.update(event)
+    def on_event(part: str, event: NodeEvent) -> None:
+        progress.update(part, event)
         if live is None and not as_json:
-            err.print(event_line(event), markup=False)
+            err.print(event_line(event, part), markup=False)
 
     sigterm_interrupts()
     try:
         if live is not None:
             live.start()
-        dep = deploy.launch(plan, jobs, store, on_event=on_event, background=not attach,
-                            preflight_catalog=catalog, skip_preflight=catalog is None)
+        launched = launch_unit(unit, on_event=on_event, attach=attach, skip_preflight=skip_preflight)
     except BaseException:
-        if as_json:
-            rec = store.load(plan.topology.name)
+        if as_json:  # the record of the failed launch (its cause, its preflight)
+            rec = unit_record(unit.store, prep.plan.topology.name)
             print(rec.model_dump_json(indent=2) if rec is not None else "{}")
         raise
     finally:
         if live is not None:
             live.stop()
     if as_json and not attach:
-        print(dep.model_dump_json(indent=2))
+        print(launched.model_dump_json(indent=2))
     else:
-        err.print(deployment_summary(dep), markup=False)
+        err.print(launch_summary(launched), markup=False)
     if attach:
         from k3deploy.launch.follow import attach as supervise_here
         from k3deploy.launch.follow import prefixed
 
-        supervise_here(store, plan.topology.name, prefixed(sys.stdout),
+        supervise_here(unit.store, prep.plan.topology.name, prefixed(sys.stdout),
                        on_event=lambda e: err.print(event_line(e), markup=False))

@@ -39,8 +39,7 @@ def rollout(
     back (vllm-router). Exit 4 at the first failure, naming the replica or instance (and role) and the stage;
     the others keep serving."""
     from k3deploy.launch.prepare import prepare
-    from k3deploy.launch.service_views import summary
-    from k3deploy.launch.unit import launched_from, rollout_unit
+    from k3deploy.launch.unit import launch_summary, launched_from, rollout_unit
     from k3deploy.records.locate import locate
     from k3deploy.validate.replica_check import replica_stage
 
@@ -48,16 +47,10 @@ def rollout(
     store, name = found.store, found.name
     file = found.file or launched_from(store, name) or Path(target)
     prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    if prep.service is None:  # a deployment alone: no router keeps anything serving while it restarts
-        from k3deploy.errors import InputError
-
-        raise InputError(f"{file} has no replicas behind a router: nothing to roll out",
-                         hint=f"k3deploy stop {name}, then k3deploy launch {file}")
-    sp = prep.service
-    plans = [plan for plan, _ in sp.replicas]
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    print(summary(rollout_unit(sp, store, say=say, drain_s=drain_s, checks_for=lambda url: [] if skip_short else [
-        ("short", replica_stage(plans, sp.catalog, store, "short", router_url=url))])))
+    print(launch_summary(rollout_unit(prep, store, say=say, drain_s=drain_s, checks_for=lambda plans, reach: [] if
+                                      skip_short else [("short", replica_stage(plans, prep.catalog, store, "short",
+                                                                               reach))])))

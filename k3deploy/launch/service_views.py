@@ -1,4 +1,4 @@
-"""Rich renderables of a service (replicas behind a router): dry run, launch summary, status; the CLI prints."""
+"""Rich renderables of a service (replicas behind a router): launch summary, status; the CLI prints."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -6,28 +6,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from k3deploy.launch.service import ServicePlan
     from k3deploy.launch.service_status import ServiceReport
-    from k3deploy.nodeplan.jobs import NodeJob
     from k3deploy.records.service import Service
 
 _STYLE = {"ready": "green", "degraded": "yellow", "failed": "bold red", "stopped": "yellow", "starting": "cyan"}
-
-
-def dry_run(sp: ServicePlan, router: NodeJob) -> RenderableType:
-    """Every replica's nodes, then the router, touching nothing."""
-    from rich.console import Group
-    from rich.text import Text
-
-    from k3deploy.launch.views import dry_run as nodes
-
-    parts: list[RenderableType] = []
-    for i, (plan, jobs) in enumerate(sp.replicas):
-        what = sp.roles[i] if sp.roles else "replica"
-        parts += [Text(f"# ===== {what} {plan.topology.name} =====", style="bold"), nodes(jobs)]
-    parts += [Text(f"# ===== router {router.ready.url} on {router.host} via {router.target.via()}; log "
-                   f"{router.log_path} =====", style="bold"), Text(f"  {router.command}\n")]
-    return Group(*parts)
 
 
 def summary(svc: Service) -> str:

@@ -1,6 +1,6 @@
-"""A unit of deployment as `status`, `stop`, `logs` and `rollout` see it by name: a service's record when one is
-kept (its router and its instances, each a deployment of its own), else the deployment alone, its own one instance.
-The one place that tells the two records apart: the commands above it never do."""
+"""A unit of deployment as `launch` starts it and `status`, `stop`, `logs` and `rollout` see it by name: a service
+(its router and its instances, each a deployment of its own), else the deployment alone, its own one instance.
+The one place that tells the two apart: the commands above it never do."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -9,6 +9,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.launch import lookup
+from k3deploy.launch.events import NodeEvent
+from k3deploy.launch.prepare import Prepared
+from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.records.deployment import Deployment
 from k3deploy.records.service import Service, ServiceStore
 from k3deploy.records.store import StateStore
 
@@ -16,10 +20,109 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from k3deploy.launch.rollout import ReplicaCheck, Say
-    from k3deploy.launch.service import ServicePlan
     from k3deploy.launch.service_status import ServiceReport
     from k3deploy.launch.streaming import LineSink
     from k3deploy.launch.top import Source
+    from k3deploy.planning.plan import Plan
+
+
+# Where a check's requests go: the instance's record as they should reach it.
+Reach = Callable[[Deployment], Deployment]
+# An event of one part of the unit: "" for a deployment alone, else the instance's or the router's name.
+UnitSink = Callable[[str, NodeEvent], None]
+
+
+class UnitPart(NamedTuple):
+    """One deployment launch starts for the unit: its name in events ("" for a deployment alone), what the dry
+    run heads it with ("" alone), and its nodes."""
+
+    name: str
+    title: str
+    jobs: tuple[NodeJob, ...]
+
+
+class UnitLaunch(NamedTuple):
+    """What `launch` starts of a unit, worked out once for its dry run, its progress and its start: each
+    instance (a deployment alone: its one), a service's router as planned, and the records' store."""
+
+    prep: Prepared
+    instances: tuple[UnitPart, ...]
+    router: UnitPart | None
+    store: StateStore
+
+    @property
+    def parts(self) -> tuple[UnitPart, ...]:
+        """Every deployment of the unit, the router last."""
+        return (*self.instances, *((self.router,) if self.router is not None else ()))
+
+
+def unit_launch(prep: Prepared, state_dir: Path | None, *, attach: bool) -> UnitLaunch:
+    """The unit's parts as launch starts them, its records under `state_dir` (else launch.state_dir, else the
+    default); InputError for --attach of a service (its instances and router have a supervisor each)."""
+    from k3deploy.records.files import default_state_dir
+
+    store = StateStore(state_dir or prep.plan.topology.launch.state_dir or default_state_dir())
+    sp = prep.service
+    if sp is None:
+        return UnitLaunch(prep, (UnitPart("", "", prep.jobs),), None, store)
+    from k3deploy.errors import InputError
+    from k3deploy.nodeplan.router_job import router_job, router_name
+
+    if attach:
+        raise InputError("--attach of replicas behind a router is not built yet",
+                         hint=f"launch without --attach, then: k3deploy logs {sp.name} --follow")
+    router = router_job(sp.plan, sp.plan.router.settings.worker_urls if sp.plan.router is not None else (),
+                        sp.overrides)
+    instances = tuple(UnitPart(plan.topology.name, f"{sp.roles[i] if sp.roles else 'replica'} {plan.topology.name}",
+                               jobs) for i, (plan, jobs) in enumerate(sp.replicas))
+    return UnitLaunch(prep, instances, UnitPart(router_name(sp.name), "router", (router,)), store)
+
+
+def dry_run_json(unit: UnitLaunch) -> str:
+    """`launch --dry-run --json`: a deployment's node records, or a service's per instance and its router's."""
+    import json
+
+    if unit.router is None:
+        return json.dumps([j.model_dump(mode="json") for j in unit.prep.jobs], indent=2)
+    return json.dumps({"replicas": [[j.model_dump(mode="json") for j in part.jobs] for part in unit.instances],
+                       "router": unit.router.jobs[0].model_dump(mode="json")}, indent=2)
+
+
+def dry_run_view(unit: UnitLaunch) -> RenderableType:
+    """`launch --dry-run`: every instance's nodes (a service's titled), then its router."""
+    from k3deploy.launch.views import dry_run
+
+    return dry_run([(p.title, p.jobs) for p in unit.instances], unit.router.jobs[0] if unit.router else None)
+
+
+def launch_unit(unit: UnitLaunch, *, on_event: UnitSink, attach: bool, skip_preflight: bool) -> Deployment | Service:
+    """Start the unit: a deployment alone (supervised in the background, or by the caller with `attach`), or a
+    service's instances in parallel and then its router."""
+    prep = unit.prep
+    if prep.service is not None:
+        from k3deploy.launch.service import launch_service
+
+        return launch_service(prep.service, unit.store, on_event=on_event, skip_preflight=skip_preflight)
+    from k3deploy.launch import deploy
+
+    return deploy.launch(prep.plan, prep.jobs, unit.store, on_event=lambda e: on_event("", e), background=not attach,
+                         preflight_catalog=None if skip_preflight else prep.catalog, skip_preflight=skip_preflight)
+
+
+def unit_record(store: StateStore, name: str) -> Deployment | Service | None:
+    """The unit's record: a service's when one is kept, else the deployment's (None: neither)."""
+    return _service(store, name) or store.load(name)
+
+
+def launch_summary(rec: Deployment | Service) -> str:
+    """One paragraph after a launch: the deployment's, or the service's with each instance."""
+    if isinstance(rec, Deployment):
+        from k3deploy.launch.views import deployment_summary
+
+        return deployment_summary(rec)
+    from k3deploy.launch.service_views import summary
+
+    return summary(rec)
 
 
 class Stopped(NamedTuple):
@@ -103,25 +206,38 @@ def unit_view(report: lookup.StatusReport | ServiceReport) -> tuple[RenderableTy
     return service_view(report), []
 
 
-def rollout_unit(sp: ServicePlan, store: StateStore, *, say: Say, drain_s: float,
-                 checks_for: Callable[[str | None], Sequence[ReplicaCheck]]) -> Service:
+def rollout_unit(prep: Prepared, store: StateStore, *, say: Say, drain_s: float,
+                 checks_for: Callable[[Sequence[Plan], Reach], Sequence[ReplicaCheck]]) -> Service:
     """Restart the service's instances behind its router one at a time: replicas in turn, or prefill/decode
-    instances by role. `checks_for(router_url)` gives each new instance's checks: a replica is checked straight,
-    an instance of a role through the router (neither role answers a request alone)."""
+    instances by role; InputError for a deployment alone (no router keeps anything serving while it restarts).
+    `checks_for(instances' plans, reach)` gives each new instance's checks, its requests sent where `reach` points
+    its record: a replica's straight to it (before it is back in the router), an instance of a role's through the
+    router once it is back (neither role answers a request alone)."""
+    sp = prep.service
+    if sp is None:
+        from k3deploy.errors import InputError
+
+        raise InputError(f"{prep.plan.file} has no replicas behind a router: nothing to roll out",
+                         hint=f"k3deploy stop {prep.plan.topology.name}, then k3deploy launch {prep.plan.file}")
+    plans = [plan for plan, _ in sp.replicas]
     if not sp.roles:
         from k3deploy.launch.rollout import rollout
 
-        return rollout(sp, store, say=say, drain_s=drain_s, checks=checks_for(None))
+        return rollout(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, lambda dep: dep))
     from k3deploy.launch.pd_rollout import rollout_roles
 
     svc = _service(store, sp.name)
-    return rollout_roles(sp, store, say=say, drain_s=drain_s,
-                         checks=checks_for(svc.router_url if svc is not None else None))
+
+    def through_router(dep: Deployment) -> Deployment:
+        # Logs and liveness stay the instance's own.
+        return dep.model_copy(update={"url": svc.router_url, "probe_from": "here"}) if svc is not None else dep
+
+    return rollout_roles(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, through_router))
 
 
 def launched_from(store: StateStore, name: str) -> Path | None:
     """The topology file the unit was launched from, as its record says (None: no record of it)."""
-    rec = _service(store, name) or store.load(name)
+    rec = unit_record(store, name)
     return Path(rec.file) if rec is not None else None
 
 

@@ -21,21 +21,22 @@ _STYLE = {"ready": "green", "loading": "cyan", "started": "cyan", "failed": "bol
 
 
 class Progress:
-    """Per-node phase table, updated from events (any thread)."""
+    """Per-node phase table of every part of a unit (`part` "" for a deployment alone, else the instance's or the
+    router's deployment name), updated from events (any thread)."""
 
-    def __init__(self, jobs: Sequence[NodeJob]) -> None:
+    def __init__(self, parts: Sequence[tuple[str, Sequence[NodeJob]]]) -> None:
         self.t0 = time.monotonic()
-        self.rows = {j.rank: [j.host, "pending", "", 0.0] for j in jobs}
+        self.rows = {(part, j.rank): [j.host, "pending", "", 0.0] for part, jobs in parts for j in jobs}
         self.notes: list[str] = []
         self._lock = threading.Lock()
 
-    def update(self, event: NodeEvent) -> None:
-        """Record an event."""
+    def update(self, part: str, event: NodeEvent) -> None:
+        """Record an event of the part's deployment."""
         with self._lock:
-            if event.rank == GROUP or event.rank not in self.rows:
+            if event.rank == GROUP or (part, event.rank) not in self.rows:
                 self.notes.append(f"{event.phase}: {event.detail}")
                 return
-            row = self.rows[event.rank]
+            row = self.rows[(part, event.rank)]
             row[1], row[2], row[3] = event.phase, event.detail, time.monotonic() - self.t0
 
     def table(self) -> Table:
@@ -47,31 +48,38 @@ class Progress:
         for col in ("rank", "host", "phase", "at", "detail"):
             table.add_column(col)
         with self._lock:
-            for rank, (host, phase, detail, at) in sorted(self.rows.items()):
+            for (part, rank), (host, phase, detail, at) in sorted(self.rows.items()):
                 style = _STYLE.get(str(phase), "")
-                table.add_row(str(rank), Text(str(host)), Text(str(phase), style=style),
+                table.add_row(f"{part} {rank}".lstrip(), Text(str(host)), Text(str(phase), style=style),
                               f"{at:.1f} s" if at else "", Text(str(detail)[:100]))
         return table
 
 
-def event_line(event: NodeEvent) -> str:
-    """One line per event, for logs and non-terminal output."""
+def event_line(event: NodeEvent, part: str = "") -> str:
+    """One line per event, for logs and non-terminal output (prefixed with its part's name, a service's)."""
     who = "group" if event.rank == GROUP else f"rank {event.rank} {event.host}"
-    return f"{who}: {event.phase}" + (f" ({event.detail})" if event.detail else "")
+    return f"{part} {who}".lstrip() + f": {event.phase}" + (f" ({event.detail})" if event.detail else "")
 
 
-def dry_run(jobs: Sequence[NodeJob]) -> RenderableType:
-    """What would run where, touching nothing: per node a header line, then the exact shell text."""
+def dry_run(parts: Sequence[tuple[str, Sequence[NodeJob]]], router: NodeJob | None) -> RenderableType:
+    """What would run where, touching nothing: each part's nodes (under the part's title, a service's), per node a
+    header line, then the exact shell text; then the router, a service's."""
     from rich.console import Group
     from rich.text import Text
 
-    parts: list[RenderableType] = []
-    for j in jobs:
-        via = j.target.via()
-        where = f"ip {j.ip} on {j.iface}" if j.iface else f"ip {j.ip}"
-        parts.append(Text(f"# rank {j.rank} on {j.host} ({where}) via {via}; log {j.log_path}", style="bold"))
-        parts.append(Text("".join(f"  {line}\n" for line in j.command.splitlines())))
-    return Group(*parts)
+    out: list[RenderableType] = []
+    for title, jobs in parts:
+        if title:
+            out.append(Text(f"# ===== {title} =====", style="bold"))
+        for j in jobs:
+            via = j.target.via()
+            where = f"ip {j.ip} on {j.iface}" if j.iface else f"ip {j.ip}"
+            out.append(Text(f"# rank {j.rank} on {j.host} ({where}) via {via}; log {j.log_path}", style="bold"))
+            out.append(Text("".join(f"  {line}\n" for line in j.command.splitlines())))
+    if router is not None:
+        out += [Text(f"# ===== router {router.ready.url} on {router.host} via {router.target.via()}; log "
+                     f"{router.log_path} =====", style="bold"), Text(f"  {router.command}\n")]
+    return Group(*out)
 
 
 def deployment_summary(dep: Deployment) -> str:

@@ -24,7 +24,7 @@ def rank0_http(ctx: ValidateContext, timeout_s: float = 30.0) -> NodeHttp:
     where = dep.probe_from if dep.probe_from == "head" else choose_probe_from("auto", dep.url)
     head = min(j.rank for j in dep.jobs)
     return NodeHttp(dep.url, via=ctx.fleet.executor(head) if where == "head" else None, timeout_s=timeout_s,
-                    on_reply=ctx.routed.on_reply if ctx.routed is not None else None)
+                    on_reply=ctx.routed.on_reply)
 
 
 def node_logs(ctx: ValidateContext, lines: int = LOG_LINES) -> dict[int, str]:

@@ -1,10 +1,13 @@
 """Who served a request sent through a router: the worker the router names in a response header (smg), else
-the replica whose own finished-requests counter grew (vllm-router names none), else nobody (said so)."""
+the replica whose own finished-requests counter grew (vllm-router names none), else nobody (said so). A
+deployment alone serves its own (validate/stage.py's Alone)."""
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from k3deploy.validate.stage import Mark, StageResult
 
 POLL_S = 0.5
 COUNT_LAG_S = 5.0  # an engine counts a request finished a moment after its answer went out
@@ -27,11 +30,11 @@ class Routed:
         if url:
             self.seen.append(self.replicas.get(url, url))
 
-    def mark(self) -> tuple[int, dict[str, float] | None]:
+    def mark(self) -> Mark:
         """Where the record stands now (and each replica's finished count when the router names no worker)."""
         return len(self.seen), None if self.header else self._counts()
 
-    def since(self, mark: tuple[int, dict[str, float] | None], expect: int = 1) -> list[str]:
+    def since(self, mark: Mark, expect: int = 1) -> list[str]:
         """The replicas that served since `mark`: named per request by the header, else those whose count grew
         (waited on briefly until `expect` requests are counted); [] when nothing says."""
         start, before = mark
@@ -57,6 +60,33 @@ class Routed:
         """How the serving replica is known, for evidence."""
         return (f"named by the router's {self.header} header" if self.header else
                 "from each replica's own finished-requests counter (the router names no worker)")
+
+    def served(self, result: StageResult, names: list[str]) -> StageResult:
+        """The stage's result naming the replicas that served its requests."""
+        line = served_line(names)
+        counts = {n: names.count(n) for n in sorted(set(names))}
+        return result.model_copy(update={
+            "detail": f"{result.detail}; {line}", "evidence": f"{line} ({self.how})\n{result.evidence}".rstrip(),
+            "results": {**result.results, "served_by": counts}})
+
+    def kept_together(self, result: StageResult, who: list[list[str]], answered: bool) -> StageResult:
+        """Turn 2 served by the replica that served turn 1 (that is what makes it hit), or a fail."""
+        turns = [sorted(set(w)) for w in who]
+        results = {**result.results, "served_by_turn": turns}
+        if not answered or len(turns) < 2:
+            return result.model_copy(update={"results": results})
+        if not turns[0] or not turns[1]:
+            line = "which replica served each turn is not known (the router names no worker, the replicas count none)"
+            return result.model_copy(update={"results": results, "evidence": f"{line}\n{result.evidence}"})
+        if turns[0] == turns[1]:
+            line = f"turn 1 and turn 2 served by {', '.join(turns[0])}"
+            return result.model_copy(update={"results": results, "detail": f"{result.detail}; {line}",
+                                              "evidence": f"{line}\n{result.evidence}"})
+        line = (f"turn 1 served by {', '.join(turns[0])}, turn 2 by {', '.join(turns[1])}: the router did not keep "
+                "the conversation on one replica (router.policy cache_aware keeps a shared prefix together)")
+        detail = line if result.status == "pass" else f"{line}; {result.detail}"
+        return result.model_copy(update={"status": "fail", "detail": detail, "results": results,
+                                         "evidence": f"{line}\n{result.evidence}"})
 
 
 def served_line(names: Sequence[str]) -> str:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from k3deploy.executors.base import Executor
     from k3deploy.records.deployment import Deployment
     from k3deploy.topology.schema import Topology
-    from k3deploy.validate.routed import Routed
 
 # The deployment guides' checklist, in order (k3deploy.validate.stages implements each).
 STAGE_NAMES: tuple[str, ...] = ("shards", "kernels", "topology", "short", "vision", "long", "prefix-cache", "effort",
@@ -86,6 +85,54 @@ class NodeRef:
     host: str
 
 
+Mark = tuple[int, "dict[str, float] | None"]
+
+
+class Served(Protocol):
+    """Who served the requests a stage sent, as results name them."""
+
+    def on_reply(self, path: str, headers: Mapping[str, str]) -> None:
+        """A NodeHttp reply hook."""
+
+    def mark(self) -> Mark:
+        """Where the record stands now."""
+
+    def since(self, mark: Mark, expect: int = 1) -> list[str]:
+        """Who served since `mark`."""
+
+    def served(self, result: StageResult, names: list[str]) -> StageResult:
+        """The stage's result naming who served its requests."""
+
+    def kept_together(self, result: StageResult, who: list[list[str]], answered: bool) -> StageResult:
+        """The prefix-cache result judged by who served each turn (`who`, one list per turn)."""
+
+
+class Alone:
+    """A deployment alone: it serves every request itself, so nothing is noted and results stay as they are."""
+
+    def on_reply(self, path: str, headers: Mapping[str, str]) -> None:
+        """Nothing to note: no router names a worker."""
+
+    def mark(self) -> Mark:
+        """Nothing is recorded."""
+        return 0, None
+
+    def since(self, mark: Mark, expect: int = 1) -> list[str]:
+        """Nobody is named: the deployment served them all."""
+        return []
+
+    def served(self, result: StageResult, names: list[str]) -> StageResult:
+        """The result as it is."""
+        return result
+
+    def kept_together(self, result: StageResult, who: list[list[str]], answered: bool) -> StageResult:
+        """The result as it is: the one deployment served both turns."""
+        return result
+
+
+ALONE = Alone()  # it keeps nothing: one serves every deployment alone
+
+
 @dataclass
 class ValidateContext:
     """Everything a stage may use; stages that need a running deployment skip when `deployment` is None."""
@@ -99,7 +146,7 @@ class ValidateContext:
     deployment: Deployment | None = None
     catalog: Catalog | None = None  # the catalog the topology was checked against (None: the packaged one)
     progress: Callable[[ProgressEvent], None] = field(default=lambda event: None)
-    routed: Routed | None = None  # requests go through a router to these replicas (who served is noted)
+    routed: Served = ALONE  # who served the requests (through a router: noted)
 
     @property
     def run_probe(self) -> Callable[..., Mapping[int, ProbeOutcome]]:

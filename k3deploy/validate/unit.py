@@ -13,8 +13,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from k3deploy.topology.units import UnitInstance, behind_router, unit_instances
 from k3deploy.validate.pipeline import Report, run_pipeline
-from k3deploy.validate.routed import Routed, served_line
-from k3deploy.validate.stage import NodeRef, ProgressEvent, Stage, StageResult, ValidateContext
+from k3deploy.validate.routed import Routed
+from k3deploy.validate.stage import (
+    ALONE,
+    Mark,
+    NodeRef,
+    ProgressEvent,
+    Served,
+    Stage,
+    StageResult,
+    ValidateContext,
+)
 from k3deploy.validate.target import RunnerFactory, Target
 from k3deploy.verdicts.model import exit_code
 
@@ -24,6 +33,7 @@ if TYPE_CHECKING:
     from k3deploy.records.deployment import Deployment
     from k3deploy.records.service import Service
     from k3deploy.records.store import StateStore
+    from k3deploy.topology.schema import Topology
 
 # Stages about one instance's processes and nodes; the others send requests.
 NODE_STAGES = ("shards", "kernels", "topology")
@@ -36,13 +46,13 @@ class Pass(NamedTuple):
     target: Target
     stages: list[Stage]
     label: str
-    routed: Routed | None = None  # requests go through the router, which names who served them
+    routed: Served = ALONE  # through the router, who served them is noted
 
 
 def run_stages(target: Target, runner_factory: RunnerFactory, stages: Sequence[Stage], catalog: Catalog, *,
                manifest: Manifest | None, fail_fast: bool, not_implemented: Sequence[str] = (),
                progress: Callable[[ProgressEvent], None], on_stage: Callable[[str, StageResult | None], None],
-               routed: Routed | None = None) -> Report:
+               routed: Served = ALONE) -> Report:
     """Run `stages` in order against the target's nodes (one fleet) and deployment (requests noted by `routed`)."""
     topology = target.topology
     nodes = [NodeRef(rank, node.host) for rank, node in topology.ordered_nodes()]
@@ -89,12 +99,7 @@ def _passes(target: Target, stages: Sequence[Stage]) -> Iterator[Pass]:
         for unit in everyone:
             yield Pass(Target(unit.topology, target.file, _ready(store, unit, running)), node_stages,
                        f"[{unit.label}]")
-    request_stages = [s for s in stages if s.name not in NODE_STAGES]
-    if any(u.role for u in everyone):
-        from k3deploy.validate.role_effort import RoleEffortStage
-
-        # One instance's prediction has no prefill/transfer/decode path: effort is judged per role instead.
-        request_stages = [RoleEffortStage(t) if s.name == "effort" else s for s in request_stages]
+    request_stages, routed = _through_router(t, everyone, svc, [s for s in stages if s.name not in NODE_STAGES])
     if request_stages:
         # Replicas judge requests with any of them; roles with a decode (where generation happens).
         judges = [u for u in everyone if u.role in ("", "decode")]
@@ -103,7 +108,7 @@ def _passes(target: Target, stages: Sequence[Stage]) -> Iterator[Pass]:
         if dep is not None and svc is not None:
             # Requests go to the router; logs and liveness are the judging instance's.
             dep = dep.model_copy(update={"url": svc.router_url, "probe_from": "here"})
-        yield Pass(Target(front.topology, target.file, dep), request_stages, "", _routed(everyone, svc) if dep else None)
+        yield Pass(Target(front.topology, target.file, dep), request_stages, "", routed if dep else ALONE)
 
 
 def _ready(store: StateStore, unit: UnitInstance, running: bool) -> Deployment | None:
@@ -112,46 +117,43 @@ def _ready(store: StateStore, unit: UnitInstance, running: bool) -> Deployment |
     return dep if dep is not None and dep.status == "ready" else None
 
 
-def _routed(everyone: Sequence[UnitInstance], svc: Service | None) -> Routed | None:
-    """Who serves through the router, for replicas (roles: a request is served by a prefill and a decode)."""
+def _through_router(t: Topology, everyone: Sequence[UnitInstance], svc: Service | None,
+                    stages: list[Stage]) -> tuple[list[Stage], Served]:
+    """The request stages as the router's requests are judged, and who serves them: replicas each answer a request
+    whole (the router names who, when it says); with roles a request passes a prefill and a decode, so effort is
+    judged per role (one instance's prediction has no prefill/transfer/decode path) and no one instance served it."""
     from k3deploy.engines.router_api import SERVED_BY_HEADER
 
-    if svc is None or any(u.role for u in everyone):
-        return None
-    return Routed({r.url.rstrip("/"): r.name for r in svc.replicas}, SERVED_BY_HEADER.get(svc.router_kind))
+    if any(u.role for u in everyone):
+        from k3deploy.validate.role_effort import RoleEffortStage
+
+        return [RoleEffortStage(t) if s.name == "effort" else s for s in stages], ALONE
+    if svc is None:
+        return stages, ALONE
+    return stages, Routed({r.url.rstrip("/"): r.name for r in svc.replicas}, SERVED_BY_HEADER.get(svc.router_kind))
 
 
 def _run(one: Pass, runner_factory: RunnerFactory, catalog: Catalog, *, manifest: Manifest | None, fail_fast: bool,
          progress: Callable[[ProgressEvent], None], on_stage: OnStage) -> list[StageResult]:
     """One pass's results, each named with the pass's label (and who served it, when the router says)."""
     label, routed = one.label, one.routed
-    marks: dict[str, tuple[int, dict[str, float] | None]] = {}
+    marks: dict[str, Mark] = {}
     done: dict[str, StageResult] = {}
 
     def named(name: str, result: StageResult | None) -> None:
         if result is None:
-            if routed is not None:
-                marks[name] = routed.mark()
+            marks[name] = routed.mark()
             on_stage(f"{name}{label}", None)
             return
         result = result.model_copy(update={"name": f"{name}{label}"})
-        if routed is not None and result.status != "skip" and name in marks:
-            result = _served(result, routed, routed.since(marks[name]))
+        if result.status != "skip" and name in marks:
+            result = routed.served(result, routed.since(marks[name]))
         done[name] = result
         on_stage(result.name, result)
 
     rep = run_stages(one.target, runner_factory, one.stages, catalog, manifest=manifest, fail_fast=fail_fast,
                      progress=progress, on_stage=named, routed=routed)
     return [done.get(r.name, r.model_copy(update={"name": f"{r.name}{label}"})) for r in rep.stages]
-
-
-def _served(result: StageResult, routed: Routed, names: list[str]) -> StageResult:
-    """The stage's result naming the replicas that served its requests."""
-    line = served_line(names)
-    counts = {n: names.count(n) for n in sorted(set(names))}
-    return result.model_copy(update={
-        "detail": f"{result.detail}; {line}", "evidence": f"{line} ({routed.how})\n{result.evidence}".rstrip(),
-        "results": {**result.results, "served_by": counts}})
 
 
 def _stopped(results: list[StageResult], fail_fast: bool) -> bool:

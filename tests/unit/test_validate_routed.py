@@ -6,7 +6,6 @@ import pytest
 
 from k3deploy.validate.routed import Routed, served_line
 from k3deploy.validate.stage import StageResult
-from k3deploy.validate.stages.prefix_cache import one_replica
 
 URLS = {"http://10.0.0.1:8000": "svc-r0", "http://10.0.0.3:8001": "svc-r1"}
 PASSED = StageResult(name="prefix-cache", status="pass", detail="turn 2 cached 4,096 of 4,200 tokens")
@@ -47,10 +46,10 @@ def test_without_a_header_the_replica_whose_count_grew_served() -> None:
 
 @pytest.mark.timeout(10)
 def test_prefix_cache_through_a_router_fails_when_turn_two_changes_replica() -> None:
-    kept = one_replica(PASSED, [["svc-r1"], ["svc-r1"]], answered=True)
+    kept = Routed(URLS, None).kept_together(PASSED, [["svc-r1"], ["svc-r1"]], answered=True)
     assert kept.status == "pass" and "turn 1 and turn 2 served by svc-r1" in kept.detail
-    moved = one_replica(PASSED, [["svc-r0"], ["svc-r1"]], answered=True)
+    moved = Routed(URLS, None).kept_together(PASSED, [["svc-r0"], ["svc-r1"]], answered=True)
     assert moved.status == "fail" and moved.detail.startswith("turn 1 served by svc-r0, turn 2 by svc-r1")
     assert moved.results["served_by_turn"] == [["svc-r0"], ["svc-r1"]]
-    unknown = one_replica(PASSED, [[], []], answered=True)
+    unknown = Routed(URLS, None).kept_together(PASSED, [[], []], answered=True)
     assert unknown.status == "pass" and "not known" in unknown.evidence

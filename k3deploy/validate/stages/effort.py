@@ -94,7 +94,7 @@ class EffortStage:
                 if shared:  # the first request caches the shared prefix for the rest
                     chat.send(bodies[0])
                 run: LoadRun = (run_load(url, bodies, settings.concurrency, settings.request_timeout_s,
-                                         ctx.routed.on_reply if ctx.routed is not None else None)
+                                         ctx.routed.on_reply)
                                 if url is not None else
                                 run_load_on_node(http, bodies, settings.concurrency, settings.request_timeout_s))
                 summaries[name] = summarize(run, gpus)

@@ -62,20 +62,20 @@ class PrefixCacheStage:
             notes = haystack.haystack(sizing.sentences_for(min(settings.prefix_cache_tokens, limit)), facts,
                                       uuid.uuid4().hex[:12])
             turn1 = [{"role": "user", "content": notes + "\n\nSummarise the notes in one sentence."}]
-            mark = ctx.routed.mark() if ctx.routed is not None else None
+            mark = ctx.routed.mark()
             first = chat.ask(turn1, settings.answer_max_tokens, **effort)
-            who = [ctx.routed.since(mark)] if ctx.routed is not None and mark is not None else []
+            who = [ctx.routed.since(mark)]
             if first.error is not None:
                 return StageResult(name=self.name, status="fail",
                                    detail=f"turn 1 failed: {first.error[:200]}", evidence=first.error)
             turn2 = [*turn1, {"role": "assistant", "content": first.content},
                      {"role": "user", "content": haystack.questions(facts)}]
-            mark = ctx.routed.mark() if ctx.routed is not None else None
+            mark = ctx.routed.mark()
             hit = chat.ask(turn2, settings.answer_max_tokens, **effort)
-            who += [ctx.routed.since(mark)] if ctx.routed is not None and mark is not None else []
+            who += [ctx.routed.since(mark)]
             cold, how = chat.cold(turn2, settings.answer_max_tokens, **effort)
         result = self._result(ctx, chat.dialect, facts, first, hit, cold, how)
-        return result if ctx.routed is None else one_replica(result, who, first.error is None)
+        return ctx.routed.kept_together(result, who, first.error is None)
 
     def _result(self, ctx: ValidateContext, dialect: str, facts: list[haystack.Fact], first: StreamRecord,
                 hit: StreamRecord, cold: StreamRecord | None, how: str) -> StageResult:
@@ -132,22 +132,3 @@ class PrefixCacheStage:
         return StageResult(name=self.name, status="pass", detail=detail,
                            evidence=f"hit answer: {hit.content[:300]!r}", results=results)
 
-
-def one_replica(result: StageResult, who: list[list[str]], answered: bool) -> StageResult:
-    """Through a router: turn 2 served by the replica that served turn 1 (that is what makes it hit), or a fail."""
-    turns = [sorted(set(w)) for w in who]
-    results = {**result.results, "served_by_turn": turns}
-    if not answered or len(turns) < 2:
-        return result.model_copy(update={"results": results})
-    if not turns[0] or not turns[1]:
-        line = "which replica served each turn is not known (the router names no worker, the replicas count none)"
-        return result.model_copy(update={"results": results, "evidence": f"{line}\n{result.evidence}"})
-    if turns[0] == turns[1]:
-        line = f"turn 1 and turn 2 served by {', '.join(turns[0])}"
-        return result.model_copy(update={"results": results, "detail": f"{result.detail}; {line}",
-                                          "evidence": f"{line}\n{result.evidence}"})
-    line = (f"turn 1 served by {', '.join(turns[0])}, turn 2 by {', '.join(turns[1])}: the router did not keep "
-            "the conversation on one replica (router.policy cache_aware keeps a shared prefix together)")
-    detail = line if result.status == "pass" else f"{line}; {result.detail}"
-    return result.model_copy(update={"status": "fail", "detail": detail, "results": results,
-                                     "evidence": f"{line}\n{result.evidence}"})
