@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
 from k3deploy.errors import InputError
-from k3deploy.nodeplan.jobs import NodeJob, jobs_for
+from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
 from k3deploy.topology.units import behind_router
@@ -39,21 +39,19 @@ def prepare(file: Path, catalog_dirs: Sequence[Path] | None, overrides: ExecOver
     the per-node records with the executor targets the topology and `overrides` give (with replicas or
     prefill/decode roles: every replica's or instance's, rank 0 of each first, and the service's plan)."""
     from k3deploy.engines.secret_refs import secret_warnings
+    from k3deploy.launch.service import service_plan
     from k3deploy.planning.files import catalog_for, require_feasible
 
     cat = catalog_for(list(catalog_dirs) if catalog_dirs else None)
     plan = require_feasible(file, cat)
     warnings = secret_warnings(plan.topology, os.environ if environ is None else environ, overrides.executor)
-    if behind_router(plan.topology):
-        if plan.topology.router is None:
-            raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
-                             hint="add router: {kind: smg} (or the router for the engine)")
-        from k3deploy.launch.service import service_plan
-
-        sp = service_plan(plan, overrides, cat)
-        jobs = tuple(j for _, rep in sp.replicas for j in rep)
-        return Prepared(plan=plan, jobs=jobs, catalog=cat, warnings=tuple(warnings), service=sp)
-    return Prepared(plan=plan, jobs=jobs_for(plan, overrides, cat), catalog=cat, warnings=tuple(warnings))
+    served = behind_router(plan.topology)
+    if served and plan.topology.router is None:
+        raise InputError(f"{plan.file}: launch of replicas needs a `router` section",
+                         hint="add router: {kind: smg} (or the router for the engine)")
+    sp = service_plan(plan, overrides, cat)
+    jobs = tuple(j for _, rep in sp.replicas for j in rep)
+    return Prepared(plan=plan, jobs=jobs, catalog=cat, warnings=tuple(warnings), service=sp if served else None)
 
 
 def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:

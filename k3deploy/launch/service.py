@@ -19,7 +19,7 @@ from k3deploy.launch import deploy
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.preflight_gate import router_gate
 from k3deploy.launch.registration import wait_registered
-from k3deploy.nodeplan.jobs import NodeJob, jobs_for
+from k3deploy.nodeplan.jobs import NodeJob, instance_jobs
 from k3deploy.nodeplan.router_job import router_job, router_name
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
@@ -27,14 +27,15 @@ from k3deploy.records.deployment import Deployment
 from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
 from k3deploy.records.status import ACTIVE
 from k3deploy.records.store import StateStore
-from k3deploy.topology.replicas import replica_groups, replica_topology, router_node
+from k3deploy.topology.replicas import replica_groups, router_node
 
 ReplicaSink = Callable[[str, NodeEvent], None]
 
 
 @dataclass(frozen=True)
 class ServicePlan:
-    """What launch needs of a service: the whole plan, and each replica's plan and node records."""
+    """What launch needs of a unit: the whole plan, and each instance's plan and node records (a deployment
+    without a router: its one)."""
 
     plan: Plan
     replicas: tuple[tuple[Plan, tuple[NodeJob, ...]], ...]
@@ -49,28 +50,15 @@ class ServicePlan:
 
 
 def service_plan(plan: Plan, overrides: ExecOverrides, catalog: Catalog) -> ServicePlan:
-    """Each replica (or prefill/decode instance) as a deployment of its own (its nodes, ports and records)."""
-    if plan.pd is not None:
-        return _pd_service_plan(plan, overrides, catalog)
+    """Each of the plan's instances (a deployment's one, each replica, or each prefill/decode instance) as a
+    deployment of its own: its plan (its nodes and ports; with roles, its role's) and its node records."""
     reps = []
-    for i in range(plan.topology.replicas):
-        sub = plan._replace(topology=replica_topology(plan.topology, i))
-        reps.append((sub, jobs_for(sub, overrides, catalog)))
-    return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog)
-
-
-def _pd_service_plan(plan: Plan, overrides: ExecOverrides, catalog: Catalog) -> ServicePlan:
-    from k3deploy.nodeplan.jobs import instance_jobs
-    from k3deploy.topology.pd import instance_topology, instances
-
-    assert plan.pd is not None
-    reps, roles = [], []
-    for inst in instances(plan.topology):
-        role = plan.pd.prefill if inst.role == "prefill" else plan.pd.decode
-        sub = role.plan._replace(file=plan.file, topology=instance_topology(plan.topology, inst))
+    for inst in plan.instances:
+        own = plan if plan.pd is None else plan.pd.prefill.plan if inst.role == "prefill" else plan.pd.decode.plan
+        sub = own._replace(file=plan.file, topology=inst.topology, instances=(inst,))
         reps.append((sub, instance_jobs(plan, inst, overrides, catalog)))
-        roles.append(inst.role)
-    return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog, roles=tuple(roles))
+    return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog,
+                       roles=tuple(inst.role for inst in plan.instances) if plan.pd is not None else ())
 
 
 def router_plan(sp: ServicePlan) -> Plan:

@@ -16,8 +16,8 @@ from k3deploy.planning.plan import Plan
 
 if TYPE_CHECKING:
     from k3deploy.engines.context import Inputs
-    from k3deploy.topology.pd import Instance
     from k3deploy.topology.schema import Topology
+    from k3deploy.topology.units import UnitInstance
 
 
 class ReadyCheck(BaseModel):
@@ -84,16 +84,15 @@ def jobs_for(plan: Plan, overrides: ExecOverrides | None = None,
                  overrides, catalog)
 
 
-def instance_jobs(plan: Plan, inst: Instance, overrides: ExecOverrides | None = None,
+def instance_jobs(plan: Plan, inst: UnitInstance, overrides: ExecOverrides | None = None,
                   catalog: Catalog | None = None) -> tuple[NodeJob, ...]:
-    """Every node (rank 0 first) of one prefill or decode instance of a PD plan, with its role's flags and env.
-    Its head is ready once it answers its health paths: a request to one role alone has no pair, so the
-    completion that makes the service ready goes through the router."""
-    from k3deploy.planning.pd import instance_inputs
-    from k3deploy.topology.pd import instance_topology
-
-    jobs = _jobs(plan, instance_topology(plan.topology, inst), lambda python: instance_inputs(plan, inst, python),
-                 overrides, catalog)
+    """Every node (rank 0 first) of one of the plan's instances (a deployment's one, a replica, or a prefill or
+    decode instance with its role's flags and env). A role's head is ready once it answers its health paths: a
+    request to one role alone has no pair, so the completion that makes the service ready goes through the
+    router."""
+    jobs = _jobs(plan, inst.topology, lambda python: plan.instance_inputs(inst, python), overrides, catalog)
+    if not inst.role:
+        return jobs
     return tuple(j.model_copy(update={"ready": j.ready.model_copy(update={"kind": "health"})})
                  if j.ready.kind == "http" else j for j in jobs)
 
@@ -108,6 +107,7 @@ def _jobs(plan: Plan, t: Topology, inputs: Callable[[str], Inputs], overrides: E
     # Nodes that are this machine run the stand-in under this interpreter, not the first python3 on PATH.
     here = all(tg.capabilities.node_is_here for tg in targets.values())
     python = sys.executable if here else "python3"
+    inp = inputs(python)
     return tuple(
         NodeJob(
             rank=s.rank, host=s.host, ip=s.ip, iface=s.node.iface, head=s.head, command=node_shell(s),
@@ -115,5 +115,5 @@ def _jobs(plan: Plan, t: Topology, inputs: Callable[[str], Inputs], overrides: E
             log_path=log_path(t.launch.log_dir, t.name, s.rank), container=s.container,
             ready=ReadyCheck(kind=s.ready.kind, url=s.ready.url, paths=s.ready.paths), target=targets[s.rank],
         )
-        for s in render_nodes(inputs(python), vendor)
+        for s in render_nodes(inp, vendor)
     )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import difflib
 
-from k3deploy.catalog.specs import GIB, Catalog, HardwareSpec, ModelSpec, ReplayRing
+from k3deploy.catalog.specs import GIB, Catalog, EngineDefaults, HardwareSpec, ModelSpec, ReplayRing
 from k3deploy.diagnostics import Issue
 from k3deploy.engines import rules as engine_rules
 from k3deploy.engines.kinds import Family as EngineFamily
-from k3deploy.engines.kinds import engine_family, engine_flavour
-from k3deploy.engines.shape import Shape, make_shape
+from k3deploy.engines.kinds import engine_flavour
+from k3deploy.engines.shape import Shape
 from k3deploy.planning import rules
 from k3deploy.planning.capacity import memory_issues
 from k3deploy.planning.concurrency_fixes import concurrency_fixes
@@ -17,13 +17,13 @@ from k3deploy.planning.drafts import draft_issues, draft_tokens_budgeted
 from k3deploy.planning.memory import MemoryInputs, memory_budget, weights_bytes_per_gpu
 from k3deploy.planning.perf_band import family_performance
 from k3deploy.planning.perf_model import PerfInputs, PerfUnknown, engine_speed, prefill_latency_s
-from k3deploy.planning.plan_model import Plan
+from k3deploy.planning.plan_model import Plan, UnitFacts
 from k3deploy.planning.pool import policy_issues, pool, router_plan
 from k3deploy.planning.speculation import acceptance, draft_tokens, pinned_acceptance, replay_ring_len
 from k3deploy.planning.vision import vision_plan, vision_serving
 from k3deploy.topology.loader import LoadedTopology
-from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
+from k3deploy.topology.units import UnitInstance
 
 # What each group of checks reads: a value left out by a schema error blocks the groups that read it.
 READS = {
@@ -49,7 +49,12 @@ def _unknown(code: str, what: str, value: str, options: list[str], path: str) ->
 def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec,
                   family: EngineFamily) -> MemoryInputs:
     """Serving settings merged with catalog defaults."""
-    eng = catalog.engines[engine_flavour(t.engine, hw.vendor)]
+    return serving_inputs(t, catalog, model, hw, family, catalog.engines[engine_flavour(t.engine, hw.vendor)])
+
+
+def serving_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, family: EngineFamily,
+                   eng: EngineDefaults) -> MemoryInputs:
+    """memory_inputs for an engine whose catalog defaults (`eng`, by its flavour) are known."""
     s = t.serving
     drafts, draft = draft_tokens_budgeted(model, t.engine.args)
     reserve_gib = s.reserve_gib if s.reserve_gib is not None else (
@@ -70,10 +75,15 @@ def memory_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareS
 def perf_inputs_for(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, shape: Shape,
                     family: EngineFamily) -> PerfInputs:
     """The performance model's inputs for one replica of `t`; PerfUnknown when the catalog cannot time it."""
+    return _perf_inputs(t, catalog, model, hw, shape, family, catalog.engines[engine_flavour(t.engine, hw.vendor)])
+
+
+def _perf_inputs(t: Topology, catalog: Catalog, model: ModelSpec, hw: HardwareSpec, shape: Shape,
+                 family: EngineFamily, eng: EngineDefaults) -> PerfInputs:
     perf = catalog.performance.get(t.engine.kind)
     if perf is None:
         raise PerfUnknown(f"the catalog has no performance entry for engine kind '{t.engine.kind}'")
-    inp = memory_inputs(t, catalog, model, hw, family)
+    inp = serving_inputs(t, catalog, model, hw, family, eng)
     drafts = draft_tokens(t.engine.args)
     perf, band = family_performance(perf, hw, t.engine.kind, catalog.planner)
     vendor = catalog.vendors.get(hw.vendor)
@@ -102,19 +112,25 @@ def _blocked(group: str, unchecked: frozenset[str]) -> str | None:
     return None
 
 
+def blocked_groups(unchecked: frozenset[str]) -> dict[str, str]:
+    """Each group of checks a left-out value blocks -> that value's path."""
+    return {g: b for g in READS if (b := _blocked(g, unchecked)) is not None}
+
+
 def _not_checked(groups: list[str], why: str, path: str) -> Issue:
     return Issue(code="NOT_CHECKED", severity="info", path=path,
                  message=f"{', '.join(CHECKS[g] for g in groups)}: not checked {why}")
 
 
-def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
-    """make_plan of a topology without roles: check legality, size memory and decide feasibility; never raises
-    on a bad shape. Values in `unchecked` (dotted paths a schema error left out) block only the checks that
-    read them."""
+def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str], facts: UnitFacts,
+                  inst: UnitInstance) -> Plan:
+    """make_plan of a topology without roles (or of one role's instance `inst`, as `loaded`): check legality,
+    size memory and decide feasibility from the unit's `facts`; never raises on a bad shape. Values in
+    `unchecked` (dotted paths a schema error left out) block only the checks that read them."""
     whole = loaded.topology
     assert whole.roles is None, "a topology with roles is planned by planning.pd.pd_plan"
-    t = replica_topology(whole, 0)  # every replica has the same shape; its nodes decide the world size
-    family = engine_family(t.engine.kind, getattr(t.engine, "mimic", None))
+    t = inst.topology  # every replica has the same shape; its nodes decide the world size
+    family = facts.family
     issues: list[Issue] = []
     model = catalog.models.get(t.model.id)
     hw = catalog.hardware.get(t.hardware.gpu)
@@ -122,32 +138,30 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
         issues.append(_unknown("UNKNOWN_MODEL", "model", t.model.id, list(catalog.models), "model.id"))
     if hw is None:
         issues.append(_unknown("UNKNOWN_HARDWARE", "accelerator", t.hardware.gpu, list(catalog.hardware), "hardware.gpu"))
-    blocked = {g: b for g in READS if (b := _blocked(g, unchecked)) is not None}
+    blocked = blocked_groups(unchecked)
     for path in sorted(set(blocked.values())):
         issues.append(_not_checked([g for g, b in blocked.items() if b == path], f"until {path} is fixed", path))
-    shape = memory = capacity = None
+    memory = capacity = None
+    shape = facts.shapes.get(inst.role)
+    eng = catalog.engines[facts.flavour] if facts.flavour is not None else None
     if "node" not in blocked:
         issues += list(rules.node_rules(whole))
-    issues += policy_issues(whole)
+    issues += policy_issues(whole, facts.router_policies)
     if "budgets" not in blocked:
         issues += list(rules.budget_rules(t))
     if model is None:
         issues.append(_not_checked([g for g in ("legality", "pairing", "engine", "memory") if g not in blocked],
                                    "until model.id names a known model", "model.id"))
-    elif "legality" not in blocked:
-        p = t.parallel
-        shape = make_shape(family, tp=p.tp, ep=p.ep, dp=p.dp, pp=p.pp, dcp=p.dcp, attention_dp=p.attention_dp,
-                           nnodes=len(t.nodes), gpus_per_node=t.hardware.gpus_per_node,
-                           num_experts=model.architecture.num_experts)
+    elif shape is not None:
         legality = list(rules.parallel_rules(model.architecture, family, shape))
         issues += legality
-        if hw is None:
+        if hw is None or facts.flavour is None or eng is None:
             issues.append(_not_checked([g for g in ("pairing", "engine", "memory") if g not in blocked],
                                        "until hardware.gpu names a known accelerator", "hardware.gpu"))
         else:
             issues += [] if "pairing" in blocked else list(rules.pairing_rules(t, model, hw))
             issues += [] if "engine" in blocked else list(rules.seed_rules(t, model)) + draft_issues(
-                t.engine.args, catalog, model, engine_flavour(t.engine, hw.vendor))
+                t.engine.args, catalog, model, facts.flavour)
             issues += [] if "engine" in blocked else list(engine_rules.engine_rules(
                 t, model, hw, shape, bf16_weights_bytes=sum(weights_bytes_per_gpu(model, shape, experts_bf16=True))))
             if any(i.code.startswith(("TP_", "DP_NOT", "DCP_")) for i in legality):
@@ -156,7 +170,7 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                 issues.append(_not_checked(["memory"], "until serving.max_running_requests is set",
                                            "serving.max_running_requests"))
             elif "memory" not in blocked:
-                inputs = memory_inputs(t, catalog, model, hw, family)
+                inputs = serving_inputs(t, catalog, model, hw, family, eng)
                 memory = memory_budget(model, hw.usable_bytes, shape, inputs)
                 mem_issues, capacity = memory_issues(memory, family, t.serving.context_length,
                                                       t.serving.max_running_requests)
@@ -170,22 +184,24 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
                         capacity.max_running_requests)
     if whole.router is not None:
         router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
-                                            longest_prefill(t, catalog, model, hw, shape, family))
+                                            longest_prefill(t, catalog, model, hw, shape, family, eng),
+                                            facts.router_node, facts.worker_urls)
         issues += router_issues
     located = tuple(locate(i, loaded) for i in issues)
     vision = vision_plan(t, model, family, shape) if model is not None and shape is not None else None
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
-                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router, vision=vision)
+                memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router, vision=vision,
+                instances=(inst,) if facts.pd_family is not None else facts.instances)
 
 
 def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,
-                     shape: Shape | None, family: EngineFamily) -> float | str:
+                    shape: Shape | None, family: EngineFamily, eng: EngineDefaults | None) -> float | str:
     """The predicted prefill of the longest prompt one replica allows (every attention group at once), or why
-    it cannot be timed."""
-    if model is None or hw is None or shape is None:
+    it cannot be timed (`eng`: the engine's catalog defaults)."""
+    if model is None or hw is None or shape is None or eng is None:
         return "the plan has no model, accelerator or shape to time"
     try:
-        inp = perf_inputs_for(t, catalog, model, hw, shape, family)
+        inp = _perf_inputs(t, catalog, model, hw, shape, family, eng)
         return prefill_latency_s(inp, t.serving.context_length, inp.attn_groups)
     except PerfUnknown as exc:
         return str(exc)

@@ -8,25 +8,16 @@ import re
 
 from k3deploy.catalog.specs import Catalog
 from k3deploy.diagnostics import Issue
-from k3deploy.engines.context import Disaggregation, Inputs, host_port
-from k3deploy.engines.router import PD_FLAG, router_table
+from k3deploy.engines.context import Inputs
+from k3deploy.engines.router import PD_FLAG
 from k3deploy.planning.instance_plan import locate, longest_prefill, plan_instance
-from k3deploy.planning.plan_model import PdPlan, Plan, RolePlan
+from k3deploy.planning.plan_model import PdPlan, Plan, RolePlan, UnitFacts
 from k3deploy.planning.pool import policy_issues, router_plan
 from k3deploy.topology.loader import LoadedTopology
-from k3deploy.topology.pd import (
-    BACKENDS,
-    ROLE_NAMES,
-    Instance,
-    bootstrap_port,
-    instance_topology,
-    instances,
-    pd_family,
-    role_group,
-    side_channel_port,
-)
+from k3deploy.topology.pd import BACKENDS, ROLE_NAMES, Instance
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.settings import Parallel
+from k3deploy.topology.units import UnitInstance
 
 # Flags k3deploy sets per instance from `roles`: one engine.args value for every instance would desync them
 # (a bootstrap port other than the router's `--prefill URL BOOTSTRAP_PORT`: smg 1.13 registers both workers, yet
@@ -54,10 +45,11 @@ def _err(code: str, message: str, path: str, hint: str, severity: str = "error")
     return Issue(code=code, severity=severity, message=message, path=path, hint=hint)  # type: ignore[arg-type]
 
 
-def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
-    """What the engines refuse across roles, each with its reason and fix."""
+def cross_role_issues(t: Topology, hybrid: bool, family: str, router_pd: bool) -> list[Issue]:
+    """What the engines refuse across roles, each with its reason and fix (`family`: whose disaggregation the
+    engine follows; `router_pd`: whether the router has a PD mode)."""
     assert t.roles is not None
-    family, out = pd_family(t), []
+    out: list[Issue] = []
     pre, dec = t.roles.prefill.parallel, t.roles.decode.parallel
     if family == "vllm" and hybrid and pre.tp != dec.tp:
         out.append(_err("PD_NIXL_TP", f"prefill TP {pre.tp} != decode TP {dec.tp}: vLLM's NIXL handshake fails "
@@ -89,7 +81,7 @@ def cross_role_issues(t: Topology, hybrid: bool) -> list[Issue]:
                         "time-to-first-token floor (sglang#34815)", "roles.prefill.parallel.pp",
                         "prefer tp/ep for prefill", severity="warning"))
     r = t.router
-    if r is not None and PD_FLAG[r.kind] not in router_table(r.kind).by_flag:
+    if r is not None and not router_pd:
         out.append(_err("PD_ROUTER_KIND", f"{r.kind} has no PD mode ({PD_FLAG[r.kind]})", "router.kind",
                         "use a router with prefill/decode support"))
     return out
@@ -135,7 +127,7 @@ def _sglang_layout_issues(t: Topology, hybrid: bool) -> list[Issue]:
     return out
 
 
-def _rehome(issue: Issue, t: Topology, role: str, inst: Instance) -> Issue:
+def _rehome(issue: Issue, role: str, inst: UnitInstance) -> Issue:
     """An instance plan's issue, pointed at the role's part of the file and named by role."""
     path = issue.path
     if path == "parallel" or path.startswith("parallel."):
@@ -146,51 +138,47 @@ def _rehome(issue: Issue, t: Topology, role: str, inst: Instance) -> Issue:
     return issue._replace(path=path, message=f"{role}: {issue.message}" if named else issue.message)
 
 
-def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str] = frozenset()) -> Plan:
+def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str], facts: UnitFacts) -> Plan:
     """Plan a topology with `roles`: one instance of each role, the cross-role rules, the router in PD mode."""
     t = loaded.topology
-    insts = instances(t)
+    assert t.roles is not None and facts.pd_family is not None
+    insts = facts.instances
     first = {role: next(i for i in insts if i.role == role) for role in ROLE_NAMES}
     subs: dict[str, Plan] = {}
     issues: list[Issue] = []
     for role in ROLE_NAMES:
-        sub = plan_instance(LoadedTopology(instance_topology(t, first[role]), loaded.source), catalog, unchecked)
+        sub = plan_instance(LoadedTopology(first[role].topology, loaded.source), catalog, unchecked, facts,
+                            first[role])
         subs[role] = sub
         for i in sub.issues:
-            moved = _rehome(i, t, role, first[role])
+            moved = _rehome(i, role, first[role])
             if moved[:4] not in [j[:4] for j in issues]:
                 issues.append(moved)
     dec = subs["decode"]
     hybrid = dec.model is not None and bool(dec.model.architecture.kda_layers)
-    issues += policy_issues(t) + cross_role_issues(t, hybrid)
+    issues += policy_issues(t, facts.router_policies) + cross_role_issues(t, hybrid, facts.pd_family, facts.router_pd)
     gpus = {role: len(first[role].nodes) * t.hardware.gpus_per_node for role in ROLE_NAMES}
     router = None
     if t.router is not None and dec.model is not None and dec.hardware is not None:
         pre = subs["prefill"]
+        eng = catalog.engines[facts.flavour] if facts.flavour is not None else None
         rp, router_issues = router_plan(t, catalog.planner.router_health_margin, longest_prefill(
-            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family))
+            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family, eng), facts.router_node,
+            facts.worker_urls)
         issues += router_issues
-        urls = {i: f"http://{host_port(t.nodes[i.nodes[0]].ip, t.engine.port + i.number)}" for i in insts}
+        urls = list(zip(insts, facts.worker_urls, strict=True))
         settings = dataclasses.replace(
-            rp.settings, worker_urls=tuple(urls.values()),
-            prefill=tuple((urls[i], bootstrap_port(t, i)) for i in insts if i.role == "prefill"),
-            decode=tuple(urls[i] for i in insts if i.role == "decode"))
+            rp.settings, prefill=tuple((url, i.bootstrap_port) for i, url in urls if i.role == "prefill"),
+            decode=tuple(url for i, url in urls if i.role == "decode"))
         router = rp._replace(settings=settings)
-    family = pd_family(t)
-    backend = (t.roles.transfer.backend if t.roles else None) or BACKENDS.get(family, ("nixl",))[0]
-    pd = PdPlan(backend, *(RolePlan(role, role_group(t, role).instances, gpus[role], subs[role])
-                           for role in ROLE_NAMES))
+    backend = t.roles.transfer.backend or BACKENDS.get(facts.pd_family, ("nixl",))[0]
+    groups = {"prefill": t.roles.prefill, "decode": t.roles.decode}
+    pd = PdPlan(backend, *(RolePlan(role, groups[role].instances, gpus[role], subs[role]) for role in ROLE_NAMES))
     return dec._replace(file=loaded.file, topology=t, issues=tuple(locate(i, loaded) for i in issues),
-                        router=router, pd=pd)
+                        router=router, pd=pd, instances=insts)
 
 
 def instance_inputs(plan: Plan, inst: Instance, python: str = "python3") -> Inputs:
     """What the renderers take for one prefill or decode instance of a feasible PD plan."""
     assert plan.pd is not None
-    t = plan.topology
-    assert t.roles is not None
-    role = plan.pd.prefill if inst.role == "prefill" else plan.pd.decode
-    base = role.plan.render_inputs(python)
-    d = Disaggregation(mode=inst.role, backend=plan.pd.backend, bootstrap_port=bootstrap_port(t, inst),
-                       side_channel_port=side_channel_port(t, inst), ib_devices=tuple(t.roles.transfer.ib_devices or ()))
-    return dataclasses.replace(base, topology=instance_topology(t, inst), pd=d)
+    return plan.instance_inputs(plan.instances[inst.number], python)

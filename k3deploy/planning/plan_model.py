@@ -1,13 +1,16 @@
 """The frozen Plan (and, with roles, each role's plan): what make_plan hands every later stage. Pure data."""
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import HardwareSpec, ModelSpec
 from k3deploy.diagnostics import Issue
-from k3deploy.engines.context import Inputs
+from k3deploy.engines.context import Disaggregation, Inputs
 from k3deploy.engines.kinds import Family as EngineFamily
+from k3deploy.engines.kinds import Flavour
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InfeasibleError
 from k3deploy.planning.capacity import Capacity
@@ -17,6 +20,7 @@ from k3deploy.planning.vision import VisionPlan
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.settings import Serving, ValidateSettings
+from k3deploy.topology.units import UnitInstance
 
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
@@ -35,6 +39,23 @@ LATER_FIELDS = (("serving", Serving, ("images_per_request",)),
                 ("validate", ValidateSettings, ("accuracy_dataset", "accuracy_task", "accuracy_max_tokens",
                                                 "accuracy_limit")))
 
+
+class UnitFacts(NamedTuple):
+    """What the topology and the engines say of a unit, asked once before any check reads it: each instance
+    (its own topology, nodes and ports), the router's node and worker URLs, the engine's family and flavour,
+    the router's policies and whether it has a PD mode, and each role's parallel shape."""
+
+    instances: tuple[UnitInstance, ...]
+    router_node: int | None  # the node router.runs_on names (None: local, or no router)
+    pd_family: str | None  # with roles: whose disaggregation the engine follows
+    family: EngineFamily
+    flavour: Flavour | None  # None: the accelerator is unknown
+    router_policies: tuple[str, ...]  # the policies the router has (empty: no router)
+    router_pd: bool  # whether the router has a prefill/decode mode
+    worker_urls: tuple[str, ...]  # each instance's engine URL (empty without a router)
+    shapes: Mapping[str, Shape]  # by role ("": a replica or a deployment); empty while the shape cannot be made
+
+
 class Plan(NamedTuple):
     """Everything later stages need: the topology, catalog entries, shape, budget and verdict."""
 
@@ -51,6 +72,7 @@ class Plan(NamedTuple):
     router: RouterPlan | None = None
     pd: PdPlan | None = None  # with roles: each role's plan (the fields above are decode's)
     vision: VisionPlan | None = None  # the vision tower per GPU (None: a text-only model, or no shape)
+    instances: tuple[UnitInstance, ...] = ()  # the unit's instances, as planned (a deployment: its one)
 
     @property
     def valid(self) -> bool:
@@ -67,15 +89,39 @@ class Plan(NamedTuple):
         """What the renderers take from a feasible plan (for one replica: its nodes and ports);
         InfeasibleError naming the codes otherwise. `python` runs the stand-in engine (kind sim without
         engine.launcher)."""
+        if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
+            self._require_feasible()
+            raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
+        return self._inputs(replica_topology(self.topology, replica), python)
+
+    def instance_inputs(self, inst: UnitInstance, python: str = "python3") -> Inputs:
+        """What the renderers take for one of the plan's instances (with roles: its role's plan, and the cache
+        transfer it takes part in); InfeasibleError as render_inputs."""
+        if self.pd is None:
+            return self._inputs(inst.topology, python)
+        t = self.topology
+        assert t.roles is not None
+        role = self.pd.prefill if inst.role == "prefill" else self.pd.decode
+        d = Disaggregation(mode=inst.role, backend=self.pd.backend, bootstrap_port=inst.bootstrap_port,
+                           side_channel_port=inst.side_channel_port,
+                           ib_devices=tuple(t.roles.transfer.ib_devices or ()))
+        return dataclasses.replace(role.plan._inputs(inst.topology, python), pd=d)
+
+    def _require_feasible(self) -> None:
         if not self.feasible or self.model is None or self.hardware is None or self.shape is None \
                 or self.memory is None:
             codes = ", ".join(i.code for i in self.issues if i.severity == "error") or "incomplete plan"
             raise InfeasibleError(f"{self.file}: cannot render an infeasible plan ({codes})",
                                   hint=f"run `k3deploy plan {self.file}`")
-        if self.pd is not None:  # each instance has its own shape and nodes: planning.pd.instance_inputs
-            raise ValueError("a plan with roles renders per instance (planning.pd.instance_inputs)")
-        return Inputs(topology=replica_topology(self.topology, replica), model=self.model, hardware=self.hardware, shape=self.shape,
-                      mem_fraction=self.memory.mem_fraction, pool_ratio=self.memory.pool_ratio if self.topology.serving.mamba_full_memory_ratio is not None else None,
+
+    def _inputs(self, t: Topology, python: str) -> Inputs:
+        """The renderers' inputs of one deployment of this plan's shape and budget on topology `t`."""
+        self._require_feasible()
+        assert self.model is not None and self.hardware is not None and self.shape is not None \
+            and self.memory is not None
+        return Inputs(topology=t, model=self.model, hardware=self.hardware, shape=self.shape,
+                      mem_fraction=self.memory.mem_fraction,
+                      pool_ratio=self.memory.pool_ratio if t.serving.mamba_full_memory_ratio is not None else None,
                       python=python)
 
     def digest(self) -> str:

@@ -7,9 +7,7 @@ import math
 from typing import Any, NamedTuple
 
 from k3deploy.diagnostics import Issue
-from k3deploy.engines.context import host_port
-from k3deploy.engines.router import RouterSettings, router_table
-from k3deploy.topology.replicas import replica_groups, router_node
+from k3deploy.engines.router import RouterSettings
 from k3deploy.topology.schema import Topology
 
 # Never under this: a health check also waits behind one decode step and the HTTP round trip.
@@ -61,10 +59,12 @@ def _warn(code: str, message: str, path: str, hint: str | None = None) -> Issue:
     return Issue(code=code, severity="warning", message=message, path=path, hint=hint)
 
 
-def router_plan(t: Topology, margin: float, longest_prefill: float | str) -> tuple[RouterPlan, list[Issue]]:
+def router_plan(t: Topology, margin: float, longest_prefill: float | str, node: int | None,
+                worker_urls: tuple[str, ...]) -> tuple[RouterPlan, list[Issue]]:
     """The router's settings for a topology with a `router` section, and the warnings on values set by hand;
     `longest_prefill` is the performance model's prefill of the longest prompt a replica allows (seconds) or
-    why it could not be timed, `margin` the catalog's router_health_margin over it."""
+    why it could not be timed, `margin` the catalog's router_health_margin over it, `node` the index of the
+    node it runs on (None: this host), `worker_urls` each instance's engine URL."""
     r = t.router
     assert r is not None
     issues: list[Issue] = []
@@ -83,13 +83,9 @@ def router_plan(t: Topology, margin: float, longest_prefill: float | str) -> tup
                             f"launch.ready_timeout_s {ready} (the load time the deployment allows): the router "
                             "gives up on a replica still loading", "router.startup_timeout_s",
                             f"remove it (the plan sizes {startup} s)"))
-    node = router_node(t)
     listen = r.listen or ("127.0.0.1" if node is None else t.nodes[node].ip)
-    urls = []
-    for i, group in enumerate(replica_groups(t)):
-        urls.append(f"http://{host_port(t.nodes[group[0]].ip, t.engine.port + i)}")
     settings = RouterSettings(
-        kind=r.kind, listen=listen, port=r.port, worker_urls=tuple(urls), policy=r.policy,
+        kind=r.kind, listen=listen, port=r.port, worker_urls=worker_urls, policy=r.policy,
         health_failure_threshold=r.health_failure_threshold, health_success_threshold=r.health_success_threshold,
         health_check_interval_s=r.health_check_interval_s,
         health_check_timeout_s=r.health_check_timeout_s or sized, startup_timeout_s=r.startup_timeout_s or startup,
@@ -99,12 +95,11 @@ def router_plan(t: Topology, margin: float, longest_prefill: float | str) -> tup
                       prefill_unknown=None if prefill is not None else str(longest_prefill)), issues
 
 
-def policy_issues(t: Topology) -> list[Issue]:
-    """A policy the chosen router does not have (an input error)."""
+def policy_issues(t: Topology, choices: tuple[str, ...]) -> list[Issue]:
+    """A policy the chosen router does not have (`choices`: the ones it has; an input error)."""
     r = t.router
     if r is None:
         return []
-    choices = router_table(r.kind).choices("--policy") or ()
     if r.policy in choices:
         return []
     return [Issue(code="ROUTER_POLICY", severity="error", path="router.policy",

@@ -9,11 +9,16 @@ from k3deploy.topology.schema import Topology
 
 @dataclass(frozen=True)
 class UnitInstance:
-    """One instance of a unit: how it is named beside the unit, its role, and its own topology."""
+    """One instance of a unit: how it is named beside the unit, its role, its own topology, and where it sits in
+    the unit (its nodes, the offset of its ports, its transfer ports), worked out once for every later stage."""
 
     label: str  # r0, prefill0, decode1: the suffix of what is said of it; "" for a deployment's one instance
     role: str  # prefill | decode; "" for a replica or a single deployment
     topology: Topology  # its own (named NAME-r0, NAME-prefill0: its deployment record); the unit's when alone
+    number: int = 0  # its place over all the unit's instances: the offset of its engine and rendezvous ports
+    nodes: tuple[int, ...] = ()  # its nodes' indices in the unit's node list, rank order
+    bootstrap_port: int | None = None  # a prefill's SGLang bootstrap port (None: decode, replicas, vLLM)
+    side_channel_port: int | None = None  # a PD instance's vLLM NIXL side-channel base port (None: SGLang)
 
 
 def behind_router(t: Topology) -> bool:
@@ -24,11 +29,14 @@ def behind_router(t: Topology) -> bool:
 def unit_instances(t: Topology) -> tuple[UnitInstance, ...]:
     """The unit's instances in launch order (prefills first); a deployment with no router is its one instance."""
     if t.roles is not None:
-        from k3deploy.topology.pd import instance_topology, instances
+        from k3deploy.topology.pd import bootstrap_port, instance_topology, instances, side_channel_port
 
-        return tuple(UnitInstance(f"{i.role}{i.index}", i.role, instance_topology(t, i)) for i in instances(t))
+        return tuple(UnitInstance(f"{i.role}{i.index}", i.role, instance_topology(t, i), i.number, i.nodes,
+                                  bootstrap_port(t, i), side_channel_port(t, i)) for i in instances(t))
     if not behind_router(t):
-        return (UnitInstance("", "", t),)
-    from k3deploy.topology.replicas import replica_topology
+        ranked = sorted(enumerate(t.nodes), key=lambda iv: iv[1].rank if iv[1].rank is not None else iv[0])
+        return (UnitInstance("", "", t, 0, tuple(i for i, _ in ranked)),)
+    from k3deploy.topology.replicas import replica_groups, replica_topology
 
-    return tuple(UnitInstance(f"r{i}", "", replica_topology(t, i)) for i in range(t.replicas))
+    groups = replica_groups(t)
+    return tuple(UnitInstance(f"r{i}", "", replica_topology(t, i), i, tuple(groups[i])) for i in range(t.replicas))
