@@ -18,7 +18,6 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.engines.kinds import engine_family
 from k3deploy.engines.shape import Shape
 from k3deploy.errors import InputError
-from k3deploy.planning.instance_plan import plan_instance
 from k3deploy.planning.pd import cross_role_issues
 from k3deploy.planning.pd_prediction import (
     DecodeRole,
@@ -28,6 +27,7 @@ from k3deploy.planning.pd_prediction import (
     service,
 )
 from k3deploy.planning.perf_model import PerfUnknown, Term
+from k3deploy.planning.plan import make_plan, unit_facts
 from k3deploy.planning.ranking import Objective, contest, figure, parallel_name
 from k3deploy.planning.search import legal_shapes
 from k3deploy.planning.workload import Workload
@@ -91,7 +91,7 @@ def role_shapes(loaded: LoadedTopology, catalog: Catalog, role: str) -> list[Rol
         parallel = base.parallel.model_copy(update={"tp": shape.tp, "ep": shape.ep, "dp": shape.dp, "pp": shape.pp,
                                                     "dcp": shape.dcp, "attention_dp": shape.attention_dp})
         sub = base.model_copy(update={"parallel": parallel})
-        error = next((i for i in plan_instance(LoadedTopology(sub, loaded.source), catalog).issues
+        error = next((i for i in make_plan(LoadedTopology(sub, loaded.source), catalog).issues
                       if i.severity == "error"), None)
         out.append(RoleShape(shape, sub, None, "") if error is None else
                    RoleShape(shape, sub, f"{role}: {error.message} [{error.code}]", f"{role} {error.code}"))
@@ -133,6 +133,7 @@ def search_layouts(loaded: LoadedTopology, catalog: Catalog, w: Workload,
     groups = {role: role_group(t, role) for role in ROLE_NAMES}
     gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
     hybrid = bool(catalog.models[t.model.id].architecture.kda_layers)
+    facts = unit_facts(t, catalog, shaped=False)  # the engine's family and the router's PD mode, for every pair
     # Each role's part of the prediction, once per shape that fits (a str: why it cannot be timed).
     pre_parts = {s.shape: _timed(partial(prefill_role, s.topology, catalog, w, groups["prefill"].instances))
                  for s in shapes["prefill"] if s.error is None}
@@ -145,7 +146,8 @@ def search_layouts(loaded: LoadedTopology, catalog: Catalog, w: Workload,
             if refused is not None:
                 out.append(RoleLayout(pre.shape, dec.shape, False, None, False, refused.error or "", refused.code))
                 continue
-            cross = next((i for i in cross_role_issues(_laid_out(t, pre, dec), hybrid) if i.severity == "error"),
+            cross = next((i for i in cross_role_issues(_laid_out(t, pre, dec), hybrid, facts.family,
+                                                                facts.router_pd) if i.severity == "error"),
                          None)
             if cross is not None:
                 out.append(RoleLayout(pre.shape, dec.shape, False, None, False, f"{cross.message} [{cross.code}]",
