@@ -132,9 +132,8 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
     time one is exit 2."""
     if load is None:
         return [None] * len(results)
-    from k3deploy.planning.pd_prediction import predict_roles
+    from k3deploy.planning.pd_prediction import predict_unit
     from k3deploy.planning.perf_model import PerfUnknown
-    from k3deploy.planning.prediction import predict_plan
     from k3deploy.records.calibration import load_calibration
     from k3deploy.records.files import default_state_dir
 
@@ -145,13 +144,10 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
             continue
         t = r.plan.topology
         try:
-            if t.roles is not None:  # `calibrate` fits one instance, never a prefill/decode service
-                out.append(predict_roles(t, cat, load))
-                continue
             # A deployment of this name that `calibrate` fitted: its own factors apply.
             cal = load_calibration(Path(t.launch.state_dir).expanduser() if t.launch.state_dir
                                    else default_state_dir(), t.name)
-            out.append(predict_plan(r.plan, cat, load, cal))
+            out.append(predict_unit(r.plan, cat, load, cal))
         except PerfUnknown as exc:
             raise InputError(f"{r.file}: cannot predict --workload: {exc}") from None
     return out

@@ -18,11 +18,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from k3deploy.catalog.specs import Catalog
+from k3deploy.planning.calibration import Calibration
 from k3deploy.planning.perf_band import Band
 from k3deploy.planning.perf_model import PerfUnknown, Term
+from k3deploy.planning.plan_model import Plan
 from k3deploy.planning.prediction import (
     Prediction,
     decode_token_s,
+    predict_plan,
     predict_topology,
     prediction_json,
     timed_topology,
@@ -258,6 +261,15 @@ def service(p: PrefillRole, d: DecodeRole, gpus: int) -> RolePrediction:
     return RolePrediction(w, run.ttft_s if p.transfer else None, tpot, (*ttft_terms, *transfer), tpot_terms, pre,
                           dec, {"prefill": p.instances, "decode": d.instances}, full, held, output, gpus,
                           ttft_unknown=p.transfer_unknown)
+
+
+def predict_unit(plan: Plan, catalog: Catalog, w: Workload, calibration: Calibration | None = None
+                 ) -> Prediction | RolePrediction:
+    """A planned unit's prediction: per role where it has prefill/decode roles (`calibrate` fits one instance,
+    never such a service, so no calibration applies there), else `predict_plan` with the cluster's own factors."""
+    if plan.topology.roles is not None:
+        return predict_roles(plan.topology, catalog, w)
+    return predict_plan(plan, catalog, w, calibration)
 
 
 def roles_json(p: RolePrediction) -> dict[str, Any]:
