@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING
 from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import ExecError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
-from k3deploy.executors.fleet import NodeFleet
 from k3deploy.launch.gang import Gang, GroupFailed
-from k3deploy.nodeplan.router_job import router_job
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Failure
@@ -51,14 +49,11 @@ def preflight_gate(plan: Plan, catalog: Catalog, recorder: Recorder) -> Callable
 
 def router_preflight(plan: Plan, overrides: ExecOverrides,
                      factory: ExecutorFactory = open_executor) -> tuple[CheckResult, ...]:
-    """A service's router checks (`router-port`, `router-python`) on the machine `router.runs_on` names."""
+    """A service's router checks (`router-port`, `router-python`) on the machine `router.runs_on` names (the
+    preflight package loaded only when a service is checked)."""
     from k3deploy.preflight.router_check import router_checks
 
-    rp = plan.router
-    assert rp is not None
-    job = router_job(plan, rp.settings.worker_urls, overrides)
-    with NodeFleet({0: job.target}, factory) as fleet:
-        return router_checks(job, fleet, rp.settings)
+    return router_checks(plan, overrides, factory)
 
 
 def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], object],

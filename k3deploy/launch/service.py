@@ -5,7 +5,6 @@ Prefill/decode roles are the same machinery: each instance a deployment (NAME-pr
 then the router in PD mode fronting the ready ones (at least one of each role)."""
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,14 +19,13 @@ from k3deploy.launch.events import EventSink, NodeEvent, ignore
 from k3deploy.launch.preflight_gate import router_gate
 from k3deploy.launch.registration import wait_registered
 from k3deploy.nodeplan.jobs import NodeJob, instance_jobs
-from k3deploy.nodeplan.router_job import router_job, router_name
+from k3deploy.nodeplan.router_job import router_deployment, router_name
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Deployment
-from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
-from k3deploy.records.status import ACTIVE
+from k3deploy.records.service import ReplicaEntry, Service
+from k3deploy.records.service_recorder import ServiceRecorder
 from k3deploy.records.store import StateStore
-from k3deploy.topology.replicas import replica_groups, router_node
 
 ReplicaSink = Callable[[str, NodeEvent], None]
 
@@ -59,16 +57,6 @@ def service_plan(plan: Plan, overrides: ExecOverrides, catalog: Catalog) -> Serv
         reps.append((sub, instance_jobs(plan, inst, overrides, catalog)))
     return ServicePlan(plan=plan, replicas=tuple(reps), overrides=overrides, catalog=catalog,
                        roles=tuple(inst.role for inst in plan.instances) if plan.pd is not None else ())
-
-
-def router_plan(sp: ServicePlan) -> Plan:
-    """The router as a one-node deployment's plan (its name, file and launch settings)."""
-    t = sp.plan.topology
-    index = router_node(t)
-    node = t.nodes[index if index is not None else replica_groups(t)[0][0]]
-    return sp.plan._replace(topology=t.model_copy(update={
-        "name": router_name(t.name), "nodes": [node.model_copy(update={"rank": None})], "replicas": 1,
-        "replica_nodes": None, "router": None, "roles": None}))
 
 
 def start_replica(sp: ServicePlan, index: int, store: StateStore, *, factory: ExecutorFactory = open_executor,
@@ -105,125 +93,87 @@ def launch_service(sp: ServicePlan, store: StateStore, *, factory: ExecutorFacto
     """The router's checks (unless skipped: nothing starts when one fails), every replica in parallel, then the
     router with the ready ones registered; LaunchError when none is ready or the router does not serve (what
     started is stopped). A failed replica is named and left out."""
-    services = ServiceStore(store)
     t = sp.plan.topology
     assert t.router is not None and sp.plan.router is not None
     urls = sp.plan.router.settings.worker_urls
-    with services.lock(sp.name):
-        old = services.load(sp.name)
-        if old is not None and old.status in ACTIVE:
-            raise StateError(f"service {sp.name} is already {old.status}",
-                             hint=f"stop it first: k3deploy stop {sp.name}")
-        for plan, _ in sp.replicas:
-            dep = store.load(plan.topology.name)
-            if dep is not None and dep.status in ACTIVE:
-                raise StateError(f"replica {dep.name} of {sp.name} is already {dep.status}",
-                                 hint=f"stop it first: k3deploy stop {dep.name}")
-        services.save(Service(
-            name=sp.name, file=sp.plan.file, status="starting", router_kind=t.router.kind,
-            router_url=sp.plan.router.settings.url,
-            replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i],
-                                        role=sp.roles[i] if sp.roles else "") for i, (p, _) in
-                           enumerate(sp.replicas)), preflight="skipped" if skip_preflight else "none"))
+    recorder = ServiceRecorder(store, sp.name)
+    recorder.created(Service(
+        name=sp.name, file=sp.plan.file, status="starting", router_kind=t.router.kind,
+        router_url=sp.plan.router.settings.url,
+        replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i],
+                                    role=sp.roles[i] if sp.roles else "") for i, (p, _) in enumerate(sp.replicas)),
+        preflight="skipped" if skip_preflight else "none"))
     try:
         if not skip_preflight:  # a taken router port found only after every replica loaded costs their load
-            router_gate(sp.plan, sp.overrides, lambda verdict: services.update(
-                sp.name, lambda s: s.model_copy(update={"preflight": verdict})), factory)
-        ready = _start_replicas(sp, store, services, factory, on_event, skip_preflight)
-        _require_ready(sp, ready, services.load(sp.name))
-        job = router_job(_fronting(sp, ready), [urls[i] for i in ready], sp.overrides)
-        services.update(sp.name, lambda s: s.model_copy(update={"router_name": router_name(sp.name)}))
-        sink = (lambda e: on_event(router_name(sp.name), e)) if on_event else ignore
-        deploy.launch(router_plan(sp), (job,), store, factory=factory, on_event=sink, skip_preflight=True)
+            router_gate(sp.plan, sp.overrides, recorder.checked, factory)
+        failed = _start_replicas(sp, store, recorder, factory, on_event, skip_preflight)
+        ready = [i for i in range(len(sp.replicas)) if i not in failed]
+        _require_ready(sp, ready, failed)
+        recorder.fronting(router_name(sp.name))  # before it starts: a stop finds it
+        fronted = [urls[i] for i in ready]
+        plan, job = router_deployment(sp.plan, fronted, sp.overrides)
+        sink = (lambda e: on_event(plan.topology.name, e)) if on_event else ignore
+        deploy.launch(plan, (job,), store, factory=factory, on_event=sink, skip_preflight=True)
         # In PD mode every request passes a prefill and a decode: one completion through the router shows both.
-        served = wait_registered(job, [urls[i] for i in ready], t.launch.ready_timeout_s, t.router.kind,
+        served = wait_registered(job, fronted, t.launch.ready_timeout_s, t.router.kind,
                                  rounds=1 if sp.roles else None)
     except BaseException as exc:
         stop_service(store, sp.name, factory=factory, status="failed", cause=str(exc))
         raise
-    now = time.time()
-
-    def done(s: Service) -> Service:
-        for i in ready:
-            s = s.with_replica(i, served_through_router=urls[i] in served)
-        status = "ready" if len(ready) == len(sp.replicas) else "degraded"
-        return s.model_copy(update={"status": status, "ready_at": now})
-
-    return services.update(sp.name, done)
+    return recorder.registered(ready, [u in served for u in fronted], time.time())
 
 
-def _start_replicas(sp: ServicePlan, store: StateStore, services: ServiceStore, factory: ExecutorFactory,
-                    on_event: ReplicaSink | None, skip_preflight: bool) -> list[int]:
-    """Each replica in its own thread; returns the ready ones' indices, the others named in the record."""
-    def one(i: int) -> bool:
+def _start_replicas(sp: ServicePlan, store: StateStore, recorder: ServiceRecorder, factory: ExecutorFactory,
+                    on_event: ReplicaSink | None, skip_preflight: bool) -> dict[int, str]:
+    """Each replica in its own thread; returns why each one that failed did (by index), each named in the
+    record."""
+    def one(i: int) -> str | None:
         name = sp.replicas[i][0].topology.name
         sink = (lambda e: on_event(name, e)) if on_event else ignore
         try:
             start_replica(sp, i, store, factory=factory, on_event=sink, skip_preflight=skip_preflight)
         except K3Error as exc:
-            cause = str(exc)
-            services.update(sp.name, lambda s: s.with_replica(i, phase="failed", cause=cause))
-            return False
-        services.update(sp.name, lambda s: s.with_replica(i, phase="ready", cause=""))
-        return True
+            recorder.instance_failed(i, str(exc))
+            return str(exc)
+        recorder.instance_ready(i)
+        return None
 
     with ThreadPoolExecutor(max_workers=len(sp.replicas), thread_name_prefix="replica") as pool:
         results = list(pool.map(one, range(len(sp.replicas))))
-    return [i for i, ok in enumerate(results) if ok]
+    return {i: cause for i, cause in enumerate(results) if cause is not None}
 
 
-def _require_ready(sp: ServicePlan, ready: list[int], svc: Service | None) -> None:
-    """LaunchError when nothing can serve: no replica ready, or a role without a ready instance."""
+def _require_ready(sp: ServicePlan, ready: list[int], failed: dict[int, str]) -> None:
+    """LaunchError when nothing can serve: no replica ready, or a role without a ready instance (`failed`:
+    why each one that failed did, by index)."""
+    causes = "; ".join(f"{sp.replicas[i][0].topology.name}: {c}" for i, c in sorted(failed.items()) if c)
     if not sp.roles:
         if not ready:
-            raise LaunchError(f"{sp.name}: no replica became ready; " + _causes(svc), hint=f"k3deploy logs {sp.name}-r0")
+            raise LaunchError(f"{sp.name}: no replica became ready; " + causes, hint=f"k3deploy logs {sp.name}-r0")
         return
     for role in ("prefill", "decode"):
         if not any(sp.roles[i] == role for i in ready):
             first = sp.replicas[sp.roles.index(role)][0].topology.name
             raise LaunchError(f"{sp.name}: no {role} instance became ready (a request needs one of each); "
-                              + _causes(svc), hint=f"k3deploy logs {first}")
-
-
-def _fronting(sp: ServicePlan, ready: list[int]) -> Plan:
-    """The plan whose router fronts only the ready instances (PD: its --prefill/--decode lists)."""
-    rp = sp.plan.router
-    if not sp.roles or rp is None:
-        return sp.plan
-    urls = {rp.settings.worker_urls[i] for i in ready}
-    settings = dataclasses.replace(rp.settings, prefill=tuple(p for p in rp.settings.prefill if p[0] in urls),
-                                   decode=tuple(u for u in rp.settings.decode if u in urls))
-    return sp.plan._replace(router=rp._replace(settings=settings))
-
-
-def _causes(svc: Service | None) -> str:
-    if svc is None:
-        return ""
-    return "; ".join(f"{r.name}: {r.cause}" for r in svc.replicas if r.cause)
+                              + causes, hint=f"k3deploy logs {first}")
 
 
 def stop_service(store: StateStore, name: str, *, factory: ExecutorFactory = open_executor,
                  status: str = "stopped", cause: str = "") -> tuple[Service, dict[str, dict[int, str]]]:
     """The router first (no request is sent to a replica going away), then every replica in parallel; the
     service record says `stopping` throughout, so a crash midway leaves a record `stop` finishes. Idempotent."""
-    services = ServiceStore(store)
-    svc = services.update(name, lambda s: s.model_copy(update={"status": "stopping"}))
+    recorder = ServiceRecorder(store, name)
+    svc = recorder.stopping()
+    stages: Sequence[Sequence[str]] = ([svc.router_name or router_name(name)], [r.name for r in svc.replicas])
     outcome: dict[str, dict[int, str]] = {}
-    router = svc.router_name or router_name(name)
-    outcome[router] = stop_deployment(store, router, factory)
-    names: Sequence[str] = [r.name for r in svc.replicas]
     lock = threading.Lock()
 
-    def one(rep: str) -> None:
-        got = stop_deployment(store, rep, factory)
+    def one(part: str) -> None:
+        got = stop_deployment(store, part, factory)
         with lock:
-            outcome[rep] = got
+            outcome[part] = got
 
-    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="stop") as pool:
-        list(pool.map(one, names))
-    final = "failed" if status == "failed" else "stopped"
-    svc = services.update(name, lambda s: s.model_copy(update={
-        "status": final, "cause": cause or s.cause,
-        "replicas": tuple(r.model_copy(update={"phase": "failed" if r.phase == "failed" else "stopped"})
-                          for r in s.replicas)}))
-    return svc, {k: v for k, v in outcome.items() if v}
+    with ThreadPoolExecutor(max_workers=max(1, len(svc.replicas)), thread_name_prefix="stop") as pool:
+        for stage in stages:
+            list(pool.map(one, stage))
+    return recorder.stopped(status, cause), {k: v for k, v in outcome.items() if v}

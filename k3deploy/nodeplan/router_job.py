@@ -11,7 +11,7 @@ from k3deploy.executors.target import ExecTarget, LocalTarget
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck, log_path
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
-from k3deploy.topology.replicas import router_node
+from k3deploy.topology.replicas import replica_groups, router_node
 
 # Ready is a real completion through the router (head readiness asks the paths, then /v1/completions).
 ROUTER_READY_PATHS = ("/health",)
@@ -23,22 +23,35 @@ def router_name(service: str) -> str:
 
 
 def router_job(plan: Plan, worker_urls: Sequence[str], overrides: ExecOverrides | None = None) -> NodeJob:
-    """The router fronting `worker_urls` (the ready replicas), on its node via that node's executor or here."""
+    """The router fronting `worker_urls` (the ready instances; PD: its --prefill/--decode lists narrowed to
+    them), on its node via that node's executor or here."""
+    return router_deployment(plan, worker_urls, overrides)[1]
+
+
+def router_deployment(plan: Plan, worker_urls: Sequence[str],
+                      overrides: ExecOverrides | None = None) -> tuple[Plan, NodeJob]:
+    """The router as a one-node deployment, worked out once: its plan (its name, file and launch settings) and
+    its job fronting `worker_urls`."""
     t, rp = plan.topology, plan.router
     if t.router is None or rp is None:
         raise ValueError(f"{plan.file}: no router section")
-    settings = dataclasses.replace(rp.settings, worker_urls=tuple(worker_urls))
+    urls = tuple(worker_urls)
+    settings = dataclasses.replace(rp.settings, worker_urls=urls,
+                                   prefill=tuple(p for p in rp.settings.prefill if p[0] in urls),
+                                   decode=tuple(u for u in rp.settings.decode if u in urls))
     argv = router_argv(settings, t.router.python)
     index = router_node(t)
+    node = t.nodes[index if index is not None else replica_groups(t)[0][0]].model_copy(update={"rank": None})
     if index is None:
         target: ExecTarget = LocalTarget(host="localhost")
         host = "localhost"
     else:
-        node = t.nodes[index]
-        one = t.model_copy(update={"nodes": [node.model_copy(update={"rank": None})], "replicas": 1,
-                                   "replica_nodes": None, "router": None})
+        one = t.model_copy(update={"nodes": [node], "replicas": 1, "replica_nodes": None, "router": None})
         target, host = targets_for(one, overrides)[0], node.host
-    return NodeJob(rank=0, host=host, ip=settings.listen, head=True, command="set -eu\nexec " + shlex.join(argv),
-                   argv=argv, env={}, engine_python=t.router.python,
-                   log_path=log_path(t.launch.log_dir, router_name(t.name), 0),
-                   ready=ReadyCheck(kind="http", url=settings.url, paths=ROUTER_READY_PATHS), target=target)
+    own = plan._replace(topology=t.model_copy(update={
+        "name": router_name(t.name), "nodes": [node], "replicas": 1, "replica_nodes": None, "router": None,
+        "roles": None}))
+    return own, NodeJob(rank=0, host=host, ip=settings.listen, head=True,
+                        command="set -eu\nexec " + shlex.join(argv), argv=argv, env={},
+                        engine_python=t.router.python, log_path=log_path(t.launch.log_dir, router_name(t.name), 0),
+                        ready=ReadyCheck(kind="http", url=settings.url, paths=ROUTER_READY_PATHS), target=target)

@@ -3,9 +3,13 @@ port and metrics port free there, and the router's interpreter able to find the 
 from __future__ import annotations
 
 from k3deploy.engines.context import host_port
-from k3deploy.engines.router import RouterSettings, router_table
+from k3deploy.engines.router import router_table
+from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet, NodeOutcome
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.nodeplan.router_job import router_job
+from k3deploy.nodeplan.targets import ExecOverrides
+from k3deploy.planning.plan import Plan
 from k3deploy.preflight.report import CheckResult, Verdict
 from k3deploy.probes import port_probe
 from k3deploy.verdicts.timing import timed
@@ -14,31 +18,36 @@ PROBE_TIMEOUT_S = 30.0
 FIND_TIMEOUT_S = 60.0
 
 
-def router_checks(job: NodeJob, fleet: NodeFleet, settings: RouterSettings) -> tuple[CheckResult, ...]:
-    """`router-port` and `router-python` on the router's machine (rank 0 of `fleet`); error rows when it
-    cannot be reached, skip rows when its machine is a Slurm job's, placed only at launch."""
+def router_checks(plan: Plan, overrides: ExecOverrides,
+                  factory: ExecutorFactory = open_executor) -> tuple[CheckResult, ...]:
+    """`router-port` and `router-python` on the machine `router.runs_on` names, in one pass: the router's job
+    (where it runs, its interpreter), its module, then its machine asked; error rows when it cannot be
+    reached, skip rows when its machine is a Slurm job's, placed only at launch."""
+    assert plan.router is not None
+    settings = plan.router.settings
+    job = router_job(plan, settings.worker_urls, overrides)
     module = router_table(settings.kind).module
     ports = (settings.port, settings.prometheus_port)
     asks_port = f"bind {', '.join(host_port(settings.listen, p) for p in ports)} (the router's port, its metrics)"
     asks_python = f"{job.engine_python} finds the module {module}"
-    if job.target.capabilities.runs_in_job:
-        why = "the router's node is the Slurm job's, known once launch holds it"
-        return (_one("router-port", "Router port", asks_port, Verdict(rank=0, host=job.host, status="skip", detail=why)),
-                _one("router-python", "Router interpreter", asks_python,
-                     Verdict(rank=0, host=job.host, status="skip", detail=why)))
-    reached = fleet.connect_all()[0]
-    if not reached.ok:
-        down = Verdict(rank=0, host=job.host, status="error",
-                       detail=f"not checked: {str(reached.error).removeprefix(f'{job.host}: ')}")
-        return _one("router-port", "Router port", asks_port, down), _one("router-python", "Router interpreter",
-                                                                          asks_python, down)
-    port_v, port_s = timed(_ports, job, fleet, settings.listen, ports)
-    python_v, python_s = timed(_python, job, fleet, module)
-    return (_one("router-port", "Router port", asks_port, port_v, port_s),
-            _one("router-python", "Router interpreter", asks_python, python_v, python_s))
+    with NodeFleet({0: job.target}, factory) as fleet:
+        reached = None if job.target.capabilities.runs_in_job else fleet.connect_all()[0]
+        if reached is None:
+            skip = Verdict(rank=0, host=job.host, status="skip",
+                           detail="the router's node is the Slurm job's, known once launch holds it")
+            port, python = (skip, 0.0), (skip, 0.0)
+        elif not reached.ok:
+            down = Verdict(rank=0, host=job.host, status="error",
+                           detail=f"not checked: {str(reached.error).removeprefix(f'{job.host}: ')}")
+            port, python = (down, 0.0), (down, 0.0)
+        else:
+            port = timed(_ports, job, fleet, settings.listen, ports)
+            python = timed(_python, job, fleet, module)
+    return (_one("router-port", "Router port", asks_port, *port),
+            _one("router-python", "Router interpreter", asks_python, *python))
 
 
-def _one(name: str, title: str, asks: str, v: Verdict, seconds: float = 0.0) -> CheckResult:
+def _one(name: str, title: str, asks: str, v: Verdict, seconds: float) -> CheckResult:
     return CheckResult(name=name, title=title, asks=asks, verdicts=(v,), elapsed_s=seconds)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from k3deploy.catalog.loader import load_catalog
 from k3deploy.errors import LaunchError
-from k3deploy.launch.service import ServicePlan, _fronting, _require_ready, service_plan
+from k3deploy.launch.service import ServicePlan, _require_ready, service_plan
 from k3deploy.nodeplan.router_job import router_job
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
@@ -55,7 +55,7 @@ def test_each_instance_is_a_deployment_with_its_role_flags_ports_and_health_read
     # for the completion.
     assert (pre_jobs[0].ready.kind, dec_jobs[0].ready.kind) == ("health", "health")
     assert pre_jobs[0].ready.url == "http://127.0.0.1:18000"
-    router = router_job(_fronting(sp, [0, 1]), sp.plan.router.settings.worker_urls if sp.plan.router else ())
+    router = router_job(sp.plan, sp.plan.router.settings.worker_urls if sp.plan.router else ())
     assert router.ready.kind == "http"
     argv = list(router.argv)
     assert "--pd-disaggregation" in argv
@@ -68,13 +68,13 @@ def test_the_router_fronts_the_ready_instances_and_a_role_without_one_is_refused
     assert sp.roles == ("prefill", "decode", "decode")
     assert [p.topology.name for p, _ in sp.replicas] == ["k3-pd-prefill0", "k3-pd-decode0", "k3-pd-decode1"]
     urls = sp.plan.router.settings.worker_urls if sp.plan.router else ()
-    argv = list(router_job(_fronting(sp, [0, 2]), [urls[0], urls[2]]).argv)
+    argv = list(router_job(sp.plan, [urls[0], urls[2]]).argv)
     assert argv.count("--decode") == 1 and argv[argv.index("--decode") + 1] == "http://127.0.0.4:18002", argv
-    _require_ready(sp, [0, 2], None)
-    with pytest.raises(LaunchError, match="no decode instance became ready"):
-        _require_ready(sp, [0], None)
+    _require_ready(sp, [0, 2], {1: "no answer"})
+    with pytest.raises(LaunchError, match="no decode instance became ready.*k3-pd-decode0: down; k3-pd-decode1: gone"):
+        _require_ready(sp, [0], {2: "gone", 1: "down"})
     with pytest.raises(LaunchError, match="no prefill instance became ready"):
-        _require_ready(sp, [1, 2], None)
+        _require_ready(sp, [1, 2], {0: ""})
 
 
 def test_launch_dry_run_shows_each_instance_and_rollout_of_single_instances_refuses(tmp_path: Path) -> None:

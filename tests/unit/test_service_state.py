@@ -10,7 +10,9 @@ import pytest
 
 from k3deploy.errors import StateError
 from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
+from k3deploy.records.service_recorder import ServiceRecorder
 from k3deploy.records.store import StateStore
+from tests.unit.test_state import record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,3 +66,35 @@ def test_missing_corrupt_and_unwritable_records_are_state_errors(tmp_path: Path)
     with pytest.raises(StateError, match=r"cannot write .*services/svc\.json"):
         store.save(service())
     assert [p.name for p in (tmp_path / "services").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_the_recorder_writes_each_phase_of_a_service_and_refuses_an_active_one(tmp_path: Path) -> None:
+    deployments = StateStore(tmp_path)
+    rec = ServiceRecorder(deployments, "svc")
+    rec.created(service(replicas=3))
+    with pytest.raises(StateError, match="service svc is already starting"):
+        rec.created(service(replicas=3))
+    rec.checked("passed")
+    rec.instance_ready(0)
+    rec.instance_failed(1, "gang failed")
+    rec.instance_ready(2)
+    rec.fronting("svc-router")
+    got = rec.registered([0, 2], [True, False], 12.5)
+    assert (got.status, got.preflight, got.router_name, got.ready_at) == ("degraded", "passed", "svc-router", 12.5)
+    assert [(r.phase, r.cause, r.served_through_router) for r in got.replicas] == [
+        ("ready", "", True), ("failed", "gang failed", False), ("ready", "", False)]
+    assert ServiceStore(deployments).load("svc") == got
+    assert rec.stopping().status == "stopping"
+    done = rec.stopped("failed", "router did not serve")
+    assert (done.status, done.cause) == ("failed", "router did not serve")
+    assert [r.phase for r in done.replicas] == ["stopped", "failed", "stopped"]
+    assert rec.stopped("stopped", "").cause == "router did not serve"  # a later stop keeps why it failed
+
+
+def test_the_recorder_refuses_a_service_whose_instance_is_still_active(tmp_path: Path) -> None:
+    deployments = StateStore(tmp_path)
+    deployments.save(record("svc-r1"))
+    with pytest.raises(StateError, match="replica svc-r1 of svc is already starting") as err:
+        ServiceRecorder(deployments, "svc").created(service())
+    assert err.value.hint == "stop it first: k3deploy stop svc-r1"
+    assert ServiceStore(deployments).load("svc") is None
