@@ -16,7 +16,7 @@ from k3deploy.records.deployment import Failure
 from k3deploy.records.recorder import Recorder, Verdict
 
 if TYPE_CHECKING:
-    from k3deploy.preflight.report import CheckResult, Report
+    from k3deploy.preflight.report import Report
 
 HINT = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
 
@@ -47,25 +47,17 @@ def preflight_gate(plan: Plan, catalog: Catalog, recorder: Recorder) -> Callable
     return gate
 
 
-def router_preflight(plan: Plan, overrides: ExecOverrides,
-                     factory: ExecutorFactory = open_executor) -> tuple[CheckResult, ...]:
-    """A service's router checks (`router-port`, `router-python`) on the machine `router.runs_on` names (the
-    preflight package loaded only when a service is checked)."""
-    from k3deploy.preflight.router_check import router_checks
-
-    return router_checks(plan, overrides, factory)
-
-
 def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], object],
                 factory: ExecutorFactory = open_executor) -> None:
     """The router checks launch of a service runs before starting any instance; `record` gets the verdict.
     A check failed: PreflightFailed (exit 4); its machine could not be asked: ExecError (exit 3, as for any
     node launch cannot reach)."""
     from k3deploy.preflight.report import Report
+    from k3deploy.preflight.router_check import router_checks  # loaded only when a service is launched
     from k3deploy.verdicts.model import EXIT_HOST
 
     t0 = time.monotonic()
-    report = Report(name=plan.topology.name, checks=router_preflight(plan, overrides, factory),
+    report = Report(name=plan.topology.name, checks=router_checks(plan, overrides, factory),
                     elapsed_s=round(time.monotonic() - t0, 3))
     record("failed" if report.exit_code else "passed")
     if report.exit_code == EXIT_HOST:

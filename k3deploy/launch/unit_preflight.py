@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.bringup import fleet_of
-from k3deploy.launch.preflight_gate import router_preflight
 from k3deploy.launch.prepare import Prepared, held
 from k3deploy.launch.service import ServicePlan
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 from k3deploy.preflight.report import Report
+from k3deploy.preflight.router_check import router_checks
 from k3deploy.preflight.runner import run_preflight
 
 
@@ -49,7 +49,7 @@ def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor)
 
     with ThreadPoolExecutor(max_workers=len(sp.replicas) + 1, thread_name_prefix="preflight") as pool:
         parts = [pool.submit(instance, i) for i in range(len(sp.replicas))]
-        own = pool.submit(router_preflight, sp.plan, sp.overrides, factory)
+        own = pool.submit(router_checks, sp.plan, sp.overrides, factory)
         reports = tuple(p.result() for p in parts)
         checks = own.result()
     return Report(name=sp.name, checks=checks, instances=reports, elapsed_s=round(time.monotonic() - t0, 3))

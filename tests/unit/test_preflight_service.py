@@ -213,8 +213,8 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
     only once launch holds the allocation, so preflight cannot check it. Both router rows skip on the node
     `router.runs_on` names, saying so; nothing is run there; the report still passes. A router on this machine
     (`runs_on: local`) is checked here as with any executor."""
-    from k3deploy.launch.preflight_gate import router_preflight
     from k3deploy.nodeplan.targets import ExecOverrides
+    from k3deploy.preflight.router_check import router_checks
     from tests.unit.test_render_support import doc_of, plan_of
 
     made: list[_Recorder] = []
@@ -224,7 +224,7 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
         return made[-1]
 
     plan = plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm", "router.runs_on": "node-2"}))
-    checks = router_preflight(plan, ExecOverrides(), factory)
+    checks = router_checks(plan, ExecOverrides(), factory)
     assert [c.name for c in checks] == ["router-port", "router-python"]
     for c in checks:
         (v,) = c.verdicts
@@ -236,7 +236,7 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
     assert report.exit_code == 0 and report.first_failure() is None
 
     made.clear()
-    here = router_preflight(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
+    here = router_checks(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
                                                                          "router.runs_on": "local"})),
                             ExecOverrides(), factory)
     assert [m.target.kind for m in made] == ["local"] and "connect" in made[0].calls, [m.calls for m in made]
