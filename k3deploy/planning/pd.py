@@ -147,7 +147,7 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str],
     subs: dict[str, Plan] = {}
     issues: list[Issue] = []
     for role in ROLE_NAMES:
-        sub = plan_instance(LoadedTopology(first[role].topology, loaded.source), catalog, unchecked, facts,
+        sub = plan_instance(LoadedTopology.of(first[role].topology, loaded.source), catalog, unchecked, facts,
                             first[role])
         subs[role] = sub
         for i in sub.issues:

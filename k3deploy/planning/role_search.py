@@ -32,7 +32,7 @@ from k3deploy.planning.ranking import Objective, contest, figure, parallel_name
 from k3deploy.planning.search import legal_shapes
 from k3deploy.planning.workload import Workload
 from k3deploy.topology.loader import LoadedTopology
-from k3deploy.topology.pd import ROLE_NAMES, instance_topology, instances, role_group
+from k3deploy.topology.pd import ROLE_NAMES, role_group
 from k3deploy.topology.schema import Topology
 
 T = TypeVar("T")
@@ -81,8 +81,8 @@ def role_shapes(loaded: LoadedTopology, catalog: Catalog, role: str) -> list[Rol
     model = catalog.models.get(t.model.id)
     if model is None:
         raise InputError(f"unknown model '{t.model.id}'", hint=f"known: {', '.join(catalog.models)}")
-    inst = next(i for i in instances(t) if i.role == role)
-    base = instance_topology(t, inst)
+    inst = next(i for i in loaded.layout.instances if i.role == role)
+    base = inst.topology
     per_node = t.hardware.gpus_per_node
     out = []
     for shape in legal_shapes(model, engine_family(t.engine.kind, getattr(t.engine, "mimic", None)),
@@ -91,7 +91,7 @@ def role_shapes(loaded: LoadedTopology, catalog: Catalog, role: str) -> list[Rol
         parallel = base.parallel.model_copy(update={"tp": shape.tp, "ep": shape.ep, "dp": shape.dp, "pp": shape.pp,
                                                     "dcp": shape.dcp, "attention_dp": shape.attention_dp})
         sub = base.model_copy(update={"parallel": parallel})
-        error = next((i for i in make_plan(LoadedTopology(sub, loaded.source), catalog).issues
+        error = next((i for i in make_plan(LoadedTopology.of(sub, loaded.source), catalog).issues
                       if i.severity == "error"), None)
         out.append(RoleShape(shape, sub, None, "") if error is None else
                    RoleShape(shape, sub, f"{role}: {error.message} [{error.code}]", f"{role} {error.code}"))
@@ -133,7 +133,7 @@ def search_layouts(loaded: LoadedTopology, catalog: Catalog, w: Workload,
     groups = {role: role_group(t, role) for role in ROLE_NAMES}
     gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
     hybrid = bool(catalog.models[t.model.id].architecture.kda_layers)
-    facts = unit_facts(t, catalog, shaped=False)  # the engine's family and the router's PD mode, for every pair
+    facts = unit_facts(loaded, catalog, shaped=False)  # the engine's family and the router's PD mode, for every pair
     # Each role's part of the prediction, once per shape that fits (a str: why it cannot be timed).
     pre_parts = {s.shape: _timed(partial(prefill_role, s.topology, catalog, w, groups["prefill"].instances))
                  for s in shapes["prefill"] if s.error is None}

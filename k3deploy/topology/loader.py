@@ -15,13 +15,20 @@ from k3deploy.topology.pd import pd_issues
 from k3deploy.topology.replicas import replica_issues
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.source import PathKey, SourceMap, YamlSyntaxError, load_yaml
+from k3deploy.topology.units import UnitLayout, unit_layout
 
 
 class LoadedTopology(NamedTuple):
-    """A validated topology with the positions of its values."""
+    """A validated topology with the positions of its values and its unit's layout."""
 
     topology: Topology
     source: SourceMap
+    layout: UnitLayout
+
+    @classmethod
+    def of(cls, topology: Topology, source: SourceMap) -> LoadedTopology:
+        """`topology`, read from `source`, with its unit laid out once (its replicas and roles fit its nodes)."""
+        return cls(topology, source, unit_layout(topology))
 
     @property
     def file(self) -> str:
@@ -191,11 +198,11 @@ def parse_topology(text: str, file: str) -> LoadedTopology:
             raise TopologyError(file, issues) from None
         topo, left_out = partial
         _raise_mismatched(file, issues, topo, smap)
-        raise TopologyError(file, issues, LoadedTopology(topo, smap), left_out) from None
+        raise TopologyError(file, issues, LoadedTopology.of(topo, smap), left_out) from None
     _raise_mismatched(file, issues, topology, smap)
     if issues:
-        raise TopologyError(file, issues, LoadedTopology(topology, smap))
-    return LoadedTopology(topology, smap)
+        raise TopologyError(file, issues, LoadedTopology.of(topology, smap))
+    return LoadedTopology.of(topology, smap)
 
 
 def _raise_mismatched(file: str, issues: list[Issue], topology: Topology, smap: SourceMap) -> None:

@@ -1,8 +1,11 @@
 """A unit of deployment's instances: a single deployment is its own one instance; a service behind a router is
-its replicas, or its prefill and decode instances, each a deployment of its own (its topology and records)."""
+its replicas, or its prefill and decode instances, each a deployment of its own (its topology and records).
+The unit's layout (its instances, the router's node, whose PD transfer its roles follow) is worked out once,
+as its topology is loaded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from k3deploy.topology.schema import Topology
 
@@ -40,3 +43,23 @@ def unit_instances(t: Topology) -> tuple[UnitInstance, ...]:
 
     groups = replica_groups(t)
     return tuple(UnitInstance(f"r{i}", "", replica_topology(t, i), i, tuple(groups[i])) for i in range(t.replicas))
+
+
+class UnitLayout(NamedTuple):
+    """How a unit is laid out over its nodes, worked out once from its topology for every later stage."""
+
+    instances: tuple[UnitInstance, ...]  # in launch order (prefills first)
+    router_node: int | None  # the node router.runs_on names (None: local, or no router)
+    pd_family: str | None  # with roles: whose disaggregation the engine follows (None: no roles)
+
+
+def unit_layout(t: Topology) -> UnitLayout:
+    """The layout of the unit `t` describes (a topology whose replicas and roles fit its nodes and ports)."""
+    from k3deploy.topology.replicas import router_node
+
+    pd_family = None
+    if t.roles is not None:
+        from k3deploy.topology.pd import pd_family as transfer_family
+
+        pd_family = transfer_family(t)
+    return UnitLayout(unit_instances(t), router_node(t), pd_family)

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from k3deploy.records.locate import load_topology_file
-from k3deploy.topology.units import behind_router, unit_instances
+from k3deploy.topology.loader import TopologyError, load_topology, parse_topology
+from k3deploy.topology.units import UnitLayout, behind_router, unit_instances
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -30,3 +33,20 @@ def test_roles_are_each_instance_prefills_first() -> None:
     got = unit_instances(t)
     assert [(u.label, u.role) for u in got] == [("prefill0", "prefill"), ("decode0", "decode")]
     assert [u.topology.name for u in got] == [f"{t.name}-prefill0", f"{t.name}-decode0"]
+
+
+def test_the_loader_lays_out_the_unit_once() -> None:
+    """The instances, the router's node and the roles' transfer family come with the loaded topology."""
+    pd = load_topology(TOPOLOGIES / "pd-h200-1p1d-sglang.yaml")
+    assert pd.layout == UnitLayout(unit_instances(pd.topology), 2, "sglang")  # the router runs on decode-0
+    replicas = load_topology(TOPOLOGIES / "replicas-h200-2x2x8-smg.yaml")
+    assert replicas.layout == UnitLayout(unit_instances(replicas.topology), 0, None)
+
+
+def test_a_partial_topology_is_laid_out_too() -> None:
+    """A schema error elsewhere leaves a partial whose replicas still fit its nodes: it is planned, so laid out."""
+    text = (TOPOLOGIES / "replicas-h200-2x2x8-smg.yaml").read_text(encoding="utf-8")
+    with pytest.raises(TopologyError) as exc:
+        parse_topology(text.replace("context_length: 131072", "context_length: -1"), "replicas.yaml")
+    partial = exc.value.partial
+    assert partial is not None and [u.label for u in partial.layout.instances] == ["r0", "r1"]
