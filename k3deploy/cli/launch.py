@@ -57,32 +57,32 @@ def launch(
     is checked (its port and metrics port free, router.python has the router): a failure starts nothing (exit 4)."""
     from k3deploy.launch.prepare import prepare
 
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    print_warnings(prep.warnings, prep.plan.file)
+    unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    print_warnings(unit.warnings, unit.plan.file)
     if sync_weights is not None and not dry_run:
         from k3deploy.launch.weights_unit import sync_unit
 
-        synced, kept = sync_unit(prep, sync_weights, None, as_json)
+        synced, kept = sync_unit(unit, sync_weights, None, as_json)
         if synced.exit_code:
             lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
             print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",
                   file=sys.stderr)
             raise typer.Exit(synced.exit_code)
-        prep = kept  # the launch gets the nodes the sync filled
+        unit = kept  # the launch gets the nodes the sync filled
     from rich.console import Console
     from rich.live import Live
 
     from k3deploy.launch.unit import (
         dry_run_json,
         dry_run_view,
+        launch_records,
         launch_summary,
         launch_unit,
-        unit_launch,
         unit_record,
     )
     from k3deploy.launch.views import Progress, event_line
 
-    unit = unit_launch(prep, state_dir, attach=attach)
+    store = launch_records(unit, state_dir, attach=attach)
     if dry_run:
         if as_json:
             print(dry_run_json(unit))
@@ -103,10 +103,10 @@ def launch(
     try:
         if live is not None:
             live.start()
-        launched = launch_unit(unit, on_event=on_event, attach=attach, skip_preflight=skip_preflight)
+        launched = launch_unit(unit, store, on_event=on_event, attach=attach, skip_preflight=skip_preflight)
     except BaseException:
         if as_json:  # the record of the failed launch (its cause, its preflight)
-            rec = unit_record(unit.store, prep.plan.topology.name)
+            rec = unit_record(store, unit.name)
             print(rec.model_dump_json(indent=2) if rec is not None else "{}")
         raise
     finally:
@@ -120,5 +120,5 @@ def launch(
         from k3deploy.launch.follow import attach as supervise_here
         from k3deploy.launch.follow import prefixed
 
-        supervise_here(unit.store, prep.plan.topology.name, prefixed(sys.stdout),
+        supervise_here(store, unit.name, prefixed(sys.stdout),
                        on_event=lambda e: err.print(event_line(e), markup=False))

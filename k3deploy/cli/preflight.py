@@ -42,9 +42,9 @@ def preflight(
     from k3deploy.launch.unit_preflight import preflight_unit
     from k3deploy.preflight.views import table, write_junit
 
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    print_warnings(prep.warnings, prep.plan.file)
-    report = preflight_unit(prep)
+    unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    print_warnings(unit.warnings, unit.plan.file)
+    report = preflight_unit(unit)
     if junit is not None:
         write_junit(report, junit)
     if as_json:

@@ -46,11 +46,11 @@ def rollout(
     found = locate(target, str(state_dir) if state_dir else None)
     store, name = found.store, found.name
     file = found.file or launched_from(store, name) or Path(target)
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
-    print(launch_summary(rollout_unit(prep, store, say=say, drain_s=drain_s, checks_for=lambda plans, reach: [] if
-                                      skip_short else [("short", replica_stage(plans, prep.catalog, store, "short",
+    print(launch_summary(rollout_unit(unit, store, say=say, drain_s=drain_s, checks_for=lambda plans, reach: [] if
+                                      skip_short else [("short", replica_stage(plans, unit.catalog, store, "short",
                                                                                reach))])))

@@ -54,8 +54,8 @@ def status(
     from k3deploy.launch.prepare import prepare
     from k3deploy.launch.weights import weights_status
 
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report = weights_status(prep, required_manifest(prep.plan.topology.validate_.manifest, prep.plan.file, manifest))
+    unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    report = weights_status(unit, required_manifest(unit.plan.topology.validate_.manifest, unit.plan.file, manifest))
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     else:
@@ -108,8 +108,8 @@ def sync(
     from k3deploy.launch.weights_unit import sync_unit
 
     sigterm_interrupts()  # `kill` unwinds like Ctrl-C: the nodes' servers are stopped, partial files kept
-    prep = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
-    report, _ = sync_unit(prep, source, manifest, as_json, staging)
+    unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
+    report, _ = sync_unit(unit, source, manifest, as_json, staging)
     if as_json:
         print(json.dumps(report.as_json(), indent=2))
     raise typer.Exit(report.exit_code)

@@ -19,6 +19,7 @@ from k3deploy.errors import ExecError, InputError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp, completes
 from k3deploy.launch.membership import listed, put_back, take_out
+from k3deploy.launch.prepare import Unit
 from k3deploy.launch.registration import POLL_S
 from k3deploy.launch.rollout import (
     DRAIN_TIMEOUT_S,
@@ -34,7 +35,6 @@ from k3deploy.launch.rollout import (
     run_checks,
     running,
 )
-from k3deploy.launch.service import ServicePlan
 from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
 from k3deploy.records.store import StateStore
 
@@ -46,9 +46,9 @@ SERVE_ROUNDS = 16
 COUNT_LAG_S = 5.0  # an engine counts a request a moment after its answer went out
 
 
-def refuse(sp: ServicePlan, svc: Service | None) -> None:
+def refuse(unit: Unit, svc: Service | None) -> None:
     """InputError (exit 2) when a rolling restart of these roles cannot keep serving, before anything is touched."""
-    t, file, name = sp.plan.topology, sp.plan.file, sp.name
+    t, file, name = unit.plan.topology, unit.plan.file, unit.name
     assert t.router is not None
     why = MEMBERSHIP[t.router.kind].pd_refused
     if why:
@@ -56,9 +56,9 @@ def refuse(sp: ServicePlan, svc: Service | None) -> None:
                          hint=f"restart every instance at once: k3deploy stop {name}, then k3deploy launch {file}; "
                          "or front the roles with smg (router.kind: smg), which takes PD workers at runtime")
     for role in ROLE_ORDER:
-        count = sp.roles.count(role)
+        count = unit.roles.count(role)
         if count < 2:
-            only = sp.replicas[sp.roles.index(role)][0].topology.name
+            only = unit.instances[unit.roles.index(role)].name
             raise InputError(f"{file}: roles.{role} has a single instance ({only}): taking it out of the router "
                              f"would stop serving (every request needs a {role} instance)",
                              hint=f"add an instance of that role (roles.{role}.instances: {count + 1}, with its "
@@ -66,8 +66,8 @@ def refuse(sp: ServicePlan, svc: Service | None) -> None:
                              "serving while the other restarts")
     if svc is None:
         return
-    now = tuple(zip((p.topology.name for p, _ in sp.replicas), sp.roles, sp.plan.router.settings.worker_urls
-                    if sp.plan.router else ()))
+    now = tuple(zip((part.name for part in unit.instances), unit.roles, unit.plan.router.settings.worker_urls
+                    if unit.plan.router else ()))
     was = tuple((r.name, r.role, r.url) for r in svc.replicas)
     if now != was:
         gone = sorted({f"{role} {n} at {u}" for n, role, u in was} - {f"{role} {n} at {u}" for n, role, u in now})
@@ -83,18 +83,18 @@ def order(svc: Service) -> list[ReplicaEntry]:
     return sorted(svc.replicas, key=lambda r: (ROLE_ORDER.index(r.role), r.index))
 
 
-def rollout_roles(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
+def rollout_roles(unit: Unit, store: StateStore, *, factory: ExecutorFactory = open_executor,
                   say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, checks: Sequence[ReplicaCheck] = (),
                   ops: InstanceOps | None = None) -> Service:
     """Restart every instance in turn behind the running router; InputError before anything when it cannot keep
     each role serving, RolloutFailed at the first failed stage (a new instance that failed is left out)."""
     services = ServiceStore(store)
-    refuse(sp, services.load(sp.name))
-    svc = running(services, sp)
-    assert sp.plan.router is not None
-    ops = ops or deployment_ops(sp, store, factory)
-    kind, ready_s = svc.router_kind, sp.plan.topology.launch.ready_timeout_s
-    boot = dict(sp.plan.router.settings.prefill)
+    refuse(unit, services.load(unit.name))
+    svc = running(services, unit)
+    assert unit.plan.router is not None
+    ops = ops or deployment_ops(unit, store, factory)
+    kind, ready_s = svc.router_kind, unit.plan.topology.launch.ready_timeout_s
+    boot = dict(unit.plan.router.settings.prefill)
     with NodeHttp(svc.router_url) as http:
         for rep in order(svc):
             url, role, steps = rep.url.rstrip("/"), rep.role, Steps(f"{rep.role} {rep.name}", say)
@@ -117,11 +117,11 @@ def rollout_roles(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactor
                 cause = str(exc)
                 if steps.stage not in ("check", "drain", "others-serve", "stop", "start", "register"):
                     cause += _left_out(http, kind, url, drain_s)
-                services.update(sp.name, _failed(rep.index, f"rollout {steps.stage}: {cause}"))
+                services.update(unit.name, _failed(rep.index, f"rollout {steps.stage}: {cause}"))
                 raise RolloutFailed(rep.name, steps.stage, cause, role) from None
-            services.update(sp.name, noting(rep.index, ""))
+            services.update(unit.name, noting(rep.index, ""))
             say(f"{steps.label}: serving again")
-    return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))
+    return services.update(unit.name, lambda s: s.model_copy(update={"status": "ready"}))
 
 
 def _failed(index: int, cause: str) -> Callable[[Service], Service]:

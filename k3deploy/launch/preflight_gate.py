@@ -10,7 +10,7 @@ from k3deploy.catalog.specs import Catalog
 from k3deploy.errors import ExecError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.gang import Gang, GroupFailed
-from k3deploy.nodeplan.targets import ExecOverrides
+from k3deploy.launch.prepare import Unit
 from k3deploy.planning.plan import Plan
 from k3deploy.records.deployment import Failure
 from k3deploy.records.recorder import Recorder, Verdict
@@ -47,17 +47,18 @@ def preflight_gate(plan: Plan, catalog: Catalog, recorder: Recorder) -> Callable
     return gate
 
 
-def router_gate(plan: Plan, overrides: ExecOverrides, record: Callable[[Verdict], object],
-                factory: ExecutorFactory = open_executor) -> None:
-    """The router checks launch of a service runs before starting any instance; `record` gets the verdict.
+def router_gate(unit: Unit, record: Callable[[Verdict], object], factory: ExecutorFactory = open_executor) -> None:
+    """The router checks launch of a service runs before starting any instance, on the unit's router; `record`
+    gets the verdict.
     A check failed: PreflightFailed (exit 4); its machine could not be asked: ExecError (exit 3, as for any
     node launch cannot reach)."""
     from k3deploy.preflight.report import Report
     from k3deploy.preflight.router_check import router_checks  # loaded only when a service is launched
     from k3deploy.verdicts.model import EXIT_HOST
 
+    assert unit.router is not None and unit.plan.router is not None
     t0 = time.monotonic()
-    report = Report(name=plan.topology.name, checks=router_checks(plan, overrides, factory),
+    report = Report(name=unit.name, checks=router_checks(unit.plan.router.settings, unit.router.jobs[0], factory),
                     elapsed_s=round(time.monotonic() - t0, 3))
     record("failed" if report.exit_code else "passed")
     if report.exit_code == EXIT_HOST:

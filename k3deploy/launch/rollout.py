@@ -11,7 +11,8 @@ from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.http import NodeHttp
 from k3deploy.launch.membership import put_back, take_out
-from k3deploy.launch.service import ServicePlan, start_replica, stop_deployment
+from k3deploy.launch.prepare import Unit
+from k3deploy.launch.service import start_replica, stop_deployment
 from k3deploy.records.service import Service, ServiceStore
 from k3deploy.records.store import StateStore
 from k3deploy.serving.router_workers import workers_of
@@ -41,14 +42,14 @@ class InstanceOps:
     start: Callable[[int], None]
 
 
-def deployment_ops(sp: ServicePlan, store: StateStore, factory: ExecutorFactory = open_executor,
+def deployment_ops(unit: Unit, store: StateStore, factory: ExecutorFactory = open_executor,
                    skip_preflight: bool = True) -> InstanceOps:
     """Stop and start as launch does (start: gang, readiness with a real completion, supervisor; one try)."""
     def stop(index: int) -> None:
-        stop_deployment(store, sp.replicas[index][0].topology.name, factory)
+        stop_deployment(store, unit.instances[index].name, factory)
 
     def start(index: int) -> None:
-        start_replica(sp, index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
+        start_replica(unit, index, store, factory=factory, skip_preflight=skip_preflight, tries=1)
 
     return InstanceOps(stop=stop, start=start)
 
@@ -93,24 +94,24 @@ def run_checks(checks: Sequence[ReplicaCheck], index: int, steps: Steps, how: st
             raise ExecError(why)
 
 
-def running(services: ServiceStore, sp: ServicePlan) -> Service:
+def running(services: ServiceStore, unit: Unit) -> Service:
     """The service's record, when it is ready or degraded (LaunchError otherwise)."""
-    svc = services.load(sp.name)
+    svc = services.load(unit.name)
     if svc is None or svc.status not in ("ready", "degraded"):
-        raise LaunchError(f"{sp.name} is not a running service ({svc.status if svc else 'no record'})",
-                          hint=f"k3deploy launch {sp.plan.file}")
+        raise LaunchError(f"{unit.name} is not a running service ({svc.status if svc else 'no record'})",
+                          hint=f"k3deploy launch {unit.plan.file}")
     return svc
 
 
-def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = open_executor,
+def rollout(unit: Unit, store: StateStore, *, factory: ExecutorFactory = open_executor,
             say: Say = lambda _: None, drain_s: float = DRAIN_TIMEOUT_S, skip_preflight: bool = True,
             checks: Sequence[ReplicaCheck] = (), ops: InstanceOps | None = None) -> Service:
     """Restart every replica in turn behind the running router; RolloutFailed at the first failed stage (a
     failed check keeps the new replica out of the router)."""
     services = ServiceStore(store)
-    svc = running(services, sp)
-    ops = ops or deployment_ops(sp, store, factory, skip_preflight)
-    kind, ready_s = svc.router_kind, sp.plan.topology.launch.ready_timeout_s
+    svc = running(services, unit)
+    ops = ops or deployment_ops(unit, store, factory, skip_preflight)
+    kind, ready_s = svc.router_kind, unit.plan.topology.launch.ready_timeout_s
     with NodeHttp(svc.router_url) as http:
         for rep in svc.replicas:
             url, steps = rep.url.rstrip("/"), Steps(rep.name, say)
@@ -125,8 +126,8 @@ def rollout(sp: ServicePlan, store: StateStore, *, factory: ExecutorFactory = op
                 steps("register", "back into the router")
                 put_back(http, kind, url, ready_s)
             except (ExecError, LaunchError) as exc:
-                services.update(sp.name, noting(rep.index, f"rollout {steps.stage}: {exc}"))
+                services.update(unit.name, noting(rep.index, f"rollout {steps.stage}: {exc}"))
                 raise RolloutFailed(rep.name, steps.stage, str(exc)) from None
-            services.update(sp.name, noting(rep.index, ""))  # a cause left by an earlier rollout is gone
+            services.update(unit.name, noting(rep.index, ""))  # a cause left by an earlier rollout is gone
             say(f"{rep.name}: serving again")
-    return services.update(sp.name, lambda s: s.model_copy(update={"status": "ready"}))
+    return services.update(unit.name, lambda s: s.model_copy(update={"status": "ready"}))

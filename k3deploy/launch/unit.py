@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from k3deploy.executors.factory import ExecutorFactory
 from k3deploy.launch import lookup
 from k3deploy.launch.events import NodeEvent
-from k3deploy.launch.prepare import Prepared
-from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.launch.prepare import Unit
 from k3deploy.records.deployment import Deployment
 from k3deploy.records.service import Service, ServiceStore
 from k3deploy.records.store import StateStore
@@ -32,81 +31,48 @@ Reach = Callable[[Deployment], Deployment]
 UnitSink = Callable[[str, NodeEvent], None]
 
 
-class UnitPart(NamedTuple):
-    """One deployment launch starts for the unit: its name in events ("" for a deployment alone), what the dry
-    run heads it with ("" alone), and its nodes."""
-
-    name: str
-    title: str
-    jobs: tuple[NodeJob, ...]
-
-
-class UnitLaunch(NamedTuple):
-    """What `launch` starts of a unit, worked out once for its dry run, its progress and its start: each
-    instance (a deployment alone: its one), a service's router as planned, and the records' store."""
-
-    prep: Prepared
-    instances: tuple[UnitPart, ...]
-    router: UnitPart | None
-    store: StateStore
-
-    @property
-    def parts(self) -> tuple[UnitPart, ...]:
-        """Every deployment of the unit, the router last."""
-        return (*self.instances, *((self.router,) if self.router is not None else ()))
-
-
-def unit_launch(prep: Prepared, state_dir: Path | None, *, attach: bool) -> UnitLaunch:
-    """The unit's parts as launch starts them, its records under `state_dir` (else launch.state_dir, else the
-    default); InputError for --attach of a service (its instances and router have a supervisor each)."""
+def launch_records(unit: Unit, state_dir: Path | None, *, attach: bool) -> StateStore:
+    """Where launch keeps the unit's records: `state_dir`, else launch.state_dir, else the default; InputError for
+    --attach of a service (its instances and router have a supervisor each)."""
     from k3deploy.records.files import default_state_dir
 
-    store = StateStore(state_dir or prep.plan.topology.launch.state_dir or default_state_dir())
-    sp = prep.service
-    if sp is None:
-        return UnitLaunch(prep, (UnitPart("", "", prep.jobs),), None, store)
-    from k3deploy.errors import InputError
-    from k3deploy.nodeplan.router_job import router_job, router_name
+    if attach and unit.router is not None:
+        from k3deploy.errors import InputError
 
-    if attach:
         raise InputError("--attach of replicas behind a router is not built yet",
-                         hint=f"launch without --attach, then: k3deploy logs {sp.name} --follow")
-    router = router_job(sp.plan, sp.plan.router.settings.worker_urls if sp.plan.router is not None else (),
-                        sp.overrides)
-    instances = tuple(UnitPart(plan.topology.name, f"{sp.roles[i] if sp.roles else 'replica'} {plan.topology.name}",
-                               jobs) for i, (plan, jobs) in enumerate(sp.replicas))
-    return UnitLaunch(prep, instances, UnitPart(router_name(sp.name), "router", (router,)), store)
+                         hint=f"launch without --attach, then: k3deploy logs {unit.name} --follow")
+    return StateStore(state_dir or unit.plan.topology.launch.state_dir or default_state_dir())
 
 
-def dry_run_json(unit: UnitLaunch) -> str:
+def dry_run_json(unit: Unit) -> str:
     """`launch --dry-run --json`: a deployment's node records, or a service's per instance and its router's."""
     import json
 
     if unit.router is None:
-        return json.dumps([j.model_dump(mode="json") for j in unit.prep.jobs], indent=2)
+        return json.dumps([j.model_dump(mode="json") for j in unit.jobs], indent=2)
     return json.dumps({"replicas": [[j.model_dump(mode="json") for j in part.jobs] for part in unit.instances],
                        "router": unit.router.jobs[0].model_dump(mode="json")}, indent=2)
 
 
-def dry_run_view(unit: UnitLaunch) -> RenderableType:
+def dry_run_view(unit: Unit) -> RenderableType:
     """`launch --dry-run`: every instance's nodes (a service's titled), then its router."""
     from k3deploy.launch.views import dry_run
 
     return dry_run([(p.title, p.jobs) for p in unit.instances], unit.router.jobs[0] if unit.router else None)
 
 
-def launch_unit(unit: UnitLaunch, *, on_event: UnitSink, attach: bool, skip_preflight: bool) -> Deployment | Service:
+def launch_unit(unit: Unit, store: StateStore, *, on_event: UnitSink, attach: bool,
+                skip_preflight: bool) -> Deployment | Service:
     """Start the unit: a deployment alone (supervised in the background, or by the caller with `attach`), or a
     service's instances in parallel and then its router."""
-    prep = unit.prep
-    if prep.service is not None:
+    if unit.router is not None:
         from k3deploy.launch.service import launch_service
 
-        return launch_service(prep.service, unit.store, on_event=on_event, skip_preflight=skip_preflight)
+        return launch_service(unit, store, on_event=on_event, skip_preflight=skip_preflight)
     from k3deploy.launch import deploy
 
-    return deploy.launch(prep.plan, prep.jobs, unit.store, on_event=lambda e: on_event("", e), background=not attach,
-                         preflight_catalog=None if skip_preflight else prep.catalog, skip_preflight=skip_preflight)
+    return deploy.launch(unit.plan, unit.jobs, store, on_event=lambda e: on_event("", e), background=not attach,
+                         preflight_catalog=None if skip_preflight else unit.catalog, skip_preflight=skip_preflight)
 
 
 def unit_record(store: StateStore, name: str) -> Deployment | Service | None:
@@ -206,33 +172,32 @@ def unit_view(report: lookup.StatusReport | ServiceReport) -> tuple[RenderableTy
     return service_view(report), []
 
 
-def rollout_unit(prep: Prepared, store: StateStore, *, say: Say, drain_s: float,
+def rollout_unit(unit: Unit, store: StateStore, *, say: Say, drain_s: float,
                  checks_for: Callable[[Sequence[Plan], Reach], Sequence[ReplicaCheck]]) -> Service:
     """Restart the service's instances behind its router one at a time: replicas in turn, or prefill/decode
     instances by role; InputError for a deployment alone (no router keeps anything serving while it restarts).
     `checks_for(instances' plans, reach)` gives each new instance's checks, its requests sent where `reach` points
     its record: a replica's straight to it (before it is back in the router), an instance of a role's through the
     router once it is back (neither role answers a request alone)."""
-    sp = prep.service
-    if sp is None:
+    if unit.router is None:
         from k3deploy.errors import InputError
 
-        raise InputError(f"{prep.plan.file} has no replicas behind a router: nothing to roll out",
-                         hint=f"k3deploy stop {prep.plan.topology.name}, then k3deploy launch {prep.plan.file}")
-    plans = [plan for plan, _ in sp.replicas]
-    if not sp.roles:
+        raise InputError(f"{unit.plan.file} has no replicas behind a router: nothing to roll out",
+                         hint=f"k3deploy stop {unit.name}, then k3deploy launch {unit.plan.file}")
+    plans = [part.plan for part in unit.instances]
+    if not unit.roles:
         from k3deploy.launch.rollout import rollout
 
-        return rollout(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, lambda dep: dep))
+        return rollout(unit, store, say=say, drain_s=drain_s, checks=checks_for(plans, lambda dep: dep))
     from k3deploy.launch.pd_rollout import rollout_roles
 
-    svc = _service(store, sp.name)
+    svc = _service(store, unit.name)
 
     def through_router(dep: Deployment) -> Deployment:
         # Logs and liveness stay the instance's own.
         return dep.model_copy(update={"url": svc.router_url, "probe_from": "here"}) if svc is not None else dep
 
-    return rollout_roles(sp, store, say=say, drain_s=drain_s, checks=checks_for(plans, through_router))
+    return rollout_roles(unit, store, say=say, drain_s=drain_s, checks=checks_for(plans, through_router))
 
 
 def launched_from(store: StateStore, name: str) -> Path | None:

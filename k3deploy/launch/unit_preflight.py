@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from k3deploy.catalog.specs import Catalog
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch.bringup import fleet_of
-from k3deploy.launch.prepare import Prepared, held
-from k3deploy.launch.service import ServicePlan
+from k3deploy.launch.prepare import Unit, held
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.planning.plan import Plan
 from k3deploy.preflight.report import Report
@@ -18,18 +17,18 @@ from k3deploy.preflight.router_check import router_checks
 from k3deploy.preflight.runner import run_preflight
 
 
-def instance_labels(sp: ServicePlan) -> tuple[str, ...]:
+def instance_labels(unit: Unit) -> tuple[str, ...]:
     """How the report names each instance: `replica I`, or `prefill J` / `decode K` (counted per role)."""
-    if not sp.roles:
-        return tuple(f"replica {i}" for i in range(len(sp.replicas)))
-    return tuple(f"{role} {sp.roles[:i].count(role)}" for i, role in enumerate(sp.roles))
+    if not unit.roles:
+        return tuple(f"replica {i}" for i in range(len(unit.instances)))
+    return tuple(f"{role} {unit.roles[:i].count(role)}" for i, role in enumerate(unit.roles))
 
 
-def preflight_unit(prep: Prepared, factory: ExecutorFactory = open_executor) -> Report:
+def preflight_unit(unit: Unit, factory: ExecutorFactory = open_executor) -> Report:
     """The unit's preflight: its one deployment's, or (behind a router) every instance's and the router's."""
-    if prep.service is None:
-        return _instance(prep.plan, prep.jobs, prep.catalog, factory)
-    return preflight_service(prep.service, factory)
+    if unit.router is None:
+        return _instance(unit.plan, unit.jobs, unit.catalog, factory)
+    return preflight_service(unit, factory)
 
 
 def _instance(plan: Plan, jobs: tuple[NodeJob, ...], catalog: Catalog, factory: ExecutorFactory) -> Report:
@@ -38,18 +37,19 @@ def _instance(plan: Plan, jobs: tuple[NodeJob, ...], catalog: Catalog, factory: 
         return run_preflight(plan, catalog, placed, fleet)
 
 
-def preflight_service(sp: ServicePlan, factory: ExecutorFactory = open_executor) -> Report:
+def preflight_service(unit: Unit, factory: ExecutorFactory = open_executor) -> Report:
     """Every instance's preflight and the router's checks, in parallel; one Report with an entry per instance."""
+    assert unit.router is not None and unit.plan.router is not None
     t0 = time.monotonic()
-    labels = instance_labels(sp)
+    labels = instance_labels(unit)
 
     def instance(i: int) -> Report:
-        plan, jobs = sp.replicas[i]
-        return _instance(plan, jobs, sp.catalog, factory).model_copy(update={"instance": labels[i]})
+        part = unit.instances[i]
+        return _instance(part.plan, part.jobs, unit.catalog, factory).model_copy(update={"instance": labels[i]})
 
-    with ThreadPoolExecutor(max_workers=len(sp.replicas) + 1, thread_name_prefix="preflight") as pool:
-        parts = [pool.submit(instance, i) for i in range(len(sp.replicas))]
-        own = pool.submit(router_checks, sp.plan, sp.overrides, factory)
+    with ThreadPoolExecutor(max_workers=len(unit.instances) + 1, thread_name_prefix="preflight") as pool:
+        parts = [pool.submit(instance, i) for i in range(len(unit.instances))]
+        own = pool.submit(router_checks, unit.plan.router.settings, unit.router.jobs[0], factory)
         reports = tuple(p.result() for p in parts)
         checks = own.result()
-    return Report(name=sp.name, checks=checks, instances=reports, elapsed_s=round(time.monotonic() - t0, 3))
+    return Report(name=unit.name, checks=checks, instances=reports, elapsed_s=round(time.monotonic() - t0, 3))

@@ -15,7 +15,7 @@ from typing import Any
 from k3deploy.checkpoint.manifest import Manifest
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet
-from k3deploy.launch.prepare import Prepared, held_unit
+from k3deploy.launch.prepare import Unit, held_unit
 from k3deploy.nodeplan.jobs import NodeJob
 from k3deploy.probes import shards as probe
 from k3deploy.probes import weights_node
@@ -73,10 +73,10 @@ class WeightsReport:
                 "nodes": [n.as_json() for n in self.nodes]}
 
 
-def checkpoint_nodes(prep: Prepared, jobs: Sequence[NodeJob]) -> dict[tuple[str, str], list[NodeJob]]:
+def checkpoint_nodes(unit: Unit, jobs: Sequence[NodeJob]) -> dict[tuple[str, str], list[NodeJob]]:
     """Every instance's nodes (`jobs`, as their allocation holds them) by (host, checkpoint path): one copy per
     host and path, whichever ranks share it."""
-    path = prep.plan.topology.model.path
+    path = unit.plan.topology.model.path
     out: dict[tuple[str, str], list[NodeJob]] = {}
     for job in jobs:
         out.setdefault((job.target.host, path), []).append(job)
@@ -157,11 +157,11 @@ def _root(owner: dict[int, int], r: int) -> int:
     return r
 
 
-def weights_status(prep: Prepared, manifest: Manifest, factory: ExecutorFactory = open_executor) -> WeightsReport:
+def weights_status(unit: Unit, manifest: Manifest, factory: ExecutorFactory = open_executor) -> WeightsReport:
     """Hash every node's copy at once (once per shared filesystem; the nodes as their allocation holds them) and
     sort its files against the manifest."""
-    with held_unit(prep) as jobs:
-        return _status(checkpoint_nodes(prep, jobs), manifest, factory)
+    with held_unit(unit) as jobs:
+        return _status(checkpoint_nodes(unit, jobs), manifest, factory)
 
 
 def _status(nodes: dict[tuple[str, str], list[NodeJob]], manifest: Manifest, factory: ExecutorFactory) \

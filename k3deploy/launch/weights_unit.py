@@ -12,17 +12,18 @@ from k3deploy.errors import InputError
 from k3deploy.executors.target import ExecTarget
 from k3deploy.extras import require
 from k3deploy.launch.allocation import allocation_for
-from k3deploy.launch.prepare import Prepared, held_unit
+from k3deploy.launch.prepare import Unit, held_unit
 from k3deploy.launch.weights import checkpoint_nodes
 from k3deploy.launch.weights_sync import Source, SyncReport, run_sync
 from k3deploy.nodeplan.jobs import NodeJob
+from k3deploy.planning.plan import Plan
 
 
-def node_or_local_source(spec: str, prep: Prepared) -> tuple[Source, str | None]:
+def node_or_local_source(spec: str, unit: Unit) -> tuple[Source, str | None]:
     """`--from DIR` (this machine) or `--from HOST:DIR` (a node of the unit, which serves it): the source and the
     host of the node that serves it (None: this machine), checked against the topology before any node is held."""
     host, sep, directory = spec.partition(":")
-    hosts = [j.target.host for j in prep.jobs]
+    hosts = [j.target.host for j in unit.jobs]
     if sep and host in hosts:
         if not directory.startswith("/"):
             raise InputError(f"--from {spec}: the directory on {host} must be an absolute path")
@@ -47,21 +48,21 @@ def serving_node(src: Source, host: str, jobs: Sequence[NodeJob]) -> tuple[Sourc
     return dataclasses.replace(src, ip=job.ip), job.target
 
 
-def hub_pin(prep: Prepared, staging: Path | None) -> HubPin:
+def hub_pin(unit: Unit, staging: Path | None) -> HubPin:
     """`--from hub`'s repo and revision: the catalog's hub repo of the model at model.revision (required: a hub
     sync is pinned), downloaded into `staging` here first when given (which needs the `hub` extra)."""
-    t, model = prep.plan.topology, prep.plan.model
+    t, model = unit.plan.topology, unit.plan.model
     assert model is not None  # a feasible plan knows its model
     if not t.model.revision:
-        raise InputError(f"{prep.plan.file}: --from hub needs model.revision, the commit sha to pull",
+        raise InputError(f"{unit.plan.file}: --from hub needs model.revision, the commit sha to pull",
                          hint=f"set model.revision: SHA (the manifest's revision; {make_hint(model.hub_repo)})")
     if staging is not None:
         require("hub", what="weights sync --from hub --staging DIR")
     return HubPin(model.hub_repo, t.model.revision, staging)
 
 
-def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
-              staging: Path | None = None) -> tuple[SyncReport, Prepared]:
+def sync_unit(unit: Unit, source: str, manifest: Path | None, quiet: bool,
+              staging: Path | None = None) -> tuple[SyncReport, Unit]:
     """The manifest's files onto every node of the unit from `source` (DIR, HOST:DIR or hub; hub with `staging`:
     downloaded there first): its report, and the unit kept to the nodes the sync filled (its allocation's
     `kept_to`), for a launch that follows it. Replicas behind a router each hold nodes of their own: left as they
@@ -71,15 +72,14 @@ def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
                          hint=f"drop --staging: --from {source} is already a checkpoint directory")
     host, pin = None, None
     if source == "hub":
-        pin = hub_pin(prep, staging)
+        pin = hub_pin(unit, staging)
     else:
-        src, host = node_or_local_source(source, prep)
-    t = prep.plan.topology
-    origin = sync_origin(t.validate_.manifest, prep.plan.file, manifest, pin, quiet)
-    with held_unit(prep) as jobs:
-        nodes = checkpoint_nodes(prep, jobs)
-        kept = prep if prep.service is not None else \
-            dataclasses.replace(prep, plan=allocation_for(prep.jobs).kept_to(prep.plan, jobs))
+        src, host = node_or_local_source(source, unit)
+    t = unit.plan.topology
+    origin = sync_origin(t.validate_.manifest, unit.plan.file, manifest, pin, quiet)
+    with held_unit(unit) as jobs:
+        nodes = checkpoint_nodes(unit, jobs)
+        kept = unit if unit.router is not None else _kept_to(unit, allocation_for(unit.jobs).kept_to(unit.plan, jobs))
         if pin is not None:
             src, target = Source(origin.url or origin.directory or "", url=origin.url), None
         elif host is not None:
@@ -87,3 +87,8 @@ def sync_unit(prep: Prepared, source: str, manifest: Path | None, quiet: bool,
         else:
             target = None
         return run_sync(t.launch.log_dir, nodes, origin.manifest, src, target, quiet), kept
+
+
+def _kept_to(unit: Unit, plan: Plan) -> Unit:
+    """A deployment alone with its allocation kept to `plan` (the unit's and its one instance's plan)."""
+    return dataclasses.replace(unit, plan=plan, instances=(unit.instances[0]._replace(plan=plan),))

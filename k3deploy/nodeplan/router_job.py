@@ -1,12 +1,13 @@
-"""The router's NodeJob: the real router's command (as the plan rendered it, with the replicas it should front)
-on the machine `router.runs_on` names, so launch, status, logs and stop treat it as a one-node deployment."""
+"""The router's NodeJob: the real router's command (as the plan rendered it, fronting every instance; narrowed at
+launch to the ready ones) on the machine `router.runs_on` names, so launch, status, logs and stop treat it as a
+one-node deployment."""
 from __future__ import annotations
 
 import dataclasses
 import shlex
 from collections.abc import Sequence
 
-from k3deploy.engines.router import router_argv
+from k3deploy.engines.router import RouterSettings, router_argv
 from k3deploy.executors.target import ExecTarget, LocalTarget
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck, log_path
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
@@ -22,23 +23,13 @@ def router_name(service: str) -> str:
     return f"{service}-router"
 
 
-def router_job(plan: Plan, worker_urls: Sequence[str], overrides: ExecOverrides | None = None) -> NodeJob:
-    """The router fronting `worker_urls` (the ready instances; PD: its --prefill/--decode lists narrowed to
-    them), on its node via that node's executor or here."""
-    return router_deployment(plan, worker_urls, overrides)[1]
-
-
-def router_deployment(plan: Plan, worker_urls: Sequence[str],
-                      overrides: ExecOverrides | None = None) -> tuple[Plan, NodeJob]:
+def router_deployment(plan: Plan, overrides: ExecOverrides | None = None) -> tuple[Plan, NodeJob]:
     """The router as a one-node deployment, worked out once: its plan (its name, file and launch settings) and
-    its job fronting `worker_urls`."""
+    its job fronting every instance, on its node via that node's executor or here."""
     t, rp = plan.topology, plan.router
     if t.router is None or rp is None:
         raise ValueError(f"{plan.file}: no router section")
-    urls = tuple(worker_urls)
-    settings = dataclasses.replace(rp.settings, worker_urls=urls,
-                                   prefill=tuple(p for p in rp.settings.prefill if p[0] in urls),
-                                   decode=tuple(u for u in rp.settings.decode if u in urls))
+    settings = _fronting(rp.settings, rp.settings.worker_urls)
     argv = router_argv(settings, t.router.python)
     index = router_node(t)
     node = t.nodes[index if index is not None else replica_groups(t)[0][0]].model_copy(update={"rank": None})
@@ -51,7 +42,25 @@ def router_deployment(plan: Plan, worker_urls: Sequence[str],
     own = plan._replace(topology=t.model_copy(update={
         "name": router_name(t.name), "nodes": [node], "replicas": 1, "replica_nodes": None, "router": None,
         "roles": None}))
-    return own, NodeJob(rank=0, host=host, ip=settings.listen, head=True,
-                        command="set -eu\nexec " + shlex.join(argv), argv=argv, env={},
+    return own, NodeJob(rank=0, host=host, ip=settings.listen, head=True, command=_command(argv), argv=argv, env={},
                         engine_python=t.router.python, log_path=log_path(t.launch.log_dir, router_name(t.name), 0),
                         ready=ReadyCheck(kind="http", url=settings.url, paths=ROUTER_READY_PATHS), target=target)
+
+
+def fronting_only(job: NodeJob, settings: RouterSettings, worker_urls: Sequence[str]) -> NodeJob:
+    """The router's `job` (rendered from `settings`) fronting only `worker_urls`, the ready instances: its
+    worker list and, in PD mode, its --prefill/--decode lists narrowed to them."""
+    narrowed = _fronting(settings, worker_urls)
+    assert job.engine_python is not None  # router.python, always named
+    argv = router_argv(narrowed, job.engine_python)
+    return job.model_copy(update={"argv": argv, "command": _command(argv)})
+
+
+def _fronting(settings: RouterSettings, worker_urls: Sequence[str]) -> RouterSettings:
+    urls = tuple(worker_urls)
+    return dataclasses.replace(settings, worker_urls=urls, prefill=tuple(p for p in settings.prefill if p[0] in urls),
+                               decode=tuple(u for u in settings.decode if u in urls))
+
+
+def _command(argv: Sequence[str]) -> str:
+    return "set -eu\nexec " + shlex.join(argv)

@@ -3,13 +3,10 @@ port and metrics port free there, and the router's interpreter able to find the 
 from __future__ import annotations
 
 from k3deploy.engines.context import host_port
-from k3deploy.engines.router import router_table
+from k3deploy.engines.router import RouterSettings, router_table
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet, NodeOutcome
 from k3deploy.nodeplan.jobs import NodeJob
-from k3deploy.nodeplan.router_job import router_job
-from k3deploy.nodeplan.targets import ExecOverrides
-from k3deploy.planning.plan import Plan
 from k3deploy.preflight.report import CheckResult, Verdict
 from k3deploy.probes import port_probe
 from k3deploy.verdicts.timing import timed
@@ -18,14 +15,11 @@ PROBE_TIMEOUT_S = 30.0
 FIND_TIMEOUT_S = 60.0
 
 
-def router_checks(plan: Plan, overrides: ExecOverrides,
+def router_checks(settings: RouterSettings, job: NodeJob,
                   factory: ExecutorFactory = open_executor) -> tuple[CheckResult, ...]:
     """`router-port` and `router-python` on the machine `router.runs_on` names, in one pass: the router's job
-    (where it runs, its interpreter), its module, then its machine asked; error rows when it cannot be
-    reached, skip rows when its machine is a Slurm job's, placed only at launch."""
-    assert plan.router is not None
-    settings = plan.router.settings
-    job = router_job(plan, settings.worker_urls, overrides)
+    (`job`: where it runs, its interpreter, as the unit worked it out), its module, then its machine asked; error
+    rows when it cannot be reached, skip rows when its machine is a Slurm job's, placed only at launch."""
     module = router_table(settings.kind).module
     ports = (settings.port, settings.prometheus_port)
     asks_port = f"bind {', '.join(host_port(settings.listen, p) for p in ports)} (the router's port, its metrics)"

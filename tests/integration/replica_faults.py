@@ -24,7 +24,7 @@ def restart_replica(topo: Path, index: int, store: StateStore) -> None:
     from k3deploy.launch.service import start_replica, stop_deployment
     from k3deploy.nodeplan.targets import ExecOverrides
 
-    sp = prepare(topo, None, ExecOverrides()).service
-    assert sp is not None
-    stop_deployment(store, f"{sp.name}-r{index}")
-    start_replica(sp, index, store, skip_preflight=True, tries=1)
+    unit = prepare(topo, None, ExecOverrides())
+    assert unit.router is not None
+    stop_deployment(store, f"{unit.name}-r{index}")
+    start_replica(unit, index, store, skip_preflight=True, tries=1)

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
-from k3deploy.errors import LaunchError
-from k3deploy.launch.service import ServicePlan, _require_ready, service_plan
-from k3deploy.nodeplan.router_job import router_job
+from k3deploy.errors import ExecError, LaunchError
+from k3deploy.executors.local import LocalExecutor
+from k3deploy.executors.target import ExecTarget
+from k3deploy.launch.prepare import Unit, unit_of
+from k3deploy.launch.service import launch_service
+from k3deploy.nodeplan.router_job import fronting_only
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
+from k3deploy.records.store import StateStore
 from tests.k3deploy_cli import run_k3deploy
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "tests" / "assets" / "pd" / "local-1p1d-smg.yaml"
 
 
-def _sp(tmp_path: Path, decodes: int = 1) -> ServicePlan:
+def _unit(tmp_path: Path, decodes: int = 1) -> Unit:
     text = LOCAL.read_text(encoding="utf-8")
     if decodes == 2:  # 1P2D: the TP2 prefill, two one-node decodes
         text = text.replace("decode: {instances: 1, nodes: [127.0.0.3, 127.0.0.4], parallel: {tp: 2, ep: 2}}",
@@ -29,15 +33,15 @@ def _sp(tmp_path: Path, decodes: int = 1) -> ServicePlan:
     path = tmp_path / "pd.yaml"
     path.write_text(text, encoding="utf-8")
     cat = load_catalog()
-    return service_plan(require_feasible(path, cat), ExecOverrides(), cat)
+    return unit_of(require_feasible(path, cat), ExecOverrides(), cat)
 
 
 def test_each_instance_is_a_deployment_with_its_role_flags_ports_and_health_readiness(tmp_path: Path) -> None:
-    sp = _sp(tmp_path)
-    assert sp.roles == ("prefill", "decode")
-    (pre, pre_jobs), (dec, dec_jobs) = sp.replicas
+    unit = _unit(tmp_path)
+    assert unit.roles == ("prefill", "decode")
+    (pre, pre_jobs), (dec, dec_jobs) = ((p.plan, p.jobs) for p in unit.instances)
     assert (pre.topology.name, dec.topology.name) == ("k3-pd-prefill0", "k3-pd-decode0")
-    assert (pre.topology.roles, pre.pd, pre.file) == (None, None, sp.plan.file)
+    assert (pre.topology.roles, pre.pd, pre.file) == (None, None, unit.plan.file)
     assert [j.ip for j in pre_jobs] == ["127.0.0.1", "127.0.0.2"] and [j.ip for j in dec_jobs] == [
         "127.0.0.3", "127.0.0.4"]
     head = pre_jobs[0].argv
@@ -55,8 +59,9 @@ def test_each_instance_is_a_deployment_with_its_role_flags_ports_and_health_read
     # for the completion.
     assert (pre_jobs[0].ready.kind, dec_jobs[0].ready.kind) == ("health", "health")
     assert pre_jobs[0].ready.url == "http://127.0.0.1:18000"
-    router = router_job(sp.plan, sp.plan.router.settings.worker_urls if sp.plan.router else ())
-    assert router.ready.kind == "http"
+    assert unit.router is not None
+    router = unit.router.jobs[0]
+    assert (unit.router.name, router.ready.kind) == ("k3-pd-router", "http")
     argv = list(router.argv)
     assert "--pd-disaggregation" in argv
     assert argv[argv.index("--prefill") + 1:argv.index("--prefill") + 3] == ["http://127.0.0.1:18000", "18998"]
@@ -64,17 +69,30 @@ def test_each_instance_is_a_deployment_with_its_role_flags_ports_and_health_read
 
 
 def test_the_router_fronts_the_ready_instances_and_a_role_without_one_is_refused(tmp_path: Path) -> None:
-    sp = _sp(tmp_path, decodes=2)
-    assert sp.roles == ("prefill", "decode", "decode")
-    assert [p.topology.name for p, _ in sp.replicas] == ["k3-pd-prefill0", "k3-pd-decode0", "k3-pd-decode1"]
-    urls = sp.plan.router.settings.worker_urls if sp.plan.router else ()
-    argv = list(router_job(sp.plan, [urls[0], urls[2]]).argv)
+    unit = _unit(tmp_path, decodes=2)
+    assert unit.roles == ("prefill", "decode", "decode")
+    assert [p.name for p in unit.instances] == ["k3-pd-prefill0", "k3-pd-decode0", "k3-pd-decode1"]
+    assert unit.plan.router is not None and unit.router is not None
+    settings = unit.plan.router.settings
+    every = unit.router.jobs[0].argv
+    assert every.count("--decode") == 2, every
+    argv = list(fronting_only(unit.router.jobs[0], settings, [settings.worker_urls[0], settings.worker_urls[2]]).argv)
     assert argv.count("--decode") == 1 and argv[argv.index("--decode") + 1] == "http://127.0.0.4:18002", argv
-    _require_ready(sp, [0, 2], {1: "no answer"})
-    with pytest.raises(LaunchError, match="no decode instance became ready.*k3-pd-decode0: down; k3-pd-decode1: gone"):
-        _require_ready(sp, [0], {2: "gone", 1: "down"})
-    with pytest.raises(LaunchError, match="no prefill instance became ready"):
-        _require_ready(sp, [1, 2], {0: ""})
+    assert argv[argv.index("--prefill") + 1] == "http://127.0.0.1:18000", argv
+
+    class Down(LocalExecutor):
+        def connect(self) -> None:
+            raise ExecError("down", host=self.host)
+
+    def factory(target: ExecTarget) -> LocalExecutor:
+        return Down(target.host)
+
+    # Every start fails: the first role without a ready instance is named, with why each instance failed.
+    with pytest.raises(LaunchError, match=r"no prefill instance became ready \(a request needs one of each\); "
+                       r"k3-pd-prefill0: localhost: down.*; k3-pd-decode0: localhost: down; "
+                       r"k3-pd-decode1: localhost: down$") as err:
+        launch_service(unit, StateStore(tmp_path / "state"), factory=factory, skip_preflight=True)
+    assert err.value.hint == "k3deploy logs k3-pd-prefill0"
 
 
 def test_launch_dry_run_shows_each_instance_and_rollout_of_single_instances_refuses(tmp_path: Path) -> None:

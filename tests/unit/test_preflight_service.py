@@ -184,15 +184,15 @@ def test_launch_of_a_service_whose_router_machine_cannot_be_reached_exits_3_star
     def factory(target: ExecTarget) -> LocalExecutor:
         return Down(target.host)
 
-    sp = prepare(_topology(REPLICAS, tmp_path, closed_port()), None, ExecOverrides()).service
-    assert sp is not None
+    unit = prepare(_topology(REPLICAS, tmp_path, closed_port()), None, ExecOverrides())
+    assert unit.router is not None
     store = StateStore(tmp_path / "state")
     with pytest.raises(ExecError) as err:
-        launch_service(sp, store, factory=factory)
+        launch_service(unit, store, factory=factory)
     assert err.value.exit_code == 3 and asked == ["localhost"]
     assert "router-port: rank 0 (localhost): not checked: cannot connect after 3 attempts" in str(err.value)
     assert "router.runs_on" in (err.value.hint or "")
-    svc = ServiceStore(store).load(sp.name)
+    svc = ServiceStore(store).load(unit.name)
     assert svc is not None and (svc.status, svc.preflight) == ("failed", "failed"), svc
     assert not [p.name for p in store.directory.iterdir() if p.suffix == ".json"]
 
@@ -213,7 +213,8 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
     only once launch holds the allocation, so preflight cannot check it. Both router rows skip on the node
     `router.runs_on` names, saying so; nothing is run there; the report still passes. A router on this machine
     (`runs_on: local`) is checked here as with any executor."""
-    from k3deploy.nodeplan.targets import ExecOverrides
+    from k3deploy.nodeplan.router_job import router_deployment
+    from k3deploy.planning.plan import Plan
     from k3deploy.preflight.router_check import router_checks
     from tests.unit.test_render_support import doc_of, plan_of
 
@@ -223,8 +224,12 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
         made.append(_Recorder(target))
         return made[-1]
 
-    plan = plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm", "router.runs_on": "node-2"}))
-    checks = router_checks(plan, ExecOverrides(), factory)
+    def checks_of(plan: Plan) -> Any:  # the router's job as the unit works it out
+        assert plan.router is not None
+        return router_checks(plan.router.settings, router_deployment(plan)[1], factory)
+
+    checks = checks_of(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
+                                                                     "router.runs_on": "node-2"})))
     assert [c.name for c in checks] == ["router-port", "router-python"]
     for c in checks:
         (v,) = c.verdicts
@@ -236,8 +241,7 @@ def test_under_slurm_the_router_checks_skip_saying_why_and_ask_nothing() -> None
     assert report.exit_code == 0 and report.first_failure() is None
 
     made.clear()
-    here = router_checks(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
-                                                                         "router.runs_on": "local"})),
-                            ExecOverrides(), factory)
+    here = checks_of(plan_of(doc_of("replicas-h200-2x2x8-smg", **{"launch.executor": "slurm",
+                                                                   "router.runs_on": "local"})))
     assert [m.target.kind for m in made] == ["local"] and "connect" in made[0].calls, [m.calls for m in made]
     assert all(v.status != "skip" for c in here for v in c.verdicts), here

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from k3deploy.catalog.loader import load_catalog
+from k3deploy.launch.prepare import unit_of
 from k3deploy.launch.rollout import InstanceOps, rollout
-from k3deploy.launch.service import service_plan
 from k3deploy.nodeplan.targets import ExecOverrides
 from k3deploy.planning.files import require_feasible
 from k3deploy.records.service import ReplicaEntry, Service, ServiceStore
@@ -26,20 +26,20 @@ def test_each_replica_out_and_back_in_turn_and_an_old_cause_cleared(tmp_path: Pa
     path.write_text(LOCAL.read_text(encoding="utf-8").replace("port: 18000", f"port: {free_base()}"),
                     encoding="utf-8")
     cat = load_catalog()
-    sp = service_plan(require_feasible(path, cat), ExecOverrides(), cat)
-    assert sp.plan.router is not None
-    urls = list(sp.plan.router.settings.worker_urls)
+    unit = unit_of(require_feasible(path, cat), ExecOverrides(), cat)
+    assert unit.plan.router is not None
+    urls = list(unit.plan.router.settings.worker_urls)
     router = FakeRouter(workers=[Worker(f"id{i}", u, "regular", None) for i, u in enumerate(urls)], prompts={})
     store = StateStore(tmp_path / "state")
     done: list[tuple[str, int]] = []
     ops = InstanceOps(stop=lambda i: done.append(("stop", i)), start=lambda i: done.append(("start", i)))
     with serving(router, urls) as url:
         ServiceStore(store).save(Service(
-            name=sp.name, file=sp.plan.file, status="degraded", router_kind="smg", router_url=url,
-            replicas=tuple(ReplicaEntry(index=i, name=p.topology.name, url=urls[i], phase="ready",
+            name=unit.name, file=unit.plan.file, status="degraded", router_kind="smg", router_url=url,
+            replicas=tuple(ReplicaEntry(index=i, name=p.name, url=urls[i], phase="ready",
                                         cause="rollout short: fail: an earlier version" if i == 0 else "")
-                           for i, (p, _) in enumerate(sp.replicas))))
-        svc = rollout(sp, store, drain_s=10, ops=ops)
+                           for i, p in enumerate(unit.instances))))
+        svc = rollout(unit, store, drain_s=10, ops=ops)
     assert done == [("stop", 0), ("start", 0), ("stop", 1), ("start", 1)]
     assert [(m, b) for m, _, b in router.calls] == [("DELETE", None), ("POST", {"url": urls[0]}),
                                                     ("DELETE", None), ("POST", {"url": urls[1]})]
