@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Protocol
 
 from k3deploy.catalog.specs import Catalog
@@ -38,7 +37,7 @@ class Allocation(Protocol):
         """How the gang's engines start on these nodes (None: as the gang starts them)."""
         ...
 
-    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog, out_dir: Path,
+    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog,
              factory: ExecutorFactory) -> AbstractContextManager[tuple[NodeJob, ...]]:
         """The nodes held for preflight's probes (nothing started on them), released on the way out."""
         ...
@@ -85,7 +84,7 @@ class StaticHosts:
         """The gang starts its engines itself."""
         return None
 
-    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog, out_dir: Path,
+    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog,
              factory: ExecutorFactory) -> AbstractContextManager[tuple[NodeJob, ...]]:
         """The hosts are there already."""
         return contextlib.nullcontext(tuple(jobs))

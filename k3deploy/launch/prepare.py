@@ -111,12 +111,8 @@ def held(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog) -> contextlib.Ab
     (nothing started on them)."""
     from k3deploy.executors.factory import open_executor
     from k3deploy.launch.allocation import allocation_for
-    from k3deploy.records.files import default_state_dir
-    from k3deploy.records.store import StateStore
 
-    t = plan.topology
-    out = StateStore(t.launch.state_dir or default_state_dir()).directory / t.name
-    return allocation_for(jobs).held(plan, jobs, catalog, out, open_executor)
+    return allocation_for(jobs).held(plan, jobs, catalog, open_executor)
 
 
 @contextlib.contextmanager

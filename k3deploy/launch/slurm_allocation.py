@@ -219,11 +219,16 @@ def starter(name: str, run_id: str) -> Callable[[Gang, Callable[[NodeJob, Proces
 
 
 @contextlib.contextmanager
-def held_allocation(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog, out_dir: Path,
+def held_allocation(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog,
                     factory: ExecutorFactory = open_executor) -> Iterator[tuple[NodeJob, ...]]:
     """A job of the deployment's text whose tasks are never given their go: its nodes, for `preflight`'s
-    probes as job steps; cancelled on the way out (nothing was started)."""
-    job = submit(plan, jobs, out_dir, "preflight", catalog)
+    probes as job steps (its output beside the deployment's records, as a launch's job); cancelled on the way
+    out (nothing was started)."""
+    from k3deploy.records.files import default_state_dir
+
+    t = plan.topology
+    job = submit(plan, jobs, StateStore(t.launch.state_dir or default_state_dir()).directory / t.name, "preflight",
+                 catalog)
     try:
         info = wait_running(job, plan.topology.launch.ready_timeout_s, lambda e: None)
         yield place(jobs, info, job, factory)
@@ -389,10 +394,10 @@ class SlurmAllocation:
         """Each task's go, and its engine found by tag."""
         return starter(name, run_id)
 
-    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog, out_dir: Path,
+    def held(self, plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog,
              factory: ExecutorFactory) -> contextlib.AbstractContextManager[tuple[NodeJob, ...]]:
         """A job never given its go, for preflight's probes as job steps."""
-        return held_allocation(plan, jobs, catalog, out_dir, factory)
+        return held_allocation(plan, jobs, catalog, factory)
 
     def node_failure(self, jobs: Sequence[NodeJob]) -> Failure | None:
         """A node drained or down keeps its engine running: Slurm says so."""
