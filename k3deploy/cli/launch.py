@@ -59,16 +59,6 @@ def launch(
 
     unit = prepare(file, catalog, exec_overrides({"executor": executor, **connection}))
     print_warnings(unit.warnings, unit.plan.file)
-    if sync_weights is not None and not dry_run:
-        from k3deploy.launch.weights_unit import sync_unit
-
-        synced, kept = sync_unit(unit, sync_weights, None, as_json)
-        if synced.exit_code:
-            lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
-            print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",
-                  file=sys.stderr)
-            raise typer.Exit(synced.exit_code)
-        unit = kept  # the launch gets the nodes the sync filled
     from rich.console import Console
     from rich.live import Live
 
@@ -89,6 +79,16 @@ def launch(
         else:
             Console(highlight=False, soft_wrap=True).print(dry_run_view(unit))
         return
+    if sync_weights is not None:  # after the options are checked: a refusal costs no sync
+        from k3deploy.launch.weights_unit import sync_unit
+
+        synced, kept = sync_unit(unit, sync_weights, None, as_json)
+        if synced.exit_code:
+            lost = ", ".join(n.host for n in synced.nodes.values() if n.error)
+            print(f"launch: the weights sync did not complete on {lost}; nothing was started (rerun to resume it)",
+                  file=sys.stderr)
+            raise typer.Exit(synced.exit_code)
+        unit = kept  # the launch gets the nodes the sync filled
     err = Console(stderr=True, highlight=False)
     progress = Progress([(p.name, p.jobs) for p in unit.parts])
     live = Live(progress.table(), console=err, refresh_per_second=4, get_renderable=progress.table) \
