@@ -14,10 +14,10 @@ from k3deploy.errors import K3Error, LaunchError, StateError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.launch import deploy
 from k3deploy.launch.events import EventSink, NodeEvent, ignore
-from k3deploy.launch.preflight_gate import router_gate
 from k3deploy.launch.prepare import Unit
 from k3deploy.launch.registration import wait_registered
 from k3deploy.nodeplan.router_job import fronting_only, router_name
+from k3deploy.preflight.router_check import router_gate
 from k3deploy.records.deployment import Deployment
 from k3deploy.records.service import ReplicaEntry, Service
 from k3deploy.records.service_recorder import ServiceRecorder
@@ -73,7 +73,7 @@ def launch_service(unit: Unit, store: StateStore, *, factory: ExecutorFactory = 
         preflight="skipped" if skip_preflight else "none"))
     try:
         if not skip_preflight:  # a taken router port found only after every replica loaded costs their load
-            router_gate(unit, recorder.checked, factory)
+            router_gate(unit.name, unit.plan.router.settings, router.jobs[0], recorder.checked, factory)
         ready = _start_replicas(unit, store, recorder, factory, on_event, skip_preflight)
         recorder.fronting(router.name)  # before it starts: a stop finds it
         fronted = [urls[i] for i in ready]

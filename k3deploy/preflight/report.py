@@ -15,6 +15,9 @@ Verdict = NodeRow
 __all__ = ["CheckResult", "Report", "Status", "Verdict"]
 
 
+# What launch tells a user whose preflight refused to start anything.
+REFUSED_HINT = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
+
 class CheckResult(BaseModel):
     """One named check over every node."""
 

@@ -1,18 +1,40 @@
 """What only a service needs before launch: the router's machine (`router.runs_on`) reachable, the router's
-port and metrics port free there, and the router's interpreter able to find the router's module."""
+port and metrics port free there, and the router's interpreter able to find the router's module; and the gate
+launch of a service puts them in before any instance starts."""
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
 
 from k3deploy.engines.context import host_port
 from k3deploy.engines.router import RouterSettings, router_table
+from k3deploy.errors import ExecError, LaunchError
 from k3deploy.executors.factory import ExecutorFactory, open_executor
 from k3deploy.executors.fleet import NodeFleet, NodeOutcome
 from k3deploy.nodeplan.jobs import NodeJob
-from k3deploy.preflight.report import CheckResult, Verdict
+from k3deploy.preflight.report import REFUSED_HINT, CheckResult, Report, Verdict
 from k3deploy.probes import port_probe
+from k3deploy.verdicts.model import EXIT_HOST
 from k3deploy.verdicts.timing import timed
 
 PROBE_TIMEOUT_S = 30.0
 FIND_TIMEOUT_S = 60.0
+
+
+def router_gate(name: str, settings: RouterSettings, job: NodeJob, record: Callable[[Literal["passed", "failed"]], object],
+                factory: ExecutorFactory = open_executor) -> None:
+    """The router's checks as launch of the service `name` runs them, before starting any instance; `record` gets
+    the verdict. A check failed: LaunchError (exit 4, nothing was started); its machine could not be asked:
+    ExecError (exit 3, as for any node launch cannot reach)."""
+    t0 = time.monotonic()
+    report = Report(name=name, checks=router_checks(settings, job, factory), elapsed_s=round(time.monotonic() - t0, 3))
+    record("failed" if report.exit_code else "passed")
+    if report.exit_code == EXIT_HOST:
+        raise ExecError(f"preflight could not ask the router's machine, nothing was started:\n{report.summary()}",
+                        hint=f"reach it (router.runs_on), then: {REFUSED_HINT}")
+    if report.exit_code:
+        raise LaunchError(f"preflight failed, nothing was started:\n{report.summary()}", hint=REFUSED_HINT)
 
 
 def router_checks(settings: RouterSettings, job: NodeJob,
@@ -37,12 +59,10 @@ def router_checks(settings: RouterSettings, job: NodeJob,
         else:
             port = timed(_ports, job, fleet, settings.listen, ports)
             python = timed(_python, job, fleet, module)
-    return (_one("router-port", "Router port", asks_port, *port),
-            _one("router-python", "Router interpreter", asks_python, *python))
-
-
-def _one(name: str, title: str, asks: str, v: Verdict, seconds: float) -> CheckResult:
-    return CheckResult(name=name, title=title, asks=asks, verdicts=(v,), elapsed_s=seconds)
+    rows = (("router-port", "Router port", asks_port, *port),
+            ("router-python", "Router interpreter", asks_python, *python))
+    return tuple(CheckResult(name=name, title=title, asks=asks, verdicts=(v,), elapsed_s=seconds)
+                 for name, title, asks, v, seconds in rows)
 
 
 def _ports(job: NodeJob, fleet: NodeFleet, listen: str, ports: tuple[int, ...]) -> Verdict:
