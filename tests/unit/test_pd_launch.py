@@ -95,6 +95,33 @@ def test_the_router_fronts_the_ready_instances_and_a_role_without_one_is_refused
     assert err.value.hint == "k3deploy logs k3-pd-prefill0"
 
 
+
+def test_a_ready_prefill_without_a_ready_decode_is_refused_naming_the_decodes(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start of each instance is its own deployment's launch (covered elsewhere); here only which ones became
+    # ready decides: the prefill did, neither decode did.
+    from k3deploy.launch import service
+
+    unit = _unit(tmp_path, decodes=2)
+    started: list[int] = []
+
+    def start(u: Unit, index: int, store: StateStore, **_: object) -> None:
+        started.append(index)
+        if u.roles[index] == "decode":
+            raise LaunchError(f"{u.instances[index].name} did not load")
+
+    monkeypatch.setattr(service, "start_replica", start)
+    store = StateStore(tmp_path / "state")
+    with pytest.raises(LaunchError, match=r"no decode instance became ready \(a request needs one of each\); "
+                       r"k3-pd-decode0: k3-pd-decode0 did not load; k3-pd-decode1: k3-pd-decode1 did not load$") as err:
+        launch_service(unit, store, skip_preflight=True)
+    assert sorted(started) == [0, 1, 2]
+    assert err.value.hint == "k3deploy logs k3-pd-decode0"
+    svc = json.loads((tmp_path / "state" / "services" / "k3-pd.json").read_text(encoding="utf-8"))
+    assert [(r["name"], r["phase"]) for r in svc["replicas"]] == [
+        ("k3-pd-prefill0", "stopped"), ("k3-pd-decode0", "failed"), ("k3-pd-decode1", "failed")], svc
+    assert svc["status"] == "failed" and "no decode instance became ready" in svc["cause"], svc
+
 def test_launch_dry_run_shows_each_instance_and_rollout_of_single_instances_refuses(tmp_path: Path) -> None:
     r = run_k3deploy("launch", str(LOCAL), "--dry-run")
     assert r.returncode == 0, r.stderr
