@@ -29,6 +29,7 @@ from k3deploy.serving.readiness import choose_probe_from
 
 OWNER_EXIT_EXTRA_S = 15.0
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+INTERRUPTED = Failure(rank=None, host=None, cause="interrupted; every started node was stopped")
 
 
 def new_record(plan: Plan, jobs: Sequence[NodeJob], owner: Identity, skip_preflight: bool = False) -> Deployment:
@@ -64,40 +65,43 @@ def launch(plan: Plan, jobs: Sequence[NodeJob], store: StateStore, *, factory: E
     probe_from = choose_probe_from(plan.topology.launch.readiness_probe, placed[0].ready.url)
     gang = Gang(recorder.name, placed, fleet_of(placed, factory), on_event, probe_from=probe_from)
     gate = None if skip_preflight else preflight_gate(plan, catalog, recorder)
-    ready: Deployment | None = None
+    attached: Deployment | None = None  # the ready record, once this process owns it (the caller supervises)
     try:
         dep = recorder.placed(probe_from)
         ready = bring_up(gang, recorder, dep, before_start=gate, start=allocation.starter(recorder.name, run_id))
+        # The ready deployment gets its owner while the connections are still open: a hand-off that fails stops
+        # the nodes over them, and once a supervisor owns it a Ctrl-C while they close leaves nothing unwatched.
+        if not background:
+            attached = recorder.owned_by(Identity.me("attach"))
+            return attached
+        try:
+            return recorder.handed_to(lambda: spawn_supervisor(store, recorder.name))
+        except OSError as exc:
+            error = exc
+        except BaseException:
+            # Ctrl-C between ready and the supervisor owning the record: the supervisor (which waits to be
+            # recorded as owner) is ended, and the nodes are stopped, as for a Ctrl-C at any earlier moment.
+            teardown(gang, recorder, ready, INTERRUPTED, status="stopped", release_owner=True)
+            raise
+        # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
+        failure = Failure(rank=None, host=None, cause=f"cannot start the supervisor: {error}")
+        teardown(gang, recorder, ready, failure, status="failed", release_owner=True)
+        raise LaunchError(f"cannot start the supervisor of {recorder.name}: {error}; every node was stopped")
     finally:
         try:
             gang.close()
         except BaseException:
-            # Ctrl-C while the connections close after ready: nobody would watch the nodes.
-            if ready is not None:
-                _unwatched(recorder, ready, factory, on_event, "interrupted; every started node was stopped")
+            # Ctrl-C while the connections of an attached launch close: this process will not watch the nodes.
+            if attached is not None:
+                _unwatched(recorder, attached, factory, on_event)
             raise
-    if not background:
-        return recorder.owned_by(Identity.me("attach"))
-    try:
-        return recorder.handed_to(lambda: spawn_supervisor(store, recorder.name))
-    except OSError as exc:
-        error = exc
-    except BaseException:
-        # Ctrl-C between ready and the supervisor owning the record: the supervisor (which waits to be
-        # recorded as owner) is ended, and the nodes are stopped, as for a Ctrl-C at any earlier moment.
-        _unwatched(recorder, ready, factory, on_event, "interrupted; every started node was stopped")
-        raise
-    # Nobody would watch it: an unsupervised gang is exactly what launch must never leave behind.
-    _unwatched(recorder, ready, factory, on_event, f"cannot start the supervisor: {error}", status="failed")
-    raise LaunchError(f"cannot start the supervisor of {recorder.name}: {error}; every node was stopped")
 
 
-def _unwatched(recorder: Recorder, ready: Deployment, factory: ExecutorFactory, on_event: EventSink, cause: str,
-               status: Status = "stopped") -> None:
-    """Stop a ready gang (its record `ready`) that no supervisor will watch, recording why."""
+def _unwatched(recorder: Recorder, ready: Deployment, factory: ExecutorFactory, on_event: EventSink) -> None:
+    """Stop a ready gang (its record `ready`) that nobody will watch, over connections of its own."""
     gang = open_gang(ready, factory, on_event)
     try:
-        teardown(gang, recorder, ready, Failure(rank=None, host=None, cause=cause), status=status, release_owner=True)
+        teardown(gang, recorder, ready, INTERRUPTED, status="stopped", release_owner=True)
     finally:
         gang.close()
 

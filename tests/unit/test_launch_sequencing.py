@@ -10,11 +10,14 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import pytest
 
+from k3deploy.errors import LaunchError
 from k3deploy.executors.base import ProcessHandle
+from k3deploy.executors.target import ExecTarget
 from k3deploy.launch import deploy
 from k3deploy.launch.bringup import fleet_of
 from k3deploy.launch.gang import Gang, GroupFailed, new_run_id
@@ -25,7 +28,7 @@ from k3deploy.planning.plan import Plan
 from k3deploy.records.owner import Identity
 from k3deploy.records.store import StateStore
 from tests.polling import wait_for
-from tests.rig.recording import Nodes, NodeScript
+from tests.rig.recording import Nodes, NodeScript, RecordingExecutor
 from tests.unit.test_launch_support import fake_topology
 
 WORKER_CRASHED = "fake engine: worker crashed"
@@ -197,3 +200,36 @@ def test_stop_closes_an_active_record_whose_nodes_are_all_down(tmp_path: Path, s
     assert dep.status == "stopped" and dep.owner is None and dep.attempts[-1].ended_at is not None
     assert outcome == ({r: "stopped" for r in range(4)} if status == "restarting" else {})
     assert nodes.calls == []  # nothing was running: no node is reached
+
+
+@pytest.mark.timeout(60)
+def test_a_supervisor_that_cannot_start_stops_the_nodes_over_the_launch_connections(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ready gang is handed to a supervisor before its connections close: when the supervisor cannot start,
+    every node is stopped over the connections launch already holds (no executor opened again) and the record
+    says why; nothing is left running unwatched."""
+    plan, jobs, store = planned(tmp_path)
+    nodes = Nodes({0: NodeScript(serve=head_serves(jobs))})
+    opened: list[RecordingExecutor] = []
+
+    def factory(target: ExecTarget) -> RecordingExecutor:
+        opened.append(nodes.factory(target))
+        return opened[-1]
+
+    at_spawn: list[int] = []
+
+    def cannot_spawn(store: StateStore, name: str) -> NoReturn:
+        at_spawn.append(len(opened))
+        raise OSError("no room for a process")
+
+    monkeypatch.setattr(deploy, "spawn_supervisor", cannot_spawn)
+    try:
+        with pytest.raises(LaunchError, match="cannot start the supervisor of seq: no room for a process"):
+            deploy.launch(plan, jobs, store, factory=factory, skip_preflight=True)
+    finally:
+        nodes.close()
+    assert at_spawn and len(opened) == at_spawn[0]  # the teardown reused the launch's executors
+    assert_every_started_node_stopped(nodes)
+    rec = store.require("seq")
+    assert rec.status == "failed" and rec.owner is None and rec.failure is not None
+    assert rec.failure.cause == "cannot start the supervisor: no room for a process"
