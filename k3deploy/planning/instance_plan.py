@@ -185,13 +185,13 @@ def plan_instance(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset
     if whole.router is not None:
         router, router_issues = router_plan(whole, catalog.planner.router_health_margin,
                                             longest_prefill(t, catalog, model, hw, shape, family, eng),
-                                            facts.router_node, facts.worker_urls)
+                                            facts.layout.router_node, facts.worker_urls)
         issues += router_issues
     located = tuple(locate(i, loaded) for i in issues)
     vision = vision_plan(t, model, family, shape) if model is not None and shape is not None else None
     return Plan(file=loaded.file, topology=whole, model=model, hardware=hw, family=family, shape=shape,
                 memory=memory, capacity=capacity, issues=located, pool=the_pool, router=router, vision=vision,
-                instances=(inst,) if facts.pd_family is not None else facts.instances)
+                instances=(inst,) if facts.layout.pd_family is not None else facts.layout.instances)
 
 
 def longest_prefill(t: Topology, catalog: Catalog, model: ModelSpec | None, hw: HardwareSpec | None,

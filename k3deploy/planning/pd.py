@@ -141,8 +141,8 @@ def _rehome(issue: Issue, role: str, inst: UnitInstance) -> Issue:
 def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str], facts: UnitFacts) -> Plan:
     """Plan a topology with `roles`: one instance of each role, the cross-role rules, the router in PD mode."""
     t = loaded.topology
-    assert t.roles is not None and facts.pd_family is not None
-    insts = facts.instances
+    assert t.roles is not None and facts.layout.pd_family is not None
+    insts = facts.layout.instances
     first = {role: next(i for i in insts if i.role == role) for role in ROLE_NAMES}
     subs: dict[str, Plan] = {}
     issues: list[Issue] = []
@@ -156,14 +156,14 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str],
                 issues.append(moved)
     dec = subs["decode"]
     hybrid = dec.model is not None and bool(dec.model.architecture.kda_layers)
-    issues += policy_issues(t, facts.router_policies) + cross_role_issues(t, hybrid, facts.pd_family, facts.router_pd)
+    issues += policy_issues(t, facts.router_policies) + cross_role_issues(t, hybrid, facts.layout.pd_family, facts.router_pd)
     gpus = {role: len(first[role].nodes) * t.hardware.gpus_per_node for role in ROLE_NAMES}
     router = None
     if t.router is not None and dec.model is not None and dec.hardware is not None:
         pre = subs["prefill"]
         eng = catalog.engines[facts.flavour] if facts.flavour is not None else None
         rp, router_issues = router_plan(t, catalog.planner.router_health_margin, longest_prefill(
-            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family, eng), facts.router_node,
+            pre.topology, catalog, pre.model, pre.hardware, pre.shape, pre.family, eng), facts.layout.router_node,
             facts.worker_urls)
         issues += router_issues
         urls = list(zip(insts, facts.worker_urls, strict=True))
@@ -171,7 +171,7 @@ def pd_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str],
             rp.settings, prefill=tuple((url, i.bootstrap_port) for i, url in urls if i.role == "prefill"),
             decode=tuple(url for i, url in urls if i.role == "decode"))
         router = rp._replace(settings=settings)
-    backend = t.roles.transfer.backend or BACKENDS.get(facts.pd_family, ("nixl",))[0]
+    backend = t.roles.transfer.backend or BACKENDS.get(facts.layout.pd_family, ("nixl",))[0]
     groups = {"prefill": t.roles.prefill, "decode": t.roles.decode}
     pd = PdPlan(backend, *(RolePlan(role, groups[role].instances, gpus[role], subs[role]) for role in ROLE_NAMES))
     return dec._replace(file=loaded.file, topology=t, issues=tuple(locate(i, loaded) for i in issues),

@@ -24,7 +24,7 @@ def make_plan(loaded: LoadedTopology, catalog: Catalog, unchecked: frozenset[str
         from k3deploy.planning.pd import pd_plan  # only a topology with roles pays for importing it
 
         return pd_plan(loaded, catalog, unchecked, facts)
-    return plan_instance(loaded, catalog, unchecked, facts, facts.instances[0])
+    return plan_instance(loaded, catalog, unchecked, facts, facts.layout.instances[0])
 
 
 def unit_facts(loaded: LoadedTopology, catalog: Catalog, shaped: bool) -> UnitFacts:
@@ -45,7 +45,7 @@ def unit_facts(loaded: LoadedTopology, catalog: Catalog, shaped: bool) -> UnitFa
                                            gpus_per_node=t.hardware.gpus_per_node,
                                            num_experts=model.architecture.num_experts)
     return UnitFacts(
-        instances=layout.instances, router_node=layout.router_node, pd_family=layout.pd_family, family=family,
+        layout=layout, family=family,
         flavour=engine_flavour(t.engine, hw.vendor) if hw is not None else None,
         router_policies=(table.choices("--policy") or ()) if table is not None else (),
         router_pd=t.router is not None and table is not None and PD_FLAG[t.router.kind] in table.by_flag,

@@ -20,7 +20,7 @@ from k3deploy.planning.vision import VisionPlan
 from k3deploy.topology.replicas import replica_topology
 from k3deploy.topology.schema import Topology
 from k3deploy.topology.settings import Serving, ValidateSettings
-from k3deploy.topology.units import UnitInstance
+from k3deploy.topology.units import UnitInstance, UnitLayout
 
 # Mistakes in the file itself, whatever the hardware can do (exit 2, like a schema error); every other
 # error is a shape or budget that cannot run (exit 1).
@@ -41,13 +41,12 @@ LATER_FIELDS = (("serving", Serving, ("images_per_request",)),
 
 
 class UnitFacts(NamedTuple):
-    """What the topology and the engines say of a unit, asked once before any check reads it: each instance
-    (its own topology, nodes and ports), the router's node and worker URLs, the engine's family and flavour,
-    the router's policies and whether it has a PD mode, and each role's parallel shape."""
+    """What the topology and the engines say of a unit, asked once before any check reads it: its layout (each
+    instance with its own topology, nodes and ports; the router's node; the PD transfer family), the router's
+    worker URLs, the engine's family and flavour, the router's policies and whether it has a PD mode, and each
+    role's parallel shape."""
 
-    instances: tuple[UnitInstance, ...]
-    router_node: int | None  # the node router.runs_on names (None: local, or no router)
-    pd_family: str | None  # with roles: whose disaggregation the engine follows
+    layout: UnitLayout
     family: EngineFamily
     flavour: Flavour | None  # None: the accelerator is unknown
     router_policies: tuple[str, ...]  # the policies the router has (empty: no router)

@@ -133,7 +133,9 @@ def search_layouts(loaded: LoadedTopology, catalog: Catalog, w: Workload,
     groups = {role: role_group(t, role) for role in ROLE_NAMES}
     gpus = sum(len(g.nodes) for g in groups.values()) * t.hardware.gpus_per_node
     hybrid = bool(catalog.models[t.model.id].architecture.kda_layers)
-    facts = unit_facts(loaded, catalog, shaped=False)  # the engine's family and the router's PD mode, for every pair
+    facts = unit_facts(loaded, catalog, shaped=False)  # whose PD transfer and the router's PD mode, for every pair
+    pd_family = facts.layout.pd_family
+    assert pd_family is not None  # a topology with roles
     # Each role's part of the prediction, once per shape that fits (a str: why it cannot be timed).
     pre_parts = {s.shape: _timed(partial(prefill_role, s.topology, catalog, w, groups["prefill"].instances))
                  for s in shapes["prefill"] if s.error is None}
@@ -146,9 +148,8 @@ def search_layouts(loaded: LoadedTopology, catalog: Catalog, w: Workload,
             if refused is not None:
                 out.append(RoleLayout(pre.shape, dec.shape, False, None, False, refused.error or "", refused.code))
                 continue
-            cross = next((i for i in cross_role_issues(_laid_out(t, pre, dec), hybrid, facts.family,
-                                                                facts.router_pd) if i.severity == "error"),
-                         None)
+            cross = next((i for i in cross_role_issues(_laid_out(t, pre, dec), hybrid, pd_family, facts.router_pd)
+                          if i.severity == "error"), None)
             if cross is not None:
                 out.append(RoleLayout(pre.shape, dec.shape, False, None, False, f"{cross.message} [{cross.code}]",
                                       cross.code))
