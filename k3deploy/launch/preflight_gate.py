@@ -24,7 +24,7 @@ class PreflightFailed(GroupFailed):
         assert found is not None
         check, v = found
         super().__init__(Failure(rank=v.rank, host=v.host, cause=f"{v.detail}; {v.fix} (preflight check {check.name})"))
-        self.args = (f"preflight failed, nothing was started:\n{report.summary()}",)
+        self.args = (report.refusal(),)
         self.hint = REFUSED_HINT
 
 

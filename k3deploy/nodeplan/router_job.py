@@ -12,7 +12,7 @@ from k3deploy.executors.target import ExecTarget, LocalTarget
 from k3deploy.nodeplan.jobs import NodeJob, ReadyCheck, log_path
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.planning.plan import Plan
-from k3deploy.topology.replicas import replica_groups, router_node
+from k3deploy.topology.replicas import router_node
 
 # Ready is a real completion through the router (head readiness asks the paths, then /v1/completions).
 ROUTER_READY_PATHS = ("/health",)
@@ -29,10 +29,11 @@ def router_deployment(plan: Plan, overrides: ExecOverrides | None = None) -> tup
     t, rp = plan.topology, plan.router
     if t.router is None or rp is None:
         raise ValueError(f"{plan.file}: no router section")
-    settings = _fronting(rp.settings, rp.settings.worker_urls)
+    settings = rp.settings
     argv = router_argv(settings, t.router.python)
     index = router_node(t)
-    node = t.nodes[index if index is not None else replica_groups(t)[0][0]].model_copy(update={"rank": None})
+    # A router run here takes its launch settings from the first instance's head node.
+    node = t.nodes[index if index is not None else plan.instances[0].nodes[0]].model_copy(update={"rank": None})
     if index is None:
         target: ExecTarget = LocalTarget(host="localhost")
         host = "localhost"

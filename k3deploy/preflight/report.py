@@ -12,11 +12,11 @@ from k3deploy.verdicts.model import NodeRow, Status, exit_code, worst
 
 # A check's verdict on one node is a NodeRow; the names stay for the checks that build them.
 Verdict = NodeRow
-__all__ = ["CheckResult", "Report", "Status", "Verdict"]
-
+__all__ = ["REFUSED_HINT", "CheckResult", "Report", "Status", "Verdict"]
 
 # What launch tells a user whose preflight refused to start anything.
 REFUSED_HINT = "see every check: k3deploy preflight FILE; launch anyway: k3deploy launch --skip-preflight"
+
 
 class CheckResult(BaseModel):
     """One named check over every node."""
@@ -81,6 +81,10 @@ class Report(BaseModel):
             for c in p.checks:
                 lines += [f"{failure_line(p, c.name, v)}{f'; {v.fix}' if v.fix else ''}" for v in c.failures()]
         return "\n".join(lines)
+
+    def refusal(self) -> str:
+        """What launch says when this report refuses the start."""
+        return f"preflight failed, nothing was started:\n{self.summary()}"
 
     def as_json(self) -> dict[str, Any]:
         """The JSON form (`preflight --json`): each check's status, the exit code, each instance's the same."""

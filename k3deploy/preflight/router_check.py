@@ -34,7 +34,7 @@ def router_gate(name: str, settings: RouterSettings, job: NodeJob, record: Calla
         raise ExecError(f"preflight could not ask the router's machine, nothing was started:\n{report.summary()}",
                         hint=f"reach it (router.runs_on), then: {REFUSED_HINT}")
     if report.exit_code:
-        raise LaunchError(f"preflight failed, nothing was started:\n{report.summary()}", hint=REFUSED_HINT)
+        raise LaunchError(report.refusal(), hint=REFUSED_HINT)
 
 
 def router_checks(settings: RouterSettings, job: NodeJob,
