@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from k3deploy.errors import CommandTimeout, ExecError
@@ -190,14 +190,20 @@ class RayExecutor:
     # -- internals -----------------------------------------------------------------------------
 
     def _retire(self, handle: ProcessHandle) -> None:
-        """Nothing of the handle's group is left: its agent is killed when this executor closes."""
+        """Nothing of the handle's group is left: its agent is killed when this executor closes (looked up
+        by name then, when this executor holds no handle of it: it may have answered no call here)."""
         name = agent_name(handle.tag)
-        if self._agents.get(name) is not None:
-            self._retired[name] = self._agents[name]
+        self._retired[name] = self._agents.get(name)
 
     def _release_retired(self) -> None:
         for name, agent in list(self._retired.items()):
-            kill_actor(agent)
+            if agent is None:
+                try:
+                    agent = self._lookup(name)
+                except ExecError:
+                    agent = None  # Ray cannot say now: it stays, an idle 0-CPU actor with nothing left to watch
+            if agent is not None:
+                kill_actor(agent)
             self._retired.pop(name, None)
             self._agents[name] = None
 
@@ -215,14 +221,18 @@ class RayExecutor:
             return None
         if name in self._agents:
             return self._agents[name]
-        try:
-            agent = ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:
-            agent = None
-        except RayError as exc:
-            raise ExecError(f"cannot look up the Ray agent {name}: {first_line(exc)}", host=self.host) from None
+        agent = self._lookup(name)
         self._agents[name] = agent
         return agent
+
+    def _lookup(self, name: str) -> Any:
+        """The actor called `name` as the cluster knows it now, or None."""
+        try:
+            return ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        except RayError as exc:
+            raise ExecError(f"cannot look up the Ray agent {name}: {first_line(exc)}", host=self.host) from None
 
     def _shell(self, handle: ProcessHandle, script: str, timeout_s: float | None = None) -> tuple[int, str, str]:
         """Run a control script through the handle's agent, or a pinned task when the agent is gone."""
@@ -235,8 +245,9 @@ class RayExecutor:
             try:
                 result = self.call(agent.run.remote(sh(script), timeout_s),
                                    timeout_s + self.control_timeout_s, "run a control command")
-            except AgentGone:
-                self._agents[name] = None
+            except AgentGone as gone:
+                if gone.dead:
+                    self._agents[name] = None
         if result is None:
             ref = _run_task.options(scheduling_strategy=self.pin()).remote(sh(script), timeout_s)
             result = self.call(ref, timeout_s + self.control_timeout_s, "run a control command")
@@ -252,6 +263,8 @@ class RayExecutor:
         except GetTimeoutError:
             raise ExecError(f"Ray gave no answer within {timeout_s:g} s ({what} on node {self.target.node_ip})",
                             host=self.host) from None
+        except ActorUnavailableError:  # a subclass of RayActorError: the actor may well be alive
+            raise AgentGone(dead=False) from None
         except RayActorError:
             raise AgentGone() from None
         except RayTaskError as exc:

@@ -35,7 +35,13 @@ CHUNK_BYTES = 64 * 1024
 
 
 class AgentGone(Exception):
-    """The actor of a handle is dead or unknown: fall back to a pinned task."""
+    """The actor of a handle did not answer: fall back to a pinned task. `dead`: Ray says it died (it is
+    forgotten); otherwise it is unavailable for the moment (an RPC that failed under load) and is asked
+    again next time, and killed by name once its process group is gone."""
+
+    def __init__(self, dead: bool = True) -> None:
+        super().__init__("the Ray agent died" if dead else "the Ray agent is unavailable for the moment")
+        self.dead = dead
 
 
 def follow(ex: RayNode, handle: ProcessHandle, tail_lines: int, stop: threading.Event | None) -> Iterator[str]:

@@ -23,10 +23,13 @@ FAULTS = ("crash_after_load", "hang_at_rendezvous", "slow_load", "wrong_kernel",
           # prefill process dies while a decode is reading its KV
           "transfer_kda_zeroed", "transfer_kda_dropped", "prefill_dies_mid_transfer",
           # a worker node outlives its head silently, as vLLM 0.32.0's headless node does (peer_loss.py)
-          "outlive_head")
+          "outlive_head",
+          # SIGTERM is honoured after S seconds (a real engine drains and frees its GPUs before it exits)
+          "slow_stop")
 # Bounds on the sleeping faults, so a forgotten stand-in process never outlives its test by much.
 HANG_DEFAULT_S = 3600.0
 SLOW_LOAD_DEFAULT_S = 10.0
+SLOW_STOP_DEFAULT_S = 5.0
 MAX_SLEEP_S = 3600.0
 
 

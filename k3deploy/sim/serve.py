@@ -22,7 +22,7 @@ from k3deploy.sim import startup_lines as lines
 from k3deploy.sim.admission import VLLM_FP4_MARLIN_WARNING, Admission, admit, oom_line
 from k3deploy.sim.chat_service import ChatService
 from k3deploy.sim.engine_args import Mimic, parse_engine_args
-from k3deploy.sim.faults import SLOW_LOAD_DEFAULT_S, FaultError, Faults, parse_faults
+from k3deploy.sim.faults import SLOW_LOAD_DEFAULT_S, SLOW_STOP_DEFAULT_S, FaultError, Faults, parse_faults
 from k3deploy.sim.http_api import ApiServer
 from k3deploy.sim.log_format import EngineLog, first_gpu_ranks
 from k3deploy.sim.membership import FAILED, Membership, exit_now
@@ -241,6 +241,8 @@ class Node:
             signal.signal(sig, lambda *_: stop.set())
         if stop.wait(self.lifetime_s):
             self.log.info("Received sigterm; shutting down.", source="server")
+            if "slow_stop" in self.faults:
+                time.sleep(self.faults.seconds("slow_stop", SLOW_STOP_DEFAULT_S))
         else:
             self.log.info(
                 f"k3sim: {LIFETIME_ENV}={self.lifetime_s:.0f} s reached; shutting down.", source="server"

@@ -40,7 +40,10 @@ def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(240)
 def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments, rig4: HostRig, ray4: RayRig,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    topo = deployments.topology("ray-e2e", env=GLOO, launch={"executor": "ssh", "ray_address": "10.0.0.1:1"})
+    # Rank 0 takes 4 s to honour SIGTERM, as a draining engine does: the supervisor stops the nodes over Ray for
+    # longer than the 3 s after which Ray's own SIGTERM handler used to abort a driver (SIGABRT).
+    topo = deployments.topology("ray-e2e", env={**GLOO, "K3SIM_FAULT": "slow_stop:4", "K3SIM_FAULT_RANK": "0"},
+                                launch={"executor": "ssh", "ray_address": "10.0.0.1:1", "stop_grace_s": 15})
     t0 = time.monotonic()
     run = cli("launch", str(topo), "--executor", "ray", "--ray-address", ray4.address, "--json")
     launch_s = time.monotonic() - t0
@@ -90,6 +93,10 @@ def test_launch_ready_status_logs_stop_leave_nothing(deployments: RayDeployments
     # A graceful stop: rank 0 gets SIGTERM (a worker may see its head go first and exit on the closed
     # connection, as the engines' workers do; the head never leaves on a lost worker).
     assert "Received sigterm" in (deployments.tmp / "logs" / "ray-e2e-rank0.log").read_text()
+    # The supervisor stopped every node itself and left on its own, its agents killed: not aborted part-way.
+    supervisor_log = (deployments.state_dir / "ray-e2e.supervisor.log").read_text()
+    assert supervisor_log.splitlines()[-1].endswith("supervisor exits; deployment stopped"), supervisor_log[-2000:]
+    assert "SIGTERM received" not in supervisor_log and supervisor_log.count(": stopped") == 4, supervisor_log[-2000:]
     with capsys.disabled():
         print(f"stop through Ray: {stop_s:.1f} s")
 

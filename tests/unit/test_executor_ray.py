@@ -16,7 +16,7 @@ import pytest
 
 from k3deploy.errors import ExecError
 from k3deploy.executors import RayTarget, open_executor, ray_agent
-from k3deploy.executors.base import exit_record
+from k3deploy.executors.base import ProcessHandle, exit_record
 from k3deploy.executors.local import LocalExecutor
 from k3deploy.nodeplan.targets import ExecOverrides, targets_for
 from k3deploy.records.owner import start_ticks
@@ -272,3 +272,104 @@ def test_the_agent_of_a_handle_follows_from_its_tag_as_old_records_named_it() ->
     assert kept and all(agent_name(h["tag"]) == h["container"] for h in kept)
     old = StateStore(path.parent).require("old-ray")  # and they still load, the name dropped
     assert [n.handle.tag for n in old.nodes if n.handle is not None] == [h["tag"] for h in kept]
+
+
+class _Ray:
+    """What the executor asks of Ray, scripted: an agent that answers or not, pinned tasks, names, kills."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, actors: dict[str, object]) -> None:
+        import ray
+
+        from k3deploy.executors import ray_exec
+
+        self.actors, self.killed, self.agent_errors = actors, [], []  # type: ignore[var-annotated]
+        self.tasks = 0
+
+        class Method:
+            def __init__(self, agent: object) -> None:
+                self.agent = agent
+
+            def remote(self, *_: object) -> tuple[str, object]:
+                return ("agent", self.agent)
+
+        class Task:
+            def options(self, **_: object) -> Task:
+                return self
+
+            def remote(self, *_: object) -> tuple[str, None]:
+                return ("task", None)
+
+        def get(ref: tuple[str, object], timeout: float | None = None) -> tuple[int, str, str]:
+            if ref[0] == "agent" and self.agent_errors:
+                raise self.agent_errors.pop(0)
+            self.tasks += ref[0] == "task"
+            return 0, "", ""
+
+        def get_actor(name: str, namespace: str | None = None) -> object:
+            if self.actors.get(name) is None:
+                raise ValueError(f"Failed to look up actor with name '{name}'")
+            return self.actors[name]
+
+        self.Method = Method
+        monkeypatch.setattr(ray, "get", get)
+        monkeypatch.setattr(ray, "get_actor", get_actor)
+        monkeypatch.setattr(ray_exec, "_run_task", Task())
+        monkeypatch.setattr(ray_exec, "kill_actor", self.killed.append)
+
+    def agent(self) -> object:
+        agent = type("Agent", (), {})()
+        agent.run = self.Method(agent)  # type: ignore[attr-defined]
+        return agent
+
+    def executor(self, monkeypatch: pytest.MonkeyPatch) -> RayExecutor:
+        ex = RayExecutor(RayTarget(host="h1", node_ip="10.0.0.1"))
+        monkeypatch.setattr(ex, "connect", lambda: None)
+        ex._node_id = "ab" * 28  # a node id as Ray writes one (hex)
+        return ex
+
+
+def test_an_agent_unavailable_for_a_moment_is_asked_again_and_killed_once_its_group_is_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's ActorUnavailableError (an RPC that failed under load) is a RayActorError, yet the actor lives:
+    that call goes to a pinned task, the agent is kept, and it is killed when its process group is gone."""
+    from ray.exceptions import ActorUnavailableError
+
+    from k3deploy.executors.ray_actors import agent_name
+
+    handle = ProcessHandle(host="h1", pid=4242, tag="dep.r1.0", log_path="/tmp/x.log")
+    fake = _Ray(monkeypatch, {})
+    agent = fake.agent()
+    fake.actors[agent_name(handle.tag)] = agent
+    ex = fake.executor(monkeypatch)
+    fake.agent_errors.append(ActorUnavailableError("failed to connect", None))
+    assert ex.alive(handle) and fake.tasks == 1  # this call through a pinned task
+    assert ex.terminate(handle, 1.0) and fake.tasks == 1  # the next one through the agent again
+    ex.close()
+    assert fake.killed == [agent]
+
+
+def test_an_agent_this_executor_never_reached_is_killed_by_name_once_its_group_is_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop found the group gone through a pinned task (the agent was not found then): the agent Ray
+    knows by that name when the executor closes is killed all the same; a dead one is not looked for twice."""
+    from ray.exceptions import ActorDiedError
+
+    from k3deploy.executors.ray_actors import agent_name
+
+    handle = ProcessHandle(host="h1", pid=4242, tag="dep.r2.0", log_path="/tmp/x.log")
+    fake = _Ray(monkeypatch, {})
+    ex = fake.executor(monkeypatch)
+    assert ex.terminate(handle, 1.0) and fake.tasks == 1  # no agent by that name yet: a pinned task
+    late = fake.agent()
+    fake.actors[agent_name(handle.tag)] = late
+    ex.close()
+    assert fake.killed == [late]
+
+    died = ProcessHandle(host="h1", pid=4343, tag="dep.r2.1", log_path="/tmp/y.log")
+    fake.actors[agent_name(died.tag)] = fake.agent()
+    ex = fake.executor(monkeypatch)
+    fake.agent_errors.append(ActorDiedError())
+    assert ex.terminate(died, 1.0)  # the agent died: the stop goes through a pinned task
+    fake.actors[agent_name(died.tag)] = None  # and Ray forgets the dead actor's name
+    ex.close()
+    assert fake.killed == [late]
