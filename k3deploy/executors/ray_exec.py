@@ -20,8 +20,8 @@ actor's name follows from the handle's tag and `pid` is the engine's. The comman
 the engine's process group that stops the group when the actor dies (an actor killed by Ray cannot run
 cleanup code of its own). Control calls (alive, signal, tail, follow) go to that actor by name, so the
 supervisor and `status`/`logs`/`stop` find it again from the state file; when the actor is gone they run as
-pinned one-off tasks instead. Once `signal` finds nothing left of the group, the actor is killed
-(when that executor closes: the stop still reads the log through it).
+pinned one-off tasks instead. Once `signal` or `terminate` finds nothing left of the group, the actor is
+killed at once, before the stop is recorded (the log's end is then read through a pinned task).
 Not covered: a raylet run as a subreaper that kills orphaned processes
 (`RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=1`) would kill the detached engine.
 """
@@ -71,7 +71,6 @@ class RayExecutor:
         self._node_id: str | None = None
         self._joined = False
         self._agents: dict[str, Any] = {}
-        self._retired: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def connect(self) -> None:
@@ -103,7 +102,6 @@ class RayExecutor:
         self.connect()
         tag = check_tag(tag or "k3deploy")
         name = agent_name(tag)
-        self._release_retired()  # a new start (a restart): the agents of the stopped run are done
         assert self._node_id is not None
         agent, info = place_agent(name, self._node_id, self.host, self.target.node_ip)
         try:
@@ -135,8 +133,7 @@ class RayExecutor:
         return self._shell(handle, alive_script(handle.pid, handle.start_ticks))[0] == 0
 
     def signal(self, handle: ProcessHandle, sig: int) -> bool:
-        """Signal the whole process group (tag-guarded); once nothing of it is left, its agent is done and
-        is killed when this executor closes (the log is still read through it after a stop)."""
+        """Signal the whole process group (tag-guarded); once nothing of it is left, its agent is killed."""
         if handle.pid is None:
             return False
         hit = self._shell(handle, signal_script(handle.pid, check_tag(handle.tag), sig))[0] == 0
@@ -146,7 +143,7 @@ class RayExecutor:
 
     def terminate(self, handle: ProcessHandle, grace_s: float) -> bool:
         """The whole stop of the group through its agent in one call; once nothing of it is left, its agent
-        is done (killed when this executor closes, as after `signal`)."""
+        is killed (as after `signal`)."""
         if handle.pid is None:
             return True
         script = terminate_script(handle.pid, check_tag(handle.tag), grace_s)
@@ -177,10 +174,9 @@ class RayExecutor:
         """Ray carries no TCP streams: HTTP checks run on the node instead."""
 
     def close(self) -> None:
-        """Kill the agents whose process group is gone, forget the rest, and leave the cluster once no
-        executor of this process uses it."""
+        """Forget the agents (those of running processes live on) and leave the cluster once no executor of
+        this process uses it."""
         with self._lock:
-            self._release_retired()
             self._agents.clear()
             self._node_id = None
             if self._joined:
@@ -190,22 +186,20 @@ class RayExecutor:
     # -- internals -----------------------------------------------------------------------------
 
     def _retire(self, handle: ProcessHandle) -> None:
-        """Nothing of the handle's group is left: its agent is killed when this executor closes (looked up
-        by name then, when this executor holds no handle of it: it may have answered no call here)."""
+        """Nothing of the handle's group is left: its agent is killed now, before the caller records the node
+        stopped (a stop cut short after that record would leave it: a Ray worker process on the node for
+        good). Looked up by name when this executor holds no handle of it (it may have answered no call
+        here); what is read of the node afterwards (the log's end) goes through pinned tasks."""
         name = agent_name(handle.tag)
-        self._retired[name] = self._agents.get(name)
-
-    def _release_retired(self) -> None:
-        for name, agent in list(self._retired.items()):
-            if agent is None:
-                try:
-                    agent = self._lookup(name)
-                except ExecError:
-                    agent = None  # Ray cannot say now: it stays, an idle 0-CPU actor with nothing left to watch
-            if agent is not None:
-                kill_actor(agent)
-            self._retired.pop(name, None)
-            self._agents[name] = None
+        agent = self._agents.get(name)
+        if agent is None:
+            try:
+                agent = self._lookup(name)
+            except ExecError:
+                agent = None  # Ray cannot say now: it stays, an idle 0-CPU actor with nothing left to watch
+        if agent is not None:
+            kill_actor(agent)
+        self._agents[name] = None
 
     def pin(self) -> NodeAffinitySchedulingStrategy:
         assert self._node_id is not None

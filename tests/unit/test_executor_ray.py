@@ -328,10 +328,11 @@ class _Ray:
         return ex
 
 
-def test_an_agent_unavailable_for_a_moment_is_asked_again_and_killed_once_its_group_is_gone(
+def test_an_agent_unavailable_for_a_moment_is_asked_again_and_killed_as_its_group_is_found_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray's ActorUnavailableError (an RPC that failed under load) is a RayActorError, yet the actor lives:
-    that call goes to a pinned task, the agent is kept, and it is killed when its process group is gone."""
+    that call goes to a pinned task, the agent is kept, and it is killed by the call that finds its process
+    group gone (a stop cut short right after it records the node stopped leaves no agent)."""
     from ray.exceptions import ActorUnavailableError
 
     from k3deploy.executors.ray_actors import agent_name
@@ -344,6 +345,8 @@ def test_an_agent_unavailable_for_a_moment_is_asked_again_and_killed_once_its_gr
     fake.agent_errors.append(ActorUnavailableError("failed to connect", None))
     assert ex.alive(handle) and fake.tasks == 1  # this call through a pinned task
     assert ex.terminate(handle, 1.0) and fake.tasks == 1  # the next one through the agent again
+    assert fake.killed == [agent]  # killed as the stop returns, before anyone records the node stopped
+    assert ex.read_log(handle) == "" and fake.tasks == 2  # the log's end through a pinned task
     ex.close()
     assert fake.killed == [agent]
 
@@ -351,7 +354,7 @@ def test_an_agent_unavailable_for_a_moment_is_asked_again_and_killed_once_its_gr
 def test_an_agent_this_executor_never_reached_is_killed_by_name_once_its_group_is_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The stop found the group gone through a pinned task (the agent was not found then): the agent Ray
-    knows by that name when the executor closes is killed all the same; a dead one is not looked for twice."""
+    knows by that name is killed all the same; a dead one is not killed."""
     from ray.exceptions import ActorDiedError
 
     from k3deploy.executors.ray_actors import agent_name
@@ -359,17 +362,15 @@ def test_an_agent_this_executor_never_reached_is_killed_by_name_once_its_group_i
     handle = ProcessHandle(host="h1", pid=4242, tag="dep.r2.0", log_path="/tmp/x.log")
     fake = _Ray(monkeypatch, {})
     ex = fake.executor(monkeypatch)
-    assert ex.terminate(handle, 1.0) and fake.tasks == 1  # no agent by that name yet: a pinned task
     late = fake.agent()
-    fake.actors[agent_name(handle.tag)] = late
-    ex.close()
-    assert fake.killed == [late]
+    ex.alive(handle)  # no agent by that name yet: a pinned task
+    fake.actors[agent_name(handle.tag)] = late  # Ray names it now (a lookup that missed it, a late placement)
+    assert ex.terminate(handle, 1.0) and fake.tasks == 2 and fake.killed == [late]
 
     died = ProcessHandle(host="h1", pid=4343, tag="dep.r2.1", log_path="/tmp/y.log")
     fake.actors[agent_name(died.tag)] = fake.agent()
-    ex = fake.executor(monkeypatch)
     fake.agent_errors.append(ActorDiedError())
-    assert ex.terminate(died, 1.0)  # the agent died: the stop goes through a pinned task
+    assert ex.alive(died) and fake.tasks == 3  # the agent died: this call went to a pinned task
     fake.actors[agent_name(died.tag)] = None  # and Ray forgets the dead actor's name
+    assert ex.terminate(died, 1.0) and fake.tasks == 4 and fake.killed == [late]
     ex.close()
-    assert fake.killed == [late]
