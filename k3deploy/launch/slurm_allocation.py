@@ -224,11 +224,8 @@ def held_allocation(plan: Plan, jobs: Sequence[NodeJob], catalog: Catalog,
     """A job of the deployment's text whose tasks are never given their go: its nodes, for `preflight`'s
     probes as job steps (its output beside the deployment's records, as a launch's job); cancelled on the way
     out (nothing was started)."""
-    from k3deploy.records.files import default_state_dir
-
     t = plan.topology
-    job = submit(plan, jobs, StateStore(t.launch.state_dir or default_state_dir()).directory / t.name, "preflight",
-                 catalog)
+    job = submit(plan, jobs, StateStore.of(t).directory / t.name, "preflight", catalog)
     try:
         info = wait_running(job, plan.topology.launch.ready_timeout_s, lambda e: None)
         yield place(jobs, info, job, factory)

@@ -34,14 +34,12 @@ UnitSink = Callable[[str, NodeEvent], None]
 def launch_records(unit: Unit, state_dir: Path | None, *, attach: bool) -> StateStore:
     """Where launch keeps the unit's records: `state_dir`, else launch.state_dir, else the default; InputError for
     --attach of a service (its instances and router have a supervisor each)."""
-    from k3deploy.records.files import default_state_dir
-
     if attach and unit.router is not None:
         from k3deploy.errors import InputError
 
         raise InputError("--attach of replicas behind a router is not built yet",
                          hint=f"launch without --attach, then: k3deploy logs {unit.name} --follow")
-    return StateStore(state_dir or unit.plan.topology.launch.state_dir or default_state_dir())
+    return StateStore.of(unit.plan.topology, state_dir)
 
 
 def dry_run_json(unit: Unit) -> str:

@@ -45,5 +45,4 @@ def locate(name_or_file: str, state_dir: str | None) -> Located:
     if not is_file:
         return Located(StateStore(state_dir or default_state_dir()), name_or_file)
     topology = load_topology_file(path)
-    return Located(StateStore(state_dir or topology.launch.state_dir or default_state_dir()), topology.name, path,
-                   topology)
+    return Located(StateStore.of(topology, state_dir), topology.name, path, topology)

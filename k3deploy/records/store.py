@@ -7,14 +7,17 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
 
 from k3deploy.errors import StateError
 from k3deploy.records.deployment import Deployment
-from k3deploy.records.files import read_text, write_atomic
+from k3deploy.records.files import default_state_dir, read_text, write_atomic
 from k3deploy.records.record import Record
+
+if TYPE_CHECKING:
+    from k3deploy.topology.schema import Topology
 
 AnyRecord = TypeVar("AnyRecord", bound=Record)
 
@@ -37,6 +40,12 @@ class StateStore:
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory).expanduser()
+
+    @classmethod
+    def of(cls, topology: Topology, state_dir: Path | str | None = None) -> StateStore:
+        """Where a topology's records live: `state_dir` (a command's option), else its launch.state_dir, else
+        the user's state directory."""
+        return cls(state_dir or topology.launch.state_dir or default_state_dir())
 
     def path(self, name: str) -> Path:
         """The record file of a deployment."""

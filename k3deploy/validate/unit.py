@@ -86,11 +86,10 @@ def _passes(target: Target, stages: Sequence[Stage]) -> Iterator[Pass]:
     if not behind_router(t):
         yield Pass(target, list(stages), "")
         return
-    from k3deploy.records.files import default_state_dir
     from k3deploy.records.service import ServiceStore
     from k3deploy.records.store import StateStore
 
-    store = StateStore(target.state_dir or t.launch.state_dir or default_state_dir())
+    store = StateStore.of(t, target.state_dir)
     svc = ServiceStore(store).load(t.name)
     running = svc is not None and svc.status in ("ready", "degraded")
     everyone = unit_instances(t)
