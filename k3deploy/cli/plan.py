@@ -135,7 +135,7 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
     from k3deploy.planning.pd_prediction import predict_unit
     from k3deploy.planning.perf_model import PerfUnknown
     from k3deploy.records.calibration import load_calibration
-    from k3deploy.records.files import default_state_dir
+    from k3deploy.records.files import state_dir_of
 
     out: list[Prediction | RolePrediction | None] = []
     for r in results:
@@ -145,8 +145,7 @@ def _predictions(results: "list[FileResult]", cat: "Catalog", load: "Workload | 
         t = r.plan.topology
         try:
             # A deployment of this name that `calibrate` fitted: its own factors apply.
-            cal = load_calibration(Path(t.launch.state_dir).expanduser() if t.launch.state_dir
-                                   else default_state_dir(), t.name)
+            cal = load_calibration(state_dir_of(t), t.name)
             out.append(predict_unit(r.plan, cat, load, cal))
         except PerfUnknown as exc:
             raise InputError(f"{r.file}: cannot predict --workload: {exc}") from None

@@ -6,14 +6,24 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from k3deploy.errors import StateError
+
+if TYPE_CHECKING:
+    from k3deploy.topology.schema import Topology
 
 
 def default_state_dir() -> Path:
     """$XDG_STATE_HOME/k3deploy, else ~/.local/state/k3deploy."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "k3deploy"
+
+
+def state_dir_of(topology: Topology, state_dir: Path | str | None = None) -> Path:
+    """Where a topology's records live: `state_dir` (a command's option), else its launch.state_dir, else the
+    user's state directory (`default_state_dir`)."""
+    return Path(state_dir or topology.launch.state_dir or default_state_dir()).expanduser()
 
 
 def write_atomic(target: Path, text: str) -> None:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from k3deploy.errors import StateError
 from k3deploy.records.deployment import Deployment
-from k3deploy.records.files import default_state_dir, read_text, write_atomic
+from k3deploy.records.files import read_text, state_dir_of, write_atomic
 from k3deploy.records.record import Record
 
 if TYPE_CHECKING:
@@ -43,9 +43,8 @@ class StateStore:
 
     @classmethod
     def of(cls, topology: Topology, state_dir: Path | str | None = None) -> StateStore:
-        """Where a topology's records live: `state_dir` (a command's option), else its launch.state_dir, else
-        the user's state directory."""
-        return cls(state_dir or topology.launch.state_dir or default_state_dir())
+        """The store of a topology's records (`state_dir_of`)."""
+        return cls(state_dir_of(topology, state_dir))
 
     def path(self, name: str) -> Path:
         """The record file of a deployment."""
